@@ -1,0 +1,104 @@
+"""The coordinator's handle on the federation: who the parties are, how to reach them, which data they hold.
+
+Methods' coordinator code (the active party's label-side role) receives a :class:`Federation`; it never sees a
+party's features.  :class:`LocalFederation` runs every party in this process (research, tests, benchmarks); the gRPC
+deployment provides another subclass whose ``attach`` asks each party process to load the rows it holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from partialvfl.data.dataset import VerticalDataset
+from partialvfl.federation.messages import MessageLog, Reply, Request
+from partialvfl.federation.party import PartyRuntime
+from partialvfl.federation.transport import LocalTransport, Transport
+
+__all__ = ["Federation", "LocalFederation"]
+
+
+class Federation(ABC):
+    """K parties reached through one :class:`Transport`, driven by the coordinator (the active party)."""
+
+    def __init__(self, transport: Transport, party_names: Sequence[str], active_party: int) -> None:
+        self.transport = transport
+        self.party_names = tuple(party_names)
+        self.active_party = active_party
+        self._handles = itertools.count()
+
+    @property
+    def n_parties(self) -> int:
+        return len(self.party_names)
+
+    @property
+    def log(self) -> MessageLog:
+        return self.transport.log
+
+    @abstractmethod
+    def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
+        """Make each party hold its own view of ``data`` under a handle; return the handle."""
+
+    @abstractmethod
+    def release(self, handle: str) -> None:
+        """Let the parties drop the data attached under ``handle``."""
+
+    def new_handle(self, prefix: str = "data") -> str:
+        return f"{prefix}-{next(self._handles)}"
+
+    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
+        """Build the party program ``program`` at every party, each with its own config."""
+        if len(configs) != self.n_parties:
+            raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
+        self.transport.new_step()
+        self.transport.call_many(
+            {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
+             for k in range(self.n_parties)}
+        )
+
+    def save(self, directory: str | Path) -> None:
+        self.transport.new_step()
+        self.transport.broadcast(range(self.n_parties), "save", dir=str(directory))
+
+    def load(self, directory: str | Path) -> None:
+        self.transport.new_step()
+        self.transport.broadcast(range(self.n_parties), "load", dir=str(directory))
+
+    def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
+        return self.transport.call(party, kind, tensors, **meta)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class LocalFederation(Federation):
+    """Every party in this process, each a :class:`PartyRuntime` holding only its own views."""
+
+    def __init__(
+        self,
+        party_names: Sequence[str],
+        active_party: int,
+        *,
+        log: MessageLog | None = None,
+    ) -> None:
+        self.runtimes = [PartyRuntime(k, n) for k, n in enumerate(party_names)]
+        super().__init__(LocalTransport(self.runtimes, active_party, log), party_names, active_party)
+
+    @classmethod
+    def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None) -> LocalFederation:
+        return cls(data.party_names, data.active_party, log=log)
+
+    def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
+        if data.n_parties != self.n_parties:
+            raise ValueError(f"data has {data.n_parties} parties, the federation {self.n_parties}")
+        handle = handle or self.new_handle()
+        for k, rt in enumerate(self.runtimes):
+            rt.attach(handle, data.party(k))  # party k is handed its own view, nothing else
+        return handle
+
+    def release(self, handle: str) -> None:
+        for rt in self.runtimes:
+            rt.release(handle)

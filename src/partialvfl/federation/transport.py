@@ -1,0 +1,133 @@
+"""The Transport: the only way anything crosses between parties.
+
+The coordinator (the process that plays the active party's label-side role) drives every step: it sends a
+:class:`~partialvfl.federation.messages.Request` to a party and gets a
+:class:`~partialvfl.federation.messages.Reply`.  Parties never call each other.  A transport stamps every request
+with the current step and round and records both directions in its :class:`MessageLog`.
+
+:class:`LocalTransport` delivers in-process: tensors are *detached* (zero-copy) on the way in and out, so that no
+autograd graph spans two parties; gradients cross explicitly as messages, exactly as they must over a network.
+A network transport (gRPC) implements ``_deliver`` (and a concurrent ``call_many``); nothing else changes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
+
+__all__ = ["LocalTransport", "PartyUnavailable", "Transport"]
+
+
+class PartyUnavailable(RuntimeError):
+    """A party did not answer (down, too slow for the deadline, or crashed); the caller treats it as missing."""
+
+    def __init__(self, party: int, reason: str) -> None:
+        super().__init__(f"party {party} unavailable: {reason}")
+        self.party = party
+        self.reason = reason
+
+
+class Transport(ABC):
+    """Carries requests from the coordinator to parties and their replies back, logging every message."""
+
+    def __init__(self, n_parties: int, coordinator: int, log: MessageLog | None = None) -> None:
+        if not 0 <= coordinator < n_parties:
+            raise ValueError(f"coordinator index {coordinator} out of range for {n_parties} parties")
+        self.n_parties = n_parties
+        self.coordinator = coordinator
+        self.log = log if log is not None else MessageLog()
+        self.step = 0
+        self.round = 0
+        self.failures: list[tuple[int, int, str]] = []  # (step, party, reason)
+
+    def new_step(self) -> int:
+        """Start a new step (one mini-batch of training or prediction); rounds restart at 0."""
+        self.step += 1
+        self.round = 0
+        return self.step
+
+    def new_round(self) -> int:
+        self.round += 1
+        return self.round
+
+    def _stamp(self, request: Request) -> Request:
+        return Request(request.kind, request.tensors, {**request.meta, "step": self.step, "round": self.round})
+
+    def _check_party(self, party: int) -> None:
+        if not 0 <= party < self.n_parties:
+            raise ValueError(f"no party {party}: the federation has parties 0..{self.n_parties - 1}")
+
+    def call(self, party: int, kind: str, tensors: TensorDict | None = None, **meta: Any) -> Reply:
+        """Send one request and wait for its reply; raises :class:`PartyUnavailable` if the party is down."""
+        return self.call_many({party: Request(kind, tensors or {}, meta)})[party]
+
+    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
+        """Send several requests (concurrently where the transport can) within the current round.
+
+        With ``tolerate=True`` a party that fails is left out of the result (and recorded in ``failures``) instead
+        of raising, so the caller can treat it as a missing block for this step.
+        """
+        out: dict[int, Reply] = {}
+        for party, req in requests.items():
+            self._check_party(party)
+            req = self._stamp(req)
+            self.log.record(
+                step=self.step, round=self.round, sender=self.coordinator, receiver=party, kind=req.kind,
+                direction="request", tensors=req.tensors,
+            )
+            try:
+                reply = self._deliver(party, req)
+            except PartyUnavailable as e:
+                self.failures.append((self.step, party, e.reason))
+                if not tolerate:
+                    raise
+                continue
+            self.log.record(
+                step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
+                direction="reply", tensors=reply.tensors,
+            )
+            out[party] = reply
+        return out
+
+    def broadcast(
+        self, parties: Sequence[int], kind: str, tensors: TensorDict | None = None, *, tolerate: bool = False,
+        **meta: Any,
+    ) -> dict[int, Reply]:
+        """The same request to several parties."""
+        return self.call_many({p: Request(kind, dict(tensors or {}), dict(meta)) for p in parties}, tolerate=tolerate)
+
+    @abstractmethod
+    def _deliver(self, party: int, request: Request) -> Reply:
+        """Carry one stamped request to ``party`` and return its reply."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections (network transports)."""
+
+
+def _detached(tensors: TensorDict) -> TensorDict:
+    out = {}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"message tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        out[name] = t.detach()
+    return out
+
+
+class LocalTransport(Transport):
+    """In-process delivery to :class:`~partialvfl.federation.party.PartyRuntime` objects: zero-copy, detached."""
+
+    def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None) -> None:
+        super().__init__(len(runtimes), coordinator, log)
+        self.runtimes = list(runtimes)
+        self.down: set[int] = set()  # parties to treat as unreachable (fault-injection for tests)
+
+    def _deliver(self, party: int, request: Request) -> Reply:
+        if party in self.down:
+            raise PartyUnavailable(party, "marked down")
+        reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)))
+        return Reply(_detached(reply.tensors), dict(reply.meta))

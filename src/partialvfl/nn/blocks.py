@@ -1,0 +1,180 @@
+"""Network building blocks shared by the methods: MLPs, small CNN encoders, transposed-CNN decoders, ResNet-18.
+
+Party blocks arrive flattened ``(batch, d_k)``; image pieces carry their ``feature_shape`` ((H, W) or (C, H, W))
+so the convolutional modules reshape internally.  torchvision does not import beside this machine's torch build,
+so the few vision models needed are written here (ResNet-18 after He et al., 2016, with the small-input stem used
+for CIFAR-sized images: 3x3 convolution, no max-pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "CNNEncoder",
+    "MLP",
+    "ResNet18",
+    "TransposedCNNDecoder",
+    "build_decoder",
+    "build_encoder",
+    "image_shape",
+]
+
+
+class MLP(nn.Sequential):
+    """Linear layers with ReLU between them (none after the last); ``hidden`` lists the hidden widths."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int, *, dropout: float = 0.0,
+                 batch_norm: bool = False) -> None:
+        layers: list[nn.Module] = []
+        d = in_dim
+        for h in hidden:
+            layers.append(nn.Linear(d, h))
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(h))
+            layers.append(nn.ReLU())
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            d = h
+        layers.append(nn.Linear(d, out_dim))
+        super().__init__(*layers)
+        self.in_dim, self.out_dim = in_dim, out_dim
+
+
+def image_shape(feature_shape: Sequence[int]) -> tuple[int, int, int]:
+    """(C, H, W) for a 2-D (H, W) or 3-D (C, H, W) feature shape."""
+    s = tuple(int(v) for v in feature_shape)
+    if len(s) == 2:
+        return (1, s[0], s[1])
+    if len(s) == 3:
+        return s  # type: ignore[return-value]
+    raise ValueError(f"an image feature shape is (H, W) or (C, H, W), got {s}")
+
+
+class CNNEncoder(nn.Module):
+    """Two 3x3 convolutions (the second with stride 2) and a linear map, for small image pieces."""
+
+    def __init__(self, feature_shape: Sequence[int], out_dim: int, channels: Sequence[int] = (32, 64)) -> None:
+        super().__init__()
+        self.shape = image_shape(feature_shape)
+        c, h, w = self.shape
+        c1, c2 = channels
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, c1, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.ReLU(),
+        )
+        self.head = nn.Linear(c2 * ((h + 1) // 2) * ((w + 1) // 2), out_dim)
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.conv(x.reshape(-1, *self.shape))
+        return self.head(z.flatten(1))
+
+
+class TransposedCNNDecoder(nn.Module):
+    """A linear map to a half-resolution feature map, one stride-2 transposed convolution, a 3x3 convolution.
+
+    Returns ``(batch, C*H*W)`` flattened outputs (e.g. the means of a Gaussian over a piece's pixels).
+    """
+
+    def __init__(self, in_dim: int, feature_shape: Sequence[int], channels: Sequence[int] = (64, 32)) -> None:
+        super().__init__()
+        self.shape = image_shape(feature_shape)
+        c, h, w = self.shape
+        self.h2, self.w2 = (h + 1) // 2, (w + 1) // 2
+        c1, c2 = channels
+        self.c1 = c1
+        self.fc = nn.Sequential(nn.Linear(in_dim, c1 * self.h2 * self.w2), nn.ReLU())
+        self.deconv = nn.Sequential(
+            nn.ConvTranspose2d(c1, c2, 4, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(c2, c, 3, padding=1),
+        )
+        self.out_dim = c * h * w
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        lead = z.shape[:-1]
+        x = self.fc(z.reshape(-1, z.shape[-1])).reshape(-1, self.c1, self.h2, self.w2)
+        x = self.deconv(x)[:, :, : self.shape[1], : self.shape[2]]
+        return x.reshape(*lead, self.out_dim)
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + self.short(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small inputs: 3x3 stem, four stages of two basic blocks, global average pool, linear head.
+
+    ``width`` scales the channel counts (64 gives the standard 64/128/256/512).
+    """
+
+    def __init__(self, feature_shape: Sequence[int], out_dim: int, width: int = 64) -> None:
+        super().__init__()
+        self.shape = image_shape(feature_shape)
+        c = self.shape[0]
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        self.stem = nn.Sequential(nn.Conv2d(c, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        blocks: list[nn.Module] = []
+        cin = width
+        for i, wd in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            blocks += [_BasicBlock(cin, wd, stride), _BasicBlock(wd, wd, 1)]
+            cin = wd
+        self.stages = nn.Sequential(*blocks)
+        self.head = nn.Linear(cin, out_dim)
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stages(self.stem(x.reshape(-1, *self.shape)))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def build_encoder(feature_shape: Sequence[int], out_dim: int, arch: str = "auto",
+                  hidden: Sequence[int] = (256, 256), width: int = 64) -> nn.Module:
+    """A party feature extractor: ``mlp`` (tabular), ``cnn`` (image pieces), ``resnet18``; ``auto`` picks by shape."""
+    shape = tuple(int(s) for s in feature_shape)
+    if arch == "auto":
+        arch = "mlp" if len(shape) == 1 else "cnn"
+    d = 1
+    for s in shape:
+        d *= s
+    if arch == "mlp":
+        return MLP(d, hidden, out_dim)
+    if arch == "cnn":
+        return CNNEncoder(shape, out_dim)
+    if arch == "resnet18":
+        return ResNet18(shape, out_dim, width=width)
+    raise ValueError(f"unknown encoder architecture {arch!r}; choose auto, mlp, cnn or resnet18")
+
+
+def build_decoder(in_dim: int, feature_shape: Sequence[int], arch: str = "auto",
+                  hidden: Sequence[int] = (256, 256)) -> nn.Module:
+    """A party decoder from a latent to the (flattened) block: ``mlp`` or ``deconv`` (transposed CNN)."""
+    shape = tuple(int(s) for s in feature_shape)
+    if arch == "auto":
+        arch = "mlp" if len(shape) == 1 else "deconv"
+    d = 1
+    for s in shape:
+        d *= s
+    if arch == "mlp":
+        return MLP(in_dim, hidden, d)
+    if arch == "deconv":
+        return TransposedCNNDecoder(in_dim, shape)
+    raise ValueError(f"unknown decoder architecture {arch!r}; choose auto, mlp or deconv")
