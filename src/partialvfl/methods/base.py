@@ -44,8 +44,9 @@ FORMAT_VERSION = 1
 
 METHODS: dict[str, type[VFLMethod]] = {}
 
-# Modules that define methods; imported on first registry lookup so `import partialvfl` stays light.
-_METHOD_MODULES: list[str] = []
+# Modules of this package that are not methods; every other module is imported on the first registry lookup (so
+# `import partialvfl` stays light and a new method needs no edit here).
+_NOT_METHOD_MODULES = {"base", "evaluation"}
 
 
 def register_method(cls: type[VFLMethod]) -> type[VFLMethod]:
@@ -60,9 +61,13 @@ def register_method(cls: type[VFLMethod]) -> type[VFLMethod]:
 
 def _import_methods() -> None:
     import importlib
+    import pkgutil
 
-    for mod in _METHOD_MODULES:
-        importlib.import_module(mod)
+    import partialvfl.methods as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in _NOT_METHOD_MODULES and not info.name.startswith("_"):
+            importlib.import_module(f"partialvfl.methods.{info.name}")
 
 
 def method_names() -> list[str]:
