@@ -500,11 +500,11 @@ def _check_labels(
             raise DataValidationError(f"labels must be a 1-D array of length {n}, got shape {y_arr.shape}")
         if labeled is None:
             if y_arr.dtype.kind == "f":
-                lab = ~np.isnan(y_arr)
+                lab = ~np.isnan(y_arr)  # NaN marks an unknown label
+            elif y_arr.dtype.kind in "iu" and (task is None or task.is_classification):
+                lab = y_arr != UNLABELED  # -1 marks an unknown class index
             else:
-                lab = np.ones(n, dtype=bool) if task is None or task.is_classification else ~np.isnan(y_arr)
-            if task is not None and task.is_classification and y_arr.dtype.kind in "iu":
-                lab = y_arr != UNLABELED
+                lab = np.ones(n, dtype=bool)
         else:
             lab = np.asarray(labeled)
             if lab.shape != (n,):

@@ -192,7 +192,7 @@ class VFLMethod(ABC):
         """Fit on ``train`` (labelled and unlabelled samples, any per-sample observed mask), in process by default."""
         fed = federation or LocalFederation.for_dataset(train, log=log)
         handle = fed.attach(train, "train")
-        dataset_name = train.info.get("dataset") or train.name or None
+        dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info)
         fed.release(handle)
         return self
