@@ -1,6 +1,23 @@
 """Layer 1: the vertical data model and everything that makes one."""
 
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, PartyView, Task, VerticalDataset
+from partialvfl.data.mechanisms import Mechanism, parse_mechanism
 from partialvfl.data.preprocessing import Standardizer
+from partialvfl.data.protocol import ProtocolConfig, describe, make_protocol
+from partialvfl.data.splitters import parse_splitter, split_source_array
 
-__all__ = ["CoordinatorView", "DataValidationError", "PartyView", "Standardizer", "Task", "VerticalDataset"]
+__all__ = [
+    "CoordinatorView",
+    "DataValidationError",
+    "Mechanism",
+    "PartyView",
+    "ProtocolConfig",
+    "Standardizer",
+    "Task",
+    "VerticalDataset",
+    "describe",
+    "make_protocol",
+    "parse_mechanism",
+    "parse_splitter",
+    "split_source_array",
+]
