@@ -1,5 +1,6 @@
 """Layer 1: the vertical data model and everything that makes one."""
 
+from partialvfl.data.builders import from_arrays, from_blocks, from_csv, from_parquet, from_source, from_tables
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, PartyView, Task, VerticalDataset
 from partialvfl.data.mechanisms import Mechanism, parse_mechanism
 from partialvfl.data.preprocessing import Standardizer
@@ -16,6 +17,12 @@ __all__ = [
     "Task",
     "VerticalDataset",
     "describe",
+    "from_arrays",
+    "from_blocks",
+    "from_csv",
+    "from_parquet",
+    "from_source",
+    "from_tables",
     "make_protocol",
     "parse_mechanism",
     "parse_splitter",
