@@ -264,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             plugin = importlib.import_module(mod)
         except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
+            if not (e.name and (mod == e.name or mod.startswith(e.name + "."))):
+                raise  # a real missing dependency, not an absent plugin
             continue
         plugin.add_commands(sub)
     return parser
