@@ -1,0 +1,213 @@
+"""SimSiam self-supervised pretraining of one party's encoder on its own rows (Chen & He, 2021).
+
+The FALSE-VFL paper (Appendix D.1) pretrains every local feature extractor of Vanilla VFL, LASER-VFL and PlugVFL
+with SimSiam on all of the party's samples, labelled or not, then fine-tunes; its Table 3 gives a 3-layer MLP
+projector and a 2-layer MLP predictor.  SimSiam's loss for two augmented views x1, x2 of a batch, with
+z = projector(encoder(x)) and p = predictor(z), is
+
+    L = -1/2 * [ cos(p1, stopgrad(z2)) + cos(p2, stopgrad(z1)) ]
+
+(negative cosine similarity, symmetrised; the stop-gradient is what keeps it from collapsing).
+
+Everything here is party-local: the functions see one party's block and nothing crosses a boundary.  Augmentations:
+
+* image pieces (``feature_shape`` (H, W) or (C, H, W)): a random crop after zero padding (a random shift), a random
+  horizontal flip, additive Gaussian noise;
+* tabular blocks: random feature corruption from the empirical marginals (each entry replaced, with probability
+  ``corruption``, by the same column's value in a random row of the party's own data; Bahri et al., 2022, SCARF),
+  plus a little Gaussian noise.
+
+This module is private (not a registered method); FedHSSL reuses :class:`SimSiamHead`, :func:`simsiam_loss`,
+:func:`make_augmenter` and :func:`pretrain_encoder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.nn.blocks import MLP, image_shape
+
+__all__ = [
+    "Augmenter",
+    "SimSiamConfig",
+    "SimSiamHead",
+    "image_augmenter",
+    "make_augmenter",
+    "pretrain_encoder",
+    "simsiam_loss",
+    "tabular_augmenter",
+]
+
+Augmenter = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SimSiamConfig:
+    """Hyperparameters of one party's SimSiam pretraining (defaults: the FALSE-VFL paper's pretraining column of
+    Tables 6-8 for tabular data, SGD lr 0.02, weight decay 3e-5, batch 512; momentum 0.9 as in SimSiam)."""
+
+    epochs: int = 150
+    batch_size: int = 512
+    lr: float = 0.02
+    weight_decay: float = 3e-5
+    momentum: float = 0.9
+    optimizer: str = "sgd"
+    proj_dim: int = 128
+    proj_hidden: int = 128
+    pred_hidden: int = 32
+    corruption: float = 0.3
+    noise: float = 0.05
+    crop_pad: int = 2
+    flip: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SimSiamConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown SimSiam option(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SimSiamHead(nn.Module):
+    """Projector (3-layer MLP with batch norm) and predictor (2-layer bottleneck MLP) put on top of an encoder."""
+
+    def __init__(self, in_dim: int, proj_dim: int = 128, proj_hidden: int = 128, pred_hidden: int = 32) -> None:
+        super().__init__()
+        self.projector = MLP(in_dim, [proj_hidden, proj_hidden], proj_dim, batch_norm=True)
+        self.predictor = MLP(proj_dim, [pred_hidden], proj_dim, batch_norm=True)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.projector(h)
+        return z, self.predictor(z)
+
+
+def simsiam_loss(p1: torch.Tensor, z1: torch.Tensor, p2: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """Symmetrised negative cosine similarity with stop-gradient on the targets (in [-1, 1]; -1 is perfect)."""
+    return -0.5 * (F.cosine_similarity(p1, z2.detach(), dim=-1).mean()
+                   + F.cosine_similarity(p2, z1.detach(), dim=-1).mean())
+
+
+def tabular_augmenter(data: np.ndarray | torch.Tensor, corruption: float = 0.3, noise: float = 0.05) -> Augmenter:
+    """Random feature corruption from the empirical marginals of ``data`` (the party's own rows), plus noise."""
+    table = torch.tensor(np.array(data, dtype=np.float32))
+    if table.ndim != 2 or table.shape[0] == 0:
+        raise ValueError(f"tabular augmentation needs a non-empty (rows, columns) table, got {tuple(table.shape)}")
+    if not 0.0 <= corruption <= 1.0:
+        raise ValueError(f"corruption must be a probability, got {corruption}")
+    n, d = table.shape
+    cols = torch.arange(d)
+
+    def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        x = x.reshape(x.shape[0], -1)
+        replace = torch.rand(x.shape, generator=g) < corruption
+        donors = torch.randint(0, n, x.shape, generator=g)
+        out = torch.where(replace, table[donors, cols.expand_as(donors)], x)
+        if noise > 0:
+            out = out + noise * torch.randn(out.shape, generator=g)
+        return out
+
+    return augment
+
+
+def image_augmenter(feature_shape: Sequence[int], crop_pad: int = 2, flip: bool = True,
+                    noise: float = 0.05) -> Augmenter:
+    """Random crop (shift after zero padding by ``crop_pad``), random horizontal flip, Gaussian noise."""
+    c, h, w = image_shape(feature_shape)
+
+    def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        b = x.shape[0]
+        img = x.reshape(b, c, h, w)
+        if crop_pad > 0:
+            padded = F.pad(img, (crop_pad, crop_pad, crop_pad, crop_pad))
+            dy = torch.randint(0, 2 * crop_pad + 1, (b,), generator=g)
+            dx = torch.randint(0, 2 * crop_pad + 1, (b,), generator=g)
+            rows = (dy[:, None] + torch.arange(h)[None, :])  # (b, h)
+            cols = (dx[:, None] + torch.arange(w)[None, :])  # (b, w)
+            img = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None],
+                         rows[:, None, :, None], cols[:, None, None, :]]
+        if flip:
+            do = torch.rand(b, generator=g) < 0.5
+            img = torch.where(do[:, None, None, None], img.flip(-1), img)
+        if noise > 0:
+            img = img + noise * torch.randn(img.shape, generator=g)
+        return img.reshape(b, -1)
+
+    return augment
+
+
+def make_augmenter(feature_shape: Sequence[int], data: np.ndarray, config: SimSiamConfig) -> Augmenter:
+    """The augmentation for a party block: image pieces (2-D/3-D ``feature_shape``) or tabular (1-D)."""
+    if len(tuple(feature_shape)) >= 2:
+        return image_augmenter(feature_shape, config.crop_pad, config.flip, config.noise)
+    return tabular_augmenter(data, config.corruption, config.noise)
+
+
+def pretrain_encoder(
+    encoder: nn.Module,
+    data: np.ndarray,
+    feature_shape: Sequence[int],
+    config: SimSiamConfig,
+    generator: torch.Generator,
+    *,
+    out_dim: int | None = None,
+    report: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Pretrain ``encoder`` in place with SimSiam on ``data`` (one party's own rows); returns the loss per epoch.
+
+    A fresh projector/predictor is built (seeded from ``generator``) and discarded afterwards; only the encoder's
+    weights are kept.  Batches of one sample are skipped (batch norm needs two).
+    """
+    x_all = torch.tensor(np.array(data, dtype=np.float32))
+    n = x_all.shape[0]
+    if n < 2:
+        return []
+    dim = int(out_dim if out_dim is not None else encoder.out_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden)
+    params = list(encoder.parameters()) + list(head.parameters())
+    if config.optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                                     weight_decay=config.weight_decay)
+    elif config.optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    else:
+        raise ValueError(f"SimSiam optimizer must be 'sgd' or 'adam', got {config.optimizer!r}")
+    augment = make_augmenter(feature_shape, x_all.numpy(), config)
+    was_training = encoder.training
+    encoder.train()
+    head.train()
+    losses: list[float] = []
+    bs = max(2, int(config.batch_size))
+    for epoch in range(int(config.epochs)):
+        perm = torch.randperm(n, generator=generator)
+        total, count = 0.0, 0
+        for start in range(0, n, bs):
+            idx = perm[start:start + bs]
+            if len(idx) < 2:
+                continue
+            x = x_all[idx]
+            z1, p1 = head(encoder(augment(x, generator)))
+            z2, p2 = head(encoder(augment(x, generator)))
+            loss = simsiam_loss(p1, z1, p2, z2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        losses.append(total / max(count, 1))
+        if report is not None:
+            report(epoch, losses[-1])
+    encoder.train(was_training)
+    return losses

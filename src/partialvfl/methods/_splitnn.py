@@ -1,0 +1,523 @@
+"""Shared machinery of the split-network methods (LASER-VFL, Vanilla VFL, PlugVFL, Local, Ensemble, Combinatorial).
+
+Party side: :class:`SplitParty` (program ``splitnn/party``) holds one or more named representation models f_k (one
+per predictor that uses the party's block: a single ``"f"`` for most methods, one per subset for Combinatorial),
+each with its own optimiser.  Message kinds:
+
+* ``embed``: tensors ``rows:<model>`` (shared-order row positions the party holds), meta ``data`` (the handle) and
+  ``train``; replies ``emb:<model>``, the representations of those rows.  In training mode the party keeps the
+  graph until the gradient arrives;
+* ``grad_embedding``: tensors ``grad:<model>``, the loss gradient with respect to the representations it sent;
+  the party back-propagates through its own models and takes a local optimiser step;
+* ``pretrain``: SimSiam on all the party's own rows of ``data`` (labelled or not, nothing crosses; only the
+  per-epoch losses come back as metadata);
+* ``set_lr``: the learning rate for the next steps (schedules are driven by the coordinator).
+
+Coordinator side: :class:`SplitNNMethod`, the base of the methods, holds the fusion models / heads (at the active
+party, the only label holder) and runs the loops: pick a batch, ask every observing party for representations, fuse,
+compute the loss, send each party the gradient of its representations.  Raw features never leave a party; only
+representations, their gradients, row positions and scalars cross.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
+from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.methods._simsiam import SimSiamConfig, pretrain_encoder
+from partialvfl.methods.base import VFLMethod
+from partialvfl.nn.blocks import MLP, build_encoder
+from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
+
+__all__ = ["PAPER_TABLES", "SplitNNMethod", "SplitParty", "dataset_key", "fit_best_of_pretraining", "fuse",
+           "make_optimizer"]
+
+# ---------------------------------------------------------------------- hyperparameter tables
+#: The FALSE-VFL paper's Tables 6 (Vanilla VFL), 7 (LASER-VFL) and 8 (PlugVFL): fine-tuning optimiser Adam,
+#: pretraining (SimSiam) optimiser SGD; weight decay 1e-4 (fine-tuning) and 3e-5 (pretraining) everywhere.
+#: (lr, batch, epochs) per dataset; pretraining (lr, batch, epochs) is shared by the three methods.
+PAPER_TABLES: dict[str, dict[str, tuple[float, int, int]]] = {
+    "vanilla-vfl": {"isolet": (5e-4, 32, 500), "hapt": (5e-3, 64, 100), "fashion-mnist": (1e-4, 128, 150),
+                    "modelnet10": (1e-4, 128, 100)},
+    "laser-vfl": {"isolet": (5e-5, 64, 200), "hapt": (1e-3, 128, 100), "fashion-mnist": (1e-4, 128, 100),
+                  "modelnet10": (5e-4, 128, 10)},
+    "plug-vfl": {"isolet": (5e-5, 32, 100), "hapt": (5e-4, 64, 100), "fashion-mnist": (1e-4, 128, 150),
+                 "modelnet10": (1e-4, 128, 50)},
+}
+PAPER_PRETRAIN: dict[str, tuple[float, int, int]] = {
+    "isolet": (0.025, 512, 100), "hapt": (0.02, 512, 150), "fashion-mnist": (0.02, 1024, 100),
+    "modelnet10": (0.025, 1024, 50),
+}
+PAPER_LATENT = {"isolet": 128, "hapt": 128, "fashion-mnist": 196, "modelnet10": 256}
+PAPER_IMAGE = {"fashion-mnist", "modelnet10"}
+
+#: LASER-VFL's released code (configs/task_config.yaml, spec/laser-vfl.md section 4.3) for the datasets we have:
+#: (optimizer, lr, weight decay, momentum, epochs, batch, cosine schedule) by method family and dataset.  HAPT's
+#: LASER values are those for training p_miss 0.0/0.1.
+LASER_CODE: dict[str, dict[str, tuple[str, float, float, float, int, int, bool]]] = {
+    "laser": {"hapt": ("sgd", 0.03, 1e-4, 0.8, 100, 128, False),
+              "cifar10": ("sgd", 0.1, 0.008, 0.5, 100, 1024, True),
+              "cifar100": ("sgd", 0.15, 0.007, 0.5, 150, 1024, True)},
+    "decoupled": {"hapt": ("sgd", 0.05, 1e-4, 0.8, 100, 128, False),
+                  "cifar10": ("sgd", 0.1, 0.01, 0.5, 100, 1024, True),
+                  "cifar100": ("sgd", 0.15, 0.004, 0.5, 150, 1024, True)},
+    "plug": {"hapt": ("sgd", 0.05, 1e-4, 0.8, 100, 128, False),
+             "cifar10": ("sgd", 0.1, 0.008, 0.5, 100, 1024, True),
+             "cifar100": ("sgd", 0.15, 0.004, 0.5, 150, 1024, True)},
+}
+
+
+def dataset_key(dataset: str | None) -> str:
+    """Normalise a dataset name as it reaches ``preset_params`` (``"digits:train"`` -> ``"digits"``)."""
+    if not dataset:
+        return ""
+    return str(dataset).split(":")[0].strip().lower().replace("_", "-")
+
+
+def make_optimizer(params: Any, name: str, lr: float, weight_decay: float, momentum: float) -> torch.optim.Optimizer:
+    """Adam or SGD (with momentum) over ``params``."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+# ---------------------------------------------------------------------- party side
+@register_program
+class SplitParty(PartyProgram):
+    """A party's representation models f_k (one per name in ``config['models']``), trained by split learning."""
+
+    program_name = "splitnn/party"
+
+    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+        super().__init__(runtime, config, seed)
+        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
+        self.latent_dim = int(config["latent_dim"])
+        self.models: dict[str, nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        opt = config["optimizer"]
+        for name in config["models"]:
+            with torch_seeded(seed, "splitnn", runtime.index, name):
+                model = build_encoder(self.feature_shape, self.latent_dim, config.get("encoder", "auto"),
+                                      hidden=tuple(config.get("encoder_hidden", (256, 256))),
+                                      width=int(config.get("resnet_width", 64)))
+            self.models[name] = model
+            self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
+                                                   opt["weight_decay"], opt.get("momentum", 0.0))
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
+        view = self.data(handle)
+        pos = view.position_of_rows(rows.numpy())
+        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+
+    def _model(self, name: str) -> nn.Module:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise ValueError(
+                f"party {self.party}: no representation model {name!r}; it holds {sorted(self.models)}"
+            ) from None
+
+    def on_embed(self, req: Request) -> Reply:
+        train = bool(req.meta.get("train", False))
+        out: dict[str, torch.Tensor] = {}
+        for key, rows in req.tensors.items():
+            if not key.startswith("rows:"):
+                raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
+            name = key.removeprefix("rows:")
+            model = self._model(name)
+            x = self._features(req.meta["data"], rows)
+            if train:
+                model.train()
+                h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
+                self._pending[name] = h
+            else:
+                model.eval()
+                with torch.no_grad():
+                    h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
+            out[f"emb:{name}"] = h
+        return Reply(out)
+
+    def on_grad_embedding(self, req: Request) -> Reply:
+        total: torch.Tensor | None = None
+        names = []
+        for key, grad in req.tensors.items():
+            name = key.removeprefix("grad:")
+            h = self._pending.pop(name, None)
+            if h is None:
+                raise RuntimeError(f"party {self.party}: gradient for {name!r} without a pending training forward")
+            if h.requires_grad and h.numel():
+                term = (h * grad).sum()
+                total = term if total is None else total + term
+            names.append(name)
+        for name in names:
+            self.optimizers[name].zero_grad()
+        if total is not None:
+            total.backward()
+        for name in names:
+            self.optimizers[name].step()
+        return Reply()
+
+    def on_set_lr(self, req: Request) -> Reply:
+        for opt in self.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = float(req.meta["lr"])
+        return Reply()
+
+    def on_pretrain(self, req: Request) -> Reply:
+        view = self.data(req.meta["data"])
+        cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
+        losses: dict[str, list[float]] = {}
+        for name in req.meta.get("models") or list(self.models):
+            gen = torch_generator(self.seed, "simsiam", self.party, name)
+            losses[name] = pretrain_encoder(self._model(name), view.features, self.feature_shape, cfg, gen,
+                                            out_dim=self.latent_dim)
+        return Reply(meta={"losses": losses, "n_rows": int(view.n_observed)})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in self.models.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, sd in state.items():
+            self._model(name).load_state_dict(sd)
+
+
+# ---------------------------------------------------------------------- coordinator side
+class SplitNNMethod(VFLMethod):
+    """Coordinator half of the split-network methods: heads at the active party, loops, pretraining, presets.
+
+    Subclasses define ``name``, ``_model_names(k)`` (the representation models party k holds), ``_build_heads()``,
+    ``_training_rows(view)``, ``_train_step(view, handle, rows, rng)`` (returns the loss) and ``_predict``.
+    """
+
+    party_program = "splitnn/party"
+    presets = ("fast", "paper", "laser-paper")
+    #: the method family in LASER-VFL's code (``laser``, ``decoupled``, ``ensemble`` -> ``decoupled``, ``plug``)
+    laser_family = "decoupled"
+    #: whether the FALSE-VFL paper pretrains this method with SimSiam (its protocol, Appendix D.1)
+    paper_pretrains = False
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {
+            "latent_dim": 64,
+            "encoder": "auto",
+            "encoder_hidden": [128, 128],
+            "resnet_width": 64,
+            "head_hidden": [],
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "weight_decay": 1e-4,
+            "momentum": 0.9,
+            "epochs": 50,
+            "batch_size": 64,
+            "lr_schedule": "none",
+            "eta_min_ratio": 0.02,
+            "pretrain": False,
+            "pretrain_epochs": 50,
+            "pretrain_batch_size": 512,
+            "pretrain_lr": 0.02,
+            "pretrain_weight_decay": 3e-5,
+            "pretrain_momentum": 0.9,
+            "pretrain_optimizer": "sgd",
+            "pretrain_corruption": 0.3,
+            "pretrain_noise": 0.05,
+            "predict_batch_size": 4096,
+        }
+
+    @classmethod
+    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
+        ds = dataset_key(dataset)
+        if preset == "fast":
+            return {"latent_dim": 32, "encoder_hidden": [64], "lr": 3e-3, "epochs": 30, "batch_size": 64,
+                    "pretrain_epochs": 15, "pretrain_batch_size": 256, "pretrain_lr": 0.05}
+        if preset == "paper":
+            table = PAPER_TABLES.get(cls.name, PAPER_TABLES["vanilla-vfl"])
+            key = ds if ds in table else "hapt"
+            lr, bs, ep = table[key]
+            plr, pbs, pep = PAPER_PRETRAIN[key]
+            return {
+                "optimizer": "adam", "lr": lr, "batch_size": bs, "epochs": ep, "weight_decay": 1e-4,
+                "latent_dim": PAPER_LATENT[key], "encoder": "resnet18" if ds in PAPER_IMAGE else "auto",
+                "encoder_hidden": [256, 256], "pretrain": cls.paper_pretrains,
+                "pretrain_optimizer": "sgd", "pretrain_lr": plr, "pretrain_batch_size": pbs,
+                "pretrain_epochs": pep, "pretrain_weight_decay": 3e-5,
+            }
+        if preset == "laser-paper":
+            family = LASER_CODE[cls.laser_family]
+            key = ds if ds in family else "hapt"
+            opt, lr, wd, mom, ep, bs, cosine = family[key]
+            out: dict[str, Any] = {
+                "optimizer": opt, "lr": lr, "weight_decay": wd, "momentum": mom, "epochs": ep, "batch_size": bs,
+                "lr_schedule": "cosine" if cosine else "none", "eta_min_ratio": 0.02, "pretrain": False,
+                "head_hidden": [],
+            }
+            if key == "hapt":
+                out.update(latent_dim=128, encoder="mlp", encoder_hidden=[128, 128])
+            else:
+                out.update(latent_dim=1024, encoder="resnet18", resnet_width=32 if key == "cifar10" else 64)
+            return out
+        return {}
+
+    # ------------------------------------------------------------------ hooks
+    def _model_names(self, party: int) -> list[str]:
+        return ["f"]
+
+    def _build_heads(self) -> nn.ModuleDict:
+        raise NotImplementedError
+
+    def _training_rows(self, view: CoordinatorView) -> np.ndarray:
+        """Labelled rows with at least one observed party (the default training set of a supervised method)."""
+        return np.flatnonzero(view.labeled & view.observed.any(axis=1))
+
+    def _batches(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """One epoch of mini-batches (sorted row positions): a seeded shuffle cut into ``batch_size`` pieces."""
+        bs = int(self.params_["batch_size"])
+        perm = rng.permutation(rows)
+        for start in range(0, len(perm), bs):
+            yield np.sort(perm[start:start + bs])
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ contract
+    def _party_config(self, party: int) -> dict[str, Any]:
+        p = self.params_
+        return {
+            "feature_dim": int(self.index_.feature_dims[party]),
+            "feature_shape": list(self.index_.feature_shapes[party]),
+            "models": self._model_names(party),
+            "latent_dim": int(p["latent_dim"]),
+            "encoder": p["encoder"],
+            "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
+            "resnet_width": int(p["resnet_width"]),
+            "optimizer": {"name": p["optimizer"], "lr": float(p["lr"]), "weight_decay": float(p["weight_decay"]),
+                          "momentum": float(p["momentum"])},
+        }
+
+    @property
+    def n_classes(self) -> int:
+        return self.index_.task.n_classes
+
+    def _make_head(self, in_dim: int) -> nn.Module:
+        return MLP(in_dim, [int(h) for h in self.params_["head_hidden"]], self.n_classes)
+
+    def _init_heads(self) -> None:
+        with torch_seeded(self.seed, "heads", self.name):
+            self.heads_ = self._build_heads()
+
+    def _fit(self, view: CoordinatorView, handle: str) -> None:
+        if not view.task.is_classification:
+            raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
+        p = self.params_
+        if p["lr_schedule"] not in ("none", "cosine"):
+            raise ValueError(f"{self.name}: lr_schedule must be 'none' or 'cosine', got {p['lr_schedule']!r}")
+        self._init_heads()
+        head_params = list(self.heads_.parameters())
+        self.head_optimizer_ = (make_optimizer(head_params, p["optimizer"], float(p["lr"]), float(p["weight_decay"]),
+                                               float(p["momentum"])) if head_params else None)
+        self.pretrained_ = bool(p["pretrain"])
+        if self.pretrained_:
+            self._pretrain(handle)
+        rows = self._training_rows(view)
+        if rows.size == 0:
+            raise ValueError(f"{self.name}: no training sample qualifies ({self._rows_description()})")
+        rng = numpy_rng(self.seed, "batches", self.name)
+        epochs = int(p["epochs"])
+        for epoch in range(epochs):
+            if p["lr_schedule"] == "cosine":
+                self._set_lr(self._cosine_lr(epoch, epochs))
+            self.heads_.train()
+            total, count = 0.0, 0
+            for batch in self._batches(view, rows, rng):
+                self.transport.new_step()
+                loss = self._train_step(view, handle, batch, rng)
+                if loss is not None:
+                    total += float(loss) * len(batch)
+                    count += len(batch)
+            self._report("train", epoch, loss=total / max(count, 1))
+        self.heads_.eval()
+
+    def _rows_description(self) -> str:
+        return "labelled samples with at least one observed party"
+
+    def _cosine_lr(self, epoch: int, epochs: int) -> float:
+        lr = float(self.params_["lr"])
+        lo = lr * float(self.params_["eta_min_ratio"])
+        return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * epoch / max(epochs, 1)))
+
+    def _set_lr(self, lr: float) -> None:
+        if self.head_optimizer_ is not None:
+            for g in self.head_optimizer_.param_groups:
+                g["lr"] = lr
+        self.transport.new_step()
+        self.transport.broadcast(range(self.index_.n_parties), "set_lr", lr=lr)
+
+    def _pretrain(self, handle: str) -> None:
+        """SimSiam at every party on all its own rows (labelled or not); only losses come back."""
+        p = self.params_
+        cfg = SimSiamConfig(epochs=int(p["pretrain_epochs"]), batch_size=int(p["pretrain_batch_size"]),
+                            lr=float(p["pretrain_lr"]), weight_decay=float(p["pretrain_weight_decay"]),
+                            momentum=float(p["pretrain_momentum"]), optimizer=p["pretrain_optimizer"],
+                            corruption=float(p["pretrain_corruption"]), noise=float(p["pretrain_noise"]))
+        parties = [k for k in range(self.index_.n_parties) if self._model_names(k)]
+        self.transport.new_step()
+        replies = self.transport.broadcast(parties, "pretrain", data=handle, simsiam=cfg.to_dict())
+        for k, rep in replies.items():
+            for name, losses in rep.meta["losses"].items():
+                if losses:
+                    self._report(f"pretrain party {k} {name}", len(losses) - 1, loss=losses[-1])
+
+    # ------------------------------------------------------------------ wire helpers
+    def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool
+               ) -> dict[tuple[int, str], torch.Tensor]:
+        """Ask parties for representations: ``wanted[k][model]`` are the rows party k holds (sorted positions).
+
+        In training mode the returned tensors are leaves requiring grad, to be passed to :meth:`_send_grads`.
+        """
+        reqs = {}
+        for k, models in wanted.items():
+            tensors = {f"rows:{m}": torch.as_tensor(np.asarray(r, dtype=np.int64)) for m, r in models.items()}
+            if tensors:
+                reqs[k] = Request("embed", tensors, {"data": handle, "train": bool(train)})
+        replies = self.transport.call_many(reqs)
+        out: dict[tuple[int, str], torch.Tensor] = {}
+        for k, rep in replies.items():
+            for m in wanted[k]:
+                e = rep.tensors[f"emb:{m}"]
+                out[(k, m)] = e.requires_grad_() if train else e
+        return out
+
+    def _send_grads(self, embs: dict[tuple[int, str], torch.Tensor]) -> None:
+        self.transport.new_round()
+        by_party: dict[int, dict[str, torch.Tensor]] = {}
+        for (k, m), e in embs.items():
+            g = e.grad if e.grad is not None else torch.zeros_like(e)
+            by_party.setdefault(k, {})[f"grad:{m}"] = g
+        self.transport.call_many({k: Request("grad_embedding", t) for k, t in by_party.items()})
+
+    def _step_heads(self, loss: torch.Tensor, embs: dict[tuple[int, str], torch.Tensor]) -> None:
+        """Back-propagate ``loss`` at the active party, update the heads, send the parties their gradients."""
+        if self.head_optimizer_ is not None:
+            self.head_optimizer_.zero_grad()
+        loss.backward()
+        if self.head_optimizer_ is not None:
+            self.head_optimizer_.step()
+        self._send_grads(embs)
+
+    @staticmethod
+    def _scatter(batch_rows: np.ndarray, party_rows: np.ndarray, emb: torch.Tensor) -> torch.Tensor:
+        """Place a party's representations of ``party_rows`` into a zero ``(len(batch_rows), d)`` tensor."""
+        idx = torch.as_tensor(np.searchsorted(batch_rows, party_rows))
+        return torch.zeros(len(batch_rows), emb.shape[1]).index_copy(0, idx, emb)
+
+    def _stack(self, batch_rows: np.ndarray, observed: np.ndarray, embs: dict[tuple[int, str], torch.Tensor],
+               model: str = "f") -> torch.Tensor:
+        """(B, K, d) representations of a batch, zeros where a party does not hold (or did not send) the row."""
+        d = int(self.params_["latent_dim"])
+        cols = []
+        for k in range(self.index_.n_parties):
+            e = embs.get((k, model))
+            if e is None:
+                cols.append(torch.zeros(len(batch_rows), d))
+            else:
+                cols.append(self._scatter(batch_rows, batch_rows[observed[:, k]], e))
+        return torch.stack(cols, dim=1)
+
+    def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
+        bs = int(self.params_["predict_batch_size"])
+        for start in range(0, len(rows), bs):
+            yield rows[start:start + bs]
+
+    def _vote_rng(self) -> np.random.Generator:
+        return np.random.default_rng(derive_seed(self.seed, "predict", self.name))
+
+    # ------------------------------------------------------------------ persistence of the active party's part
+    def _coordinator_state(self) -> dict[str, Any]:
+        return {"heads": {k: v.detach().clone() for k, v in self.heads_.state_dict().items()},
+                "pretrained": bool(getattr(self, "pretrained_", False))}
+
+    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+        self._init_heads()
+        self.heads_.load_state_dict(state["heads"])
+        self.heads_.eval()
+        self.pretrained_ = bool(state.get("pretrained", False))
+
+
+def fuse(emb: torch.Tensor, present: np.ndarray, parties: list[int] | None = None, how: str = "concat"
+         ) -> torch.Tensor:
+    """Fusion input from ``(B, K, d)`` representations of ``parties`` (default all).
+
+    ``concat``: the representations side by side, zeros for absent parties (``(B, len(parties) * d)``);
+    ``mean``: the mean over the present ones (``(B, d)``; LASER-VFL's code uses it for all its decoupled models).
+    """
+    sel = list(range(emb.shape[1])) if parties is None else list(parties)
+    part = emb[:, sel]
+    if how == "concat":
+        return part.reshape(part.shape[0], -1)
+    if how == "mean":
+        m = torch.as_tensor(np.asarray(present)[:, sel], dtype=emb.dtype)
+        return (m[..., None] * part).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)[:, None]
+    raise ValueError(f"fusion must be 'concat' or 'mean', got {how!r}")
+
+
+def fit_best_of_pretraining(method: type[VFLMethod] | str, train: VerticalDataset,
+                            select_on: float | VerticalDataset = 0.2, *, preset: str = "fast", seed: int = 0,
+                            refit: bool = True, **params: Any) -> VFLMethod:
+    """Fit a method with and without SimSiam pretraining and keep the better, chosen on held-out labels.
+
+    The FALSE-VFL paper reports, per cell, the better of "pretrained on all data" and "labelled data only" (marked
+    *).  Choosing on the test set would be optimistic, so the choice here is made on ``select_on``: a fraction of
+    the labelled training samples (held out, seeded by ``seed``; they stay in training as unlabelled samples) or a
+    separate labelled dataset.  With ``refit`` the chosen variant is then refitted on all of ``train``.
+
+    The returned model carries ``selection_`` (``{"pretrain", "labelled_only", "marker", "val_accuracy"}``, also
+    stored in ``data_info_['pretraining_selection']`` so that ``save`` keeps it).  Ties go to pretraining (the
+    paper's default protocol).
+    """
+    from partialvfl.methods.base import get_method
+    from partialvfl.methods.evaluation import evaluate
+
+    cls = get_method(method) if isinstance(method, str) else method
+    if "pretrain" not in cls.default_params():
+        raise ValueError(f"{cls.name} has no 'pretrain' option")
+    params.pop("pretrain", None)
+    if isinstance(select_on, VerticalDataset):
+        fit_data, val = train, select_on
+        if not val.labeled.any():
+            raise ValueError("select_on has no labelled sample to choose on")
+    else:
+        frac = float(select_on)
+        if not 0.0 < frac < 1.0:
+            raise ValueError(f"select_on must be a fraction in (0, 1) or a labelled VerticalDataset, got {select_on}")
+        lab = np.flatnonzero(train.labeled)
+        n_val = int(round(frac * len(lab)))
+        if n_val < 1 or n_val >= len(lab):
+            raise ValueError(f"holding out {frac} of {len(lab)} labelled samples leaves no validation or fit label")
+        val_rows = np.sort(numpy_rng(seed, "select-pretraining").choice(lab, size=n_val, replace=False))
+        keep = train.labeled.copy()
+        keep[val_rows] = False
+        fit_data, val = train.with_labels(keep), train.subset(val_rows)
+    scores: dict[str, float] = {}
+    models: dict[bool, VFLMethod] = {}
+    for pretrain in (False, True):
+        m = cls(preset, seed=seed, pretrain=pretrain, **params).fit(fit_data)
+        scores["pretrained" if pretrain else "labelled_only"] = float(evaluate(m, val)["accuracy"])
+        models[pretrain] = m
+    chosen = scores["pretrained"] >= scores["labelled_only"]
+    model = cls(preset, seed=seed, pretrain=chosen, **params).fit(train) if refit else models[chosen]
+    model.selection_ = {"pretrain": chosen, "labelled_only": not chosen, "marker": "" if chosen else "*",
+                        "val_accuracy": scores, "n_val": int(val.n_labeled)}
+    model.data_info_["pretraining_selection"] = model.selection_
+    return model

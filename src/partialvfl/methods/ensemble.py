@@ -1,0 +1,80 @@
+"""Ensemble: one local predictor per party, majority vote of the observing parties (LASER-VFL's baseline).
+
+Party k's predictor is g_k(f_k(x_k)).  LASER-VFL trains each at its own client with labels every client holds;
+here only the active party holds labels, so f_k stays at party k and its head g_k stays at the active party: each
+step party k sends the representations of the labelled rows it observes, the active party computes g_k's loss and
+sends back the gradient, and no label ever leaves the active party.  The K predictors are independent (each sees
+only its own party's block).  At inference every observing party's predictor votes; the majority wins and ties are
+broken uniformly at random with a generator seeded by the method's seed (:func:`majority_vote`).
+
+``predict_proba`` returns the vote shares, with the tie-broken winner nudged up by 1e-6 so that ``argmax`` is the
+vote's winner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView
+from partialvfl.methods._splitnn import SplitNNMethod
+from partialvfl.methods.base import register_method
+
+__all__ = ["Ensemble", "majority_vote"]
+
+
+def majority_vote(votes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Winner per row of a ``(N, C)`` vote-count matrix; ties broken uniformly at random by ``rng``."""
+    votes = np.asarray(votes)
+    top = votes == votes.max(axis=1, keepdims=True)
+    noise = rng.random(votes.shape)
+    return np.where(top, noise, -1.0).argmax(axis=1)
+
+
+@register_method
+class Ensemble(SplitNNMethod):
+    """Per-party local predictors (heads at the active party), majority vote with seeded random tie-break."""
+
+    name = "ensemble"
+    laser_family = "decoupled"
+
+    def _build_heads(self) -> nn.ModuleDict:
+        d = int(self.params_["latent_dim"])
+        return nn.ModuleDict({f"g{k}": self._make_head(d) for k in range(self.index_.n_parties)})
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor:
+        obs = view.observed[rows]
+        y = torch.as_tensor(view.y[rows], dtype=torch.long)
+        embs = self._embed(handle, {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()},
+                           train=True)
+        loss = torch.zeros(())
+        for (k, _), e in embs.items():
+            loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[obs[:, k]])
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    def _votes(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        votes = np.zeros((len(rows), self.n_classes))
+        start = 0
+        for chunk in self._chunks(rows):
+            obs = view.observed[chunk]
+            self.transport.new_step()
+            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
+                                        if obs[:, k].any()}, train=False)
+            for (k, _), e in embs.items():
+                with torch.no_grad():
+                    pred = self.heads_[f"g{k}"](e).argmax(dim=1).numpy()
+                where = start + np.flatnonzero(obs[:, k])
+                np.add.at(votes, (where, pred), 1.0)
+            start += len(chunk)
+        return votes
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        votes = self._votes(view, handle, rows)
+        winner = majority_vote(votes, self._vote_rng())
+        out = votes / np.maximum(votes.sum(axis=1, keepdims=True), 1.0)
+        out[np.arange(len(rows)), winner] += 1e-6
+        return out / out.sum(axis=1, keepdims=True)

@@ -1,0 +1,256 @@
+"""LASER-VFL (Valdeira, Wang & Chi, ICLR 2025): shared representation models, mean aggregation, task sampling.
+
+Every party k has one representation model f_k; a fusion model ("head") g maps the *mean* of the representations
+of any subset I of observed parties to class scores, so one head serves every subset (eq. 4):
+h_{k,I}(x_I) = g_k( (1/|I|) sum_{i in I} f_i(x_i) ).  The per-sample objective (eq. 5) over the observed set O_n is
+
+    L_n = sum_{k in O_n} sum_{I subset O_n, k in I} (1/|I|) * loss(h_{k,I}(x_I), y_n).
+
+Task sampling (eq. 8): each head k in O draws one subset per size i = 1..|O|, uniformly among the subsets of O of
+size i that contain k, and weighs its loss by a_i = C(|O| - 1, i - 1) / i, which makes the estimate unbiased
+(Lemma 1) at |O|^2 head evaluations instead of |O| * 2^(|O|-1).  For |O| = 4: a = (1, 3/2, 1, 1/4).
+
+Heads (option ``heads``):
+
+* ``"single"`` (default): one fusion model at the active party, the only label holder (the FALSE-VFL paper's
+  setting, Appendix D.1).  All g_k are the same g, so the objective becomes the plain sum over all non-empty
+  subsets of O_n (each subset is counted |I| times with weight 1/|I|); the estimator is unchanged.
+* ``"per-party"``: LASER's original K heads, one owned by each party.  Heads would need labels at every party; here
+  only the active party holds labels, so the K heads all sit at the active party (head k is "party k's predictor":
+  it is trained and asked only when party k observes the sample).  ``predict_proba`` averages the observing heads'
+  probabilities; :func:`client_averaged_accuracy` gives LASER's metric (each observing head's correctness,
+  averaged per sample; Appendix D).
+
+Batching (option ``batching``):
+
+* ``"pattern"``: the paper's availability-aware batching.  Training samples are grouped by their observed pattern
+  (what block-availability-aware entity alignment yields) and every mini-batch is cut from one group, so the whole
+  batch shares one pattern and one draw of subsets per (head, size), exactly Algorithm 1.  Small groups give small
+  batches.
+* ``"per-sample"``: no such batching.  Batches mix patterns; every sample draws its own subsets from its own
+  observed set, with its own weights a_i(|O_n|).  Per sample this is the same unbiased estimator, so the
+  mini-batch estimate is unbiased for the mean of eq. 5 over the batch.
+
+Communication (all heads at the active party): one round of representations (each observing party's f_k on its
+rows), one round of gradients (the sum over heads of dL/df_k is formed at the active party, which is what LASER's
+clients do by summing the derivatives they receive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import combinations
+from math import comb
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
+from partialvfl.methods._splitnn import SplitNNMethod
+from partialvfl.methods.base import register_method
+
+__all__ = [
+    "LaserVFL",
+    "client_averaged_accuracy",
+    "laser_estimate",
+    "laser_objective",
+    "laser_weight",
+    "sample_task_sets",
+]
+
+
+def laser_weight(k_observed: int, size: int) -> float:
+    """a_i = C(K_o - 1, i - 1) / i: weight of a sampled task of size ``size`` when ``k_observed`` blocks are seen."""
+    if not 1 <= size <= k_observed:
+        raise ValueError(f"a task size must lie in 1..{k_observed}, got {size}")
+    return comb(k_observed - 1, size - 1) / size
+
+
+def sample_task_sets(observed: np.ndarray, rng: np.random.Generator, *, shared: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Draw LASER's tasks for a batch: for each head k and size i, a subset of the observed set containing k.
+
+    ``observed`` is ``(B, K)`` boolean.  Returns ``sets`` ``(K, K, B, K)`` boolean (``sets[k, i-1, n]`` is the
+    subset for head k, size i, sample n) and ``weights`` ``(K, K, B)`` (a_i(|O_n|), zero where the task does not
+    exist: head k not observed or i > |O_n|).  ``shared=True`` draws one subset per (k, i) for the whole batch,
+    which requires every row to share one pattern (the paper's batching).
+    """
+    obs = np.asarray(observed, dtype=bool)
+    b, k_parties = obs.shape
+    if shared and b and not (obs == obs[0]).all():
+        raise ValueError("shared task sampling needs a batch whose samples all share one observed pattern")
+    n_obs = obs.sum(axis=1)
+    sets = np.zeros((k_parties, k_parties, b, k_parties), dtype=bool)
+    weights = np.zeros((k_parties, k_parties, b))
+    wtab = np.zeros((k_parties + 1, k_parties + 1))
+    for ko in range(1, k_parties + 1):
+        for i in range(1, ko + 1):
+            wtab[ko, i] = laser_weight(ko, i)
+    for k in range(k_parties):
+        keys = rng.random((1 if shared else b, k_parties))
+        keys = np.broadcast_to(keys, (b, k_parties)).copy()
+        keys[~obs] = 2.0          # unobserved parties are never chosen
+        keys[:, k] = -1.0         # head k is always in its own subsets
+        ranks = np.argsort(np.argsort(keys, axis=1), axis=1)
+        for i in range(1, k_parties + 1):
+            valid = obs[:, k] & (n_obs >= i)
+            sets[k, i - 1] = (ranks < i) & valid[:, None]
+            weights[k, i - 1] = np.where(valid, wtab[n_obs, i], 0.0)
+    return sets, weights
+
+
+def _mean_over(sets: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    m = sets.to(emb.dtype)
+    return (m[..., None] * emb).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)[:, None]
+
+
+def laser_estimate(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights: np.ndarray,
+                   head: Callable[[int], nn.Module]) -> torch.Tensor:
+    """Task-sampled loss (eq. 8 summed over heads as in eq. 7), averaged over the batch.
+
+    ``emb`` is ``(B, K, d)`` (rows of unobserved parties are ignored), ``head(k)`` the fusion model of head k.
+    """
+    b, k_parties = emb.shape[0], emb.shape[1]
+    total = emb.new_zeros(())
+    for k in range(k_parties):
+        for i in range(k_parties):
+            w = weights[k, i]
+            live = np.flatnonzero(w > 0)
+            if live.size == 0:
+                continue
+            agg = _mean_over(torch.as_tensor(sets[k, i, live]), emb[live])
+            ce = F.cross_entropy(head(k)(agg), y[live], reduction="none")
+            total = total + (ce * torch.as_tensor(w[live], dtype=ce.dtype)).sum()
+    return total / max(b, 1)
+
+
+def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,
+                    head: Callable[[int], nn.Module]) -> torch.Tensor:
+    """The exact objective (eq. 5) by full enumeration of subsets, averaged over the batch (for tests, small K)."""
+    obs = np.asarray(observed, dtype=bool)
+    b, k_parties = obs.shape
+    total = emb.new_zeros(())
+    for n in range(b):
+        seen = [j for j in range(k_parties) if obs[n, j]]
+        for k in seen:
+            others = [j for j in seen if j != k]
+            for r in range(len(others) + 1):
+                for extra in combinations(others, r):
+                    members = [k, *extra]
+                    agg = emb[n, members].mean(dim=0, keepdim=True)
+                    ce = F.cross_entropy(head(k)(agg), y[n:n + 1])
+                    total = total + ce / len(members)
+    return total / max(b, 1)
+
+
+@register_method
+class LaserVFL(SplitNNMethod):
+    """LASER-VFL: one f_k per party, mean aggregation, task-sampled training, exact-observed-set inference."""
+
+    name = "laser-vfl"
+    laser_family = "laser"
+    paper_pretrains = True
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {**super().default_params(), "heads": "single", "batching": "pattern"}
+
+    def _check_options(self) -> None:
+        if self.params_["heads"] not in ("single", "per-party"):
+            raise ValueError(f"{self.name}: heads must be 'single' or 'per-party', got {self.params_['heads']!r}")
+        if self.params_["batching"] not in ("pattern", "per-sample"):
+            raise ValueError(
+                f"{self.name}: batching must be 'pattern' or 'per-sample', got {self.params_['batching']!r}"
+            )
+
+    def _build_heads(self) -> nn.ModuleDict:
+        self._check_options()
+        d = int(self.params_["latent_dim"])
+        if self.params_["heads"] == "single":
+            return nn.ModuleDict({"g": self._make_head(d)})
+        return nn.ModuleDict({f"g{k}": self._make_head(d) for k in range(self.index_.n_parties)})
+
+    def _head(self, k: int) -> nn.Module:
+        return self.heads_["g"] if "g" in self.heads_ else self.heads_[f"g{k}"]
+
+    def _batches(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        if self.params_["batching"] == "per-sample":
+            yield from super()._batches(view, rows, rng)
+            return
+        bs = int(self.params_["batch_size"])
+        _, group = np.unique(view.observed[rows], axis=0, return_inverse=True)
+        group = np.asarray(group).reshape(-1)
+        batches: list[np.ndarray] = []
+        for g in range(int(group.max()) + 1 if group.size else 0):
+            members = rng.permutation(rows[group == g])
+            batches += [np.sort(members[s:s + bs]) for s in range(0, len(members), bs)]
+        for i in rng.permutation(len(batches)):
+            yield batches[i]
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor:
+        obs = view.observed[rows]
+        wanted = {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()}
+        embs = self._embed(handle, wanted, train=True)
+        emb = self._stack(rows, obs, embs)
+        sets, weights = sample_task_sets(obs, rng, shared=self.params_["batching"] == "pattern")
+        y = torch.as_tensor(view.y[rows], dtype=torch.long)
+        loss = laser_estimate(emb, y, sets, weights, self._head)
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    def _predict_heads(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        """Each head's class probabilities from the mean over exactly the observed set: ``(len(rows), K|1, C)``."""
+        n_heads = len(self.heads_)
+        out = np.full((len(rows), n_heads, self.n_classes), np.nan)
+        start = 0
+        for chunk in self._chunks(rows):
+            obs = view.observed[chunk]
+            self.transport.new_step()
+            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
+                                        if obs[:, k].any()}, train=False)
+            emb = self._stack(chunk, obs, embs)
+            with torch.no_grad():
+                agg = _mean_over(torch.as_tensor(obs), emb)
+                for h in range(n_heads):
+                    probs = torch.softmax(self._head(h)(agg), dim=1).numpy()
+                    if n_heads > 1:
+                        probs = np.where(obs[:, h:h + 1], probs, np.nan)
+                    out[start:start + len(chunk), h] = probs
+            start += len(chunk)
+        return out
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        per_head = self._predict_heads(view, handle, rows)
+        return np.nanmean(per_head, axis=1)
+
+    def predict_heads(self, data: VerticalDataset) -> np.ndarray:
+        """``(N, H, C)`` probabilities of each head (H = 1 or K); NaN where head k's party does not observe."""
+        self._check_fitted()
+        handle = self.federation_.attach(data)
+        try:
+            view = data.coordinator_view()
+            out = np.full((view.n_samples, len(self.heads_), self.n_classes), np.nan)
+            rows = np.flatnonzero(view.observed.any(axis=1))
+            if rows.size:
+                out[rows] = self._predict_heads(view, handle, rows)
+            return out
+        finally:
+            self.federation_.release(handle)
+
+
+def client_averaged_accuracy(model: LaserVFL, data: VerticalDataset) -> float:
+    """LASER-VFL's metric (Appendix D): per sample, the fraction of observing heads that are right, averaged over
+    the labelled samples with at least one observed block (with a single head this is the plain accuracy)."""
+    per_head = model.predict_heads(data)
+    keep = data.labeled & data.observed.any(axis=1)
+    if not keep.any():
+        return float("nan")
+    ph = per_head[keep]
+    pred = np.where(np.isnan(ph).any(axis=2), -1, np.nan_to_num(ph, nan=-1.0).argmax(axis=2))
+    seen = ~np.isnan(ph).any(axis=2)
+    right = (pred == data.y[keep][:, None]) & seen
+    return float((right.sum(axis=1) / seen.sum(axis=1)).mean())

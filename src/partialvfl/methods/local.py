@@ -1,0 +1,61 @@
+"""Local: the active party's own model on its own block (eq. 2 of LASER-VFL, for the single label holder).
+
+In LASER-VFL every client holds labels and trains its own h_k = g_k(f_k(x_k)).  Here only the active party holds
+labels, so Local is the active party alone: f and g both live there, it trains on the labelled samples it
+observes, and nothing crosses a boundary.  Samples the active party does not observe cannot be predicted from its
+block; they get the labelled-training class prior (the most frequent class wins), the same no-information
+fallback the contract uses for samples nobody observes.  (The per-party local models that would need labels at
+passive parties are what ``ensemble`` trains, with the heads kept at the active party.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView
+from partialvfl.methods._splitnn import SplitNNMethod
+from partialvfl.methods.base import register_method
+
+__all__ = ["Local"]
+
+
+@register_method
+class Local(SplitNNMethod):
+    """The active party's own predictor; other samples fall back to the label prior."""
+
+    name = "local"
+    laser_family = "decoupled"
+
+    def _model_names(self, party: int) -> list[str]:
+        return ["f"] if party == self.index_.active_party else []
+
+    def _build_heads(self) -> nn.ModuleDict:
+        return nn.ModuleDict({"g": self._make_head(int(self.params_["latent_dim"]))})
+
+    def _training_rows(self, view: CoordinatorView) -> np.ndarray:
+        return np.flatnonzero(view.labeled & view.observed[:, view.active_party])
+
+    def _rows_description(self) -> str:
+        return "Local trains on labelled samples the active party observes, and there are none"
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor:
+        a = view.active_party
+        embs = self._embed(handle, {a: {"f": rows}}, train=True)
+        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), torch.as_tensor(view.y[rows], dtype=torch.long))
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        a = view.active_party
+        out = np.tile(self.label_prior_, (len(rows), 1)).astype(np.float64)
+        seen = np.flatnonzero(view.observed[rows, a])
+        for chunk in self._chunks(seen):
+            self.transport.new_step()
+            embs = self._embed(handle, {a: {"f": rows[chunk]}}, train=False)
+            with torch.no_grad():
+                out[chunk] = torch.softmax(self.heads_["g"](embs[(a, "f")]), dim=1).numpy()
+        return out

@@ -1,0 +1,101 @@
+"""PlugVFL (Sun et al., 2024) as extended by LASER-VFL and run by the FALSE-VFL paper.
+
+A split network with concatenation fusion at the active party.  Absent parties' representations are zeros, in
+training and at inference; during training each *passive* party is additionally dropped with probability
+``p_drop`` (0.5, the FALSE-VFL paper's value; LASER-VFL's released scripts leave it at 0) - the active party (the
+fusion-model holder) is never dropped.  The original's label-protection objective is not used.
+
+``dropout_unit``: ``"batch"`` (default; PlugVFL's party-wise dropout, one draw per passive party per step) or
+``"sample"`` (one draw per passive party per sample).  A dropped party is not asked for its representations, so
+dropout also saves communication.  Training uses every labelled sample with at least one observed party; samples
+left with no party after dropout are skipped for that step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView
+from partialvfl.methods._splitnn import SplitNNMethod, fuse
+from partialvfl.methods.base import register_method
+
+__all__ = ["PlugVFL", "plug_dropout"]
+
+
+def plug_dropout(observed: np.ndarray, active: int, p_drop: float, rng: np.random.Generator,
+                 unit: str = "batch") -> np.ndarray:
+    """The observed mask after party-wise dropout: each passive party dropped with probability ``p_drop``.
+
+    ``observed`` is ``(B, K)``; the active party's column is returned unchanged.
+    """
+    if not 0.0 <= p_drop <= 1.0:
+        raise ValueError(f"p_drop must be a probability, got {p_drop}")
+    obs = np.asarray(observed, dtype=bool)
+    b, k = obs.shape
+    if unit == "batch":
+        keep = np.broadcast_to(rng.random(k) >= p_drop, (b, k)).copy()
+    elif unit == "sample":
+        keep = rng.random((b, k)) >= p_drop
+    else:
+        raise ValueError(f"dropout_unit must be 'batch' or 'sample', got {unit!r}")
+    keep[:, active] = True
+    return obs & keep
+
+
+@register_method
+class PlugVFL(SplitNNMethod):
+    """Concatenation fusion, zero representations for absent parties, passive-party dropout in training."""
+
+    name = "plug-vfl"
+    laser_family = "plug"
+    paper_pretrains = True
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {**super().default_params(), "p_drop": 0.5, "dropout_unit": "batch", "fusion": "concat"}
+
+    @classmethod
+    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
+        out = super().preset_params(preset, dataset)
+        if preset == "laser-paper":
+            out.update(p_drop=0.0)
+        return out
+
+    def _build_heads(self) -> nn.ModuleDict:
+        d = int(self.params_["latent_dim"])
+        dim = d * self.index_.n_parties if self.params_["fusion"] == "concat" else d
+        return nn.ModuleDict({"g": self._make_head(dim)})
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor | None:
+        obs = plug_dropout(view.observed[rows], view.active_party, float(self.params_["p_drop"]), rng,
+                           self.params_["dropout_unit"])
+        keep = obs.any(axis=1)
+        rows, obs = rows[keep], obs[keep]
+        if rows.size == 0:
+            return None
+        embs = self._embed(handle, {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()},
+                           train=True)
+        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.params_["fusion"]))
+        loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(rows), self.n_classes))
+        start = 0
+        for chunk in self._chunks(rows):
+            obs = view.observed[chunk]
+            self.transport.new_step()
+            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
+                                        if obs[:, k].any()}, train=False)
+            with torch.no_grad():
+                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
+            out[start:start + len(chunk)] = torch.softmax(logits, dim=1).numpy()
+            start += len(chunk)
+        return out

@@ -1,0 +1,95 @@
+"""Vanilla VFL: the split network of standard VFL (eq. 1 of LASER-VFL; Liu et al., 2022), trained on fully
+aligned labelled samples only.
+
+Each party k has a representation model f_k; the active party fuses them (concatenation by default, or LASER's
+mean) and predicts with a head g.  Training uses only samples that are labelled *and* observed by every party: no
+partially aligned or unlabelled sample ever reaches the supervised loop (SimSiam pretraining, when on, is local to
+each party and sends nothing).
+
+At inference a sample may miss parties (option ``missing``):
+
+* ``"zero"`` (default): absent parties' representations are zeros (the FALSE-VFL paper's variant, Appendix D.1);
+* ``"random"``: the sample gets a uniformly random class (LASER-VFL's variant: "when it cannot predict, a random
+  prediction is made"), seeded by the method's seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView
+from partialvfl.methods._splitnn import SplitNNMethod, fuse
+from partialvfl.methods.base import register_method
+
+__all__ = ["VanillaVFL"]
+
+
+@register_method
+class VanillaVFL(SplitNNMethod):
+    """Standard split-network VFL on the fully aligned labelled samples."""
+
+    name = "vanilla-vfl"
+    laser_family = "decoupled"
+    paper_pretrains = True
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {**super().default_params(), "fusion": "concat", "missing": "zero"}
+
+    @classmethod
+    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
+        out = super().preset_params(preset, dataset)
+        if preset == "laser-paper":
+            out.update(fusion="mean", missing="random")
+        return out
+
+    def _fusion_dim(self) -> int:
+        d = int(self.params_["latent_dim"])
+        return d * self.index_.n_parties if self.params_["fusion"] == "concat" else d
+
+    def _build_heads(self) -> nn.ModuleDict:
+        if self.params_["missing"] not in ("zero", "random"):
+            raise ValueError(f"{self.name}: missing must be 'zero' or 'random', got {self.params_['missing']!r}")
+        return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})
+
+    def _training_rows(self, view: CoordinatorView) -> np.ndarray:
+        return np.flatnonzero(view.labeled & view.observed.all(axis=1))
+
+    def _rows_description(self) -> str:
+        return "Vanilla VFL trains on labelled samples observed by every party, and there are none"
+
+    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                    rng: np.random.Generator) -> torch.Tensor:
+        obs = view.observed[rows]
+        embs = self._embed(handle, {k: {"f": rows} for k in range(view.n_parties)}, train=True)
+        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.params_["fusion"]))
+        loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(rows), self.n_classes))
+        full = view.observed[rows].all(axis=1)
+        if self.params_["missing"] == "random":
+            guess = self._vote_rng().integers(0, self.n_classes, size=len(rows))
+            out[np.flatnonzero(~full), guess[~full]] = 1.0
+            ask = rows[full]
+        else:
+            ask = rows
+        start = 0
+        pos = np.flatnonzero(full) if self.params_["missing"] == "random" else np.arange(len(rows))
+        for chunk in self._chunks(ask):
+            obs = view.observed[chunk]
+            self.transport.new_step()
+            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
+                                        if obs[:, k].any()}, train=False)
+            with torch.no_grad():
+                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
+            out[pos[start:start + len(chunk)]] = torch.softmax(logits, dim=1).numpy()
+            start += len(chunk)
+        return out
