@@ -186,10 +186,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
         "predict_seconds": time.perf_counter() - t0, "params": model.params_,
+        "pretrained": model.params_.get("pretrain"),
     })
     metric = "accuracy" if "accuracy" in res else "rmse"
     lines = [f"{model.name} on {cfg.get('dataset')} under test mechanism {args.test_missing}: "
              f"{metric} {res[metric]:.4f} over {res['n_samples']} samples"]
+    if res["pretrained"] is not None:
+        how = "pretrained with SimSiam" if res["pretrained"] else "trained on labelled data only"
+        lines.append(f"  local encoders {how}")
     for k, v in res["by_observed_parties"].items():
         lines.append(f"  {k} observed parties: {metric} {v[metric]:.4f} (n={v['n']})")
     if res["all_missing"]:
