@@ -48,7 +48,7 @@ class _LinearParty(PartyProgram):
 
     def on_leak(self, req: Request) -> Reply:
         view = self.data(req.meta["data"])
-        return Reply({"oops": torch.as_tensor(view.features[:3])})
+        return Reply({"oops": torch.tensor(view.features[:3])})
 
     def on_backward(self, req: Request) -> Reply:
         assert self._out is not None
@@ -139,8 +139,19 @@ def test_down_party_raises_or_is_tolerated() -> None:
     fed.transport.down.add(0)
     with pytest.raises(PartyUnavailable):
         fed.call(0, "ping")
+    fed.transport.new_round()
     out = fed.transport.broadcast([0, 1], "ping", tolerate=True)
     assert set(out) == {1} and fed.transport.failures[-1][1] == 0
+
+
+def test_same_kind_twice_in_one_round_is_refused_like_the_network_does() -> None:
+    fed = _setup(_data())
+    fed.transport.new_step()
+    fed.call(0, "ping")
+    with pytest.raises(RuntimeError, match="new_round"):
+        fed.call(0, "ping")
+    fed.transport.new_round()
+    fed.call(0, "ping")
 
 
 def test_party_sees_only_its_own_block() -> None:

@@ -44,15 +44,18 @@ class Transport(ABC):
         self.step = 0
         self.round = 0
         self.failures: list[tuple[int, int, str]] = []  # (step, party, reason)
+        self._sent: set[tuple[int, str]] = set()  # (party, kind) already sent in this step and round
 
     def new_step(self) -> int:
         """Start a new step (one mini-batch of training or prediction); rounds restart at 0."""
         self.step += 1
         self.round = 0
+        self._sent.clear()
         return self.step
 
     def new_round(self) -> int:
         self.round += 1
+        self._sent.clear()
         return self.round
 
     def _stamp(self, request: Request) -> Request:
@@ -75,6 +78,13 @@ class Transport(ABC):
         out: dict[int, Reply] = {}
         for party, req in requests.items():
             self._check_party(party)
+            if (party, req.kind) in self._sent:
+                # A party serves each kind once per (step, round): the network servers refuse repeats as replays.
+                raise RuntimeError(
+                    f"party {party} already got a {req.kind!r} request in step {self.step} round {self.round}; "
+                    "call transport.new_round() between rounds"
+                )
+            self._sent.add((party, req.kind))
             req = self._stamp(req)
             self.log.record(
                 step=self.step, round=self.round, sender=self.coordinator, receiver=party, kind=req.kind,

@@ -1,0 +1,118 @@
+"""Entity alignment without a central table: parties report their IDs as HMAC-SHA256 keyed hashes.
+
+Each party holds the same secret key (a file given to every institution, never sent over the wire) and reports
+``HMAC-SHA256(key, id)`` for every ID it holds.  The coordinator builds the shared sample order and the observed
+matrix (which party holds which sample) from those hash lists alone, then tells each party the positions of *its
+own* hashes in that order; a party never receives another party's hashes.
+
+What this reveals and to whom is stated in ``docs/deployment.md`` ("Alignment").  In short: the coordinator learns,
+for every hashed ID, which parties hold it (the observed matrix is exactly that); whoever holds the key can test a
+guessed ID against a hash, so in our setting, where the coordinator *is* the active party and holds the key, it
+learns membership for every ID it can enumerate.  Passive parties learn only N and where their own rows sit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "HASH_BYTES", "canonical_id", "hash_ids", "hex_ids", "load_key", "observed_from_hashes", "positions_in",
+    "write_key",
+]
+
+HASH_BYTES = 32
+MIN_KEY_BYTES = 16
+
+
+def canonical_id(value: Any) -> bytes:
+    """The bytes an ID is hashed as: its text, stripped (so ``12`` read as an int or as ``"12"`` match)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bytes):
+        value = value.decode()
+    return str(value).strip().encode("utf-8")
+
+
+def hash_ids(ids: Sequence[Any] | np.ndarray, key: bytes) -> np.ndarray:
+    """``(n, 32)`` uint8 array of HMAC-SHA256(key, id) for every ID."""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the HMAC key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
+    out = np.empty((len(ids), HASH_BYTES), dtype=np.uint8)
+    for i, v in enumerate(ids):
+        out[i] = np.frombuffer(hmac.new(key, canonical_id(v), hashlib.sha256).digest(), dtype=np.uint8)
+    return out
+
+
+def hex_ids(hashes: np.ndarray) -> np.ndarray:
+    """Hash rows as hex strings (the sample IDs the coordinator uses when it knows no raw ID)."""
+    return np.array([bytes(h).hex() for h in np.asarray(hashes, dtype=np.uint8)], dtype=object)
+
+
+def _keys(hashes: np.ndarray) -> list[bytes]:
+    hashes = np.asarray(hashes)
+    if hashes.ndim != 2 or hashes.shape[1] != HASH_BYTES or hashes.dtype != np.uint8:
+        raise ValueError(f"hashed IDs must be a (n, {HASH_BYTES}) uint8 array, got {hashes.dtype} {hashes.shape}")
+    return [bytes(h) for h in hashes]
+
+
+def observed_from_hashes(party_hashes: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """The shared order (union of all parties' hashes, sorted) and the ``(N, K)`` observed matrix.
+
+    A party given as ``None`` (absent) observes nothing.  Duplicate hashes within one party are an error (two rows
+    with the same ID).
+    """
+    per_party: list[set[bytes]] = []
+    for k, hashes in enumerate(party_hashes):
+        if hashes is None:
+            per_party.append(set())
+            continue
+        keys = _keys(hashes)
+        s = set(keys)
+        if len(s) != len(keys):
+            raise ValueError(f"party {k} reported the same hashed ID twice: its ID column has duplicates")
+        per_party.append(s)
+    order = sorted(set().union(*per_party)) if per_party else []
+    observed = np.zeros((len(order), len(per_party)), dtype=bool)
+    for k, s in enumerate(per_party):
+        observed[:, k] = [h in s for h in order]
+    arr = np.frombuffer(b"".join(order), dtype=np.uint8).reshape(len(order), HASH_BYTES).copy()
+    return arr, observed
+
+
+def positions_in(order: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """For each hash row, its position in ``order`` (``-1`` where absent)."""
+    index = {h: i for i, h in enumerate(_keys(order))}
+    return np.array([index.get(h, -1) for h in _keys(hashes)], dtype=np.int64)
+
+
+def load_key(path: str | Path) -> bytes:
+    """Read an HMAC key file: hex text (as :func:`write_key` makes it) or raw bytes."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"HMAC key file not found: {p} (make one with `partialvfl certs init`)")
+    raw = p.read_bytes()
+    try:
+        key = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = raw
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"HMAC key in {p} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
+    return key
+
+
+def write_key(path: str | Path, n_bytes: int = 32) -> Path:
+    """Write a fresh random key as hex text, readable by its owner only."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(secrets.token_hex(n_bytes) + "\n")
+    p.chmod(0o600)
+    return p

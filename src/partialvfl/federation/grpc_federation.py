@@ -1,0 +1,371 @@
+"""The coordinator's side of a real deployment: :class:`GrpcFederation` and its federation file.
+
+The coordinator is the active party's label-side role.  It reaches every party's server (the active party's own
+feature block included: it runs its own party process) through one :class:`GrpcTransport`, and aligns samples
+without a central table: parties report HMAC-hashed IDs, the coordinator builds the observed matrix from them and
+tells each party where its own rows sit in the shared order (``attach``).  Three ways to fix that order:
+
+* :meth:`GrpcFederation.align` (``partialvfl fit --federation``): the union of the parties' hashed IDs and of the
+  labelled IDs, sorted by hash; labels come from the coordinator's own label table;
+* :meth:`GrpcFederation.attach_ids` (``partialvfl predict --federation --ids``): the given IDs, in that order;
+* :meth:`GrpcFederation.attach` (the :class:`~partialvfl.federation.coordinator.Federation` contract, used by
+  ``method.fit(data, federation=...)`` in tests and benchmarks): the order and observed matrix of a
+  :class:`VerticalDataset` the coordinator holds for simulation; every party must hold the rows the dataset says it
+  observes (it reads them from its own file) and no feature leaves the coordinator.
+
+``save``/``load`` send each party a directory *relative to its own state directory*; the model directory on the
+coordinator records it in ``party_states.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationError, Task, VerticalDataset
+from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.coordinator import Federation
+from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
+from partialvfl.federation.messages import MessageLog, Request
+
+__all__ = ["FederationConfig", "GrpcFederation", "LabelSource", "load_federation_config", "read_labels"]
+
+PARTY_STATES_FILE = "party_states.json"
+
+
+@dataclass(frozen=True)
+class LabelSource:
+    """The active party's label table: a CSV/Parquet file with an ID column and a label column."""
+
+    path: Path
+    id_column: str
+    label_column: str
+    task: str = "classification"
+    classes: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The coordinator's federation file, paths resolved against the file's folder."""
+
+    identity: str
+    parties: tuple[PartyEndpoint, ...]
+    active_party: int
+    tls: TlsFiles
+    hmac_key_file: Path | None
+    labels: LabelSource | None
+    deadline: float = 30.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    state_dir: Path | None = None
+
+
+def load_federation_config(path: str | Path) -> FederationConfig:
+    """Read a federation TOML file (see ``docs/deployment.md``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"federation file not found: {p}")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{p} is not valid TOML: {e}") from None
+
+    def rel(v: str) -> Path:
+        q = Path(v).expanduser()
+        return q if q.is_absolute() else p.parent / q
+
+    coord = raw.get("coordinator", {})
+    tls = raw.get("tls")
+    if not tls or not all(k in tls for k in ("ca", "cert", "key")):
+        raise ValueError(f"{p}: [tls] needs 'ca', 'cert' and 'key'")
+    parties = raw.get("parties")
+    if not parties:
+        raise ValueError(f"{p}: list the parties as [[parties]] tables with 'name' and 'address'")
+    eps = []
+    for i, t in enumerate(parties):
+        if "name" not in t or "address" not in t:
+            raise ValueError(f"{p}: party {i} needs 'name' and 'address'")
+        eps.append(PartyEndpoint(str(t["name"]), str(t["address"]), str(t.get("identity", t["name"]))))
+    names = [e.name for e in eps]
+    active = coord.get("active_party")
+    if active is None:
+        raise ValueError(f"{p}: [coordinator] needs 'active_party' (the name or index of the label holder)")
+    if isinstance(active, str):
+        if active not in names:
+            raise ValueError(f"{p}: active_party {active!r} is not one of the parties {names}")
+        active = names.index(active)
+    if not 0 <= int(active) < len(eps):
+        raise ValueError(f"{p}: active_party index {active} out of range for {len(eps)} parties")
+    lab = raw.get("labels")
+    labels = None
+    if lab is not None:
+        for k in ("path", "id_column", "label_column"):
+            if k not in lab:
+                raise ValueError(f"{p}: [labels] needs '{k}'")
+        labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
+                             str(lab.get("task", "classification")),
+                             tuple(lab["classes"]) if "classes" in lab else None)
+    return FederationConfig(
+        identity=str(coord.get("identity", "coordinator")),
+        parties=tuple(eps),
+        active_party=int(active),
+        tls=TlsFiles(rel(tls["ca"]), rel(tls["cert"]), rel(tls["key"])),
+        hmac_key_file=rel(coord["hmac_key_file"]) if "hmac_key_file" in coord else None,
+        labels=labels,
+        deadline=float(coord.get("deadline_seconds", 30.0)),
+        max_message_bytes=int(float(coord.get("max_message_mb", DEFAULT_MAX_MESSAGE_BYTES / 2**20)) * 2**20),
+        state_dir=rel(coord["state_dir"]) if "state_dir" in coord else None,
+    )
+
+
+def read_labels(src: LabelSource) -> tuple[np.ndarray, np.ndarray, Task]:
+    """The label table as (IDs, label values (class indices or floats), task); rows without a label are dropped."""
+    import pandas as pd
+
+    if not src.path.is_file():
+        raise FileNotFoundError(f"label table not found: {src.path}")
+    if src.path.suffix.lower() in (".parquet", ".pq"):
+        df = pd.read_parquet(src.path)
+        if src.id_column in df.columns:
+            df[src.id_column] = df[src.id_column].astype(str)
+    else:
+        df = pd.read_csv(src.path, dtype={src.id_column: str})
+    for c in (src.id_column, src.label_column):
+        if c not in df.columns:
+            raise DataValidationError(f"label table {src.path} has no column {c!r}")
+    df = df[df[src.label_column].notna()]
+    ids = df[src.id_column].to_numpy()
+    vals = df[src.label_column].to_numpy()
+    if src.task == "regression":
+        return ids, vals.astype(np.float64), Task.regression()
+    classes = list(src.classes) if src.classes is not None else sorted(pd.unique(vals).tolist())
+    lookup = {c: i for i, c in enumerate(classes)}
+    y = np.empty(len(vals), dtype=np.int64)
+    for i, v in enumerate(vals):
+        v = v.item() if isinstance(v, np.generic) else v
+        if v not in lookup:
+            raise DataValidationError(f"label {v!r} of ID {ids[i]!r} is not one of the classes {classes}")
+        y[i] = lookup[v]
+    return ids, y, Task.classification(classes)
+
+
+class GrpcFederation(Federation):
+    """K party processes reached over gRPC with mutual TLS, driven by this (coordinator) process."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[PartyEndpoint],
+        active_party: int,
+        tls: TlsFiles,
+        *,
+        key: bytes | None = None,
+        deadline: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        log: MessageLog | None = None,
+        allow_absent: bool = False,
+    ) -> None:
+        transport = GrpcTransport(endpoints, active_party, tls, deadline=deadline,
+                                  max_message_bytes=max_message_bytes, log=log)
+        super().__init__(transport, [e.name for e in endpoints], active_party)
+        self.key = key
+        self.allow_absent = allow_absent
+        self.absent: set[int] = set()
+        self.party_info: dict[int, dict[str, Any]] = {}
+        self.config: FederationConfig | None = None
+        self._hashes: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_config(cls, config: FederationConfig | str | Path, *, log: MessageLog | None = None,
+                    allow_absent: bool = False, connect: bool = True) -> GrpcFederation:
+        cfg = config if isinstance(config, FederationConfig) else load_federation_config(config)
+        key = load_key(cfg.hmac_key_file) if cfg.hmac_key_file is not None else None
+        fed = cls(cfg.parties, cfg.active_party, cfg.tls, key=key, deadline=cfg.deadline,
+                  max_message_bytes=cfg.max_message_bytes, log=log, allow_absent=allow_absent)
+        fed.config = cfg
+        if connect:
+            fed.connect()
+        return fed
+
+    @property
+    def grpc_transport(self) -> GrpcTransport:
+        assert isinstance(self.transport, GrpcTransport)
+        return self.transport
+
+    # ------------------------------------------------------------------ session
+    def connect(self) -> dict[int, dict[str, Any]]:
+        """Open a session at every party (``hello``) and check each is the party the file says it is."""
+        self.transport.new_step()
+        replies = self.transport.broadcast(range(self.n_parties), "hello", tolerate=self.allow_absent)
+        self.absent = set(range(self.n_parties)) - set(replies)
+        self._hashes.clear()
+        for k, r in replies.items():
+            if r.meta.get("index") != k or r.meta.get("name") != self.party_names[k]:
+                raise ValueError(f"the server at {self.grpc_transport.endpoints[k].address} says it is party "
+                                 f"{r.meta.get('index')} ({r.meta.get('name')!r}), the federation file says party "
+                                 f"{k} ({self.party_names[k]!r})")
+            self.party_info[k] = dict(r.meta)
+        return self.party_info
+
+    def _present(self) -> list[int]:
+        return [k for k in range(self.n_parties) if k not in self.absent]
+
+    def _require_key(self) -> bytes:
+        if self.key is None:
+            raise ValueError("this needs the parties' HMAC key at the coordinator (hmac_key_file in [coordinator]); "
+                             "without it use align(), which works from the parties' hashes alone")
+        return self.key
+
+    def party_hashes(self) -> list[np.ndarray | None]:
+        """Every present party's hashed IDs (``None`` for an absent party); asked once per session."""
+        missing = [k for k in self._present() if k not in self._hashes]
+        if missing:
+            self.transport.new_step()
+            replies = self.transport.broadcast(missing, "ids", tolerate=self.allow_absent)
+            self.absent |= set(missing) - set(replies)
+            self._hashes.update({k: r.tensors["hashes"].numpy() for k, r in replies.items()})
+        return [self._hashes.get(k) if k not in self.absent else None for k in range(self.n_parties)]
+
+    def feature_dims(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        dims = tuple(int(self.party_info.get(k, {}).get("feature_dim", 0)) for k in range(self.n_parties))
+        shapes = tuple(tuple(self.party_info.get(k, {}).get("feature_shape", [d])) for k, d in enumerate(dims))
+        return dims, shapes
+
+    # ------------------------------------------------------------------ attaching data
+    def _attach_order(self, order: np.ndarray, observed: np.ndarray, handle: str,
+                      y: np.ndarray | None = None, labeled: np.ndarray | None = None) -> None:
+        self.transport.new_step()
+        n = int(order.shape[0])
+        requests = {}
+        for k in self._present():
+            rows = np.flatnonzero(observed[:, k]).astype(np.int64)
+            tensors = {"hashes": torch.from_numpy(order[rows].copy()), "rows": torch.from_numpy(rows)}
+            if k == self.active_party and y is not None and labeled is not None:
+                tensors["labels"] = torch.from_numpy(np.array(y))
+                tensors["labeled"] = torch.from_numpy(np.array(labeled, dtype=bool))
+            requests[k] = Request("attach", tensors, {"handle": handle, "n_samples": n})
+        replies = self.transport.call_many(requests, tolerate=self.allow_absent)
+        self.absent |= set(requests) - set(replies)
+
+    def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
+        """Attach ``data``'s samples (its order and observed matrix) at the parties, which read their own rows."""
+        if data.n_parties != self.n_parties:
+            raise ValueError(f"data has {data.n_parties} parties, the federation {self.n_parties}")
+        handle = handle or self.new_handle()
+        order = hash_ids(data.ids, self._require_key())
+        held = self.party_hashes()
+        observed = np.array(data.observed, dtype=bool)
+        for k, hashes in enumerate(held):
+            if hashes is None:
+                observed[:, k] = False
+                continue
+            holds = np.zeros(len(order), dtype=bool)
+            pos = positions_in(order, hashes)
+            holds[pos[pos >= 0]] = True
+            lacking = observed[:, k] & ~holds
+            if lacking.any():
+                i = int(np.flatnonzero(lacking)[0])
+                raise DataValidationError(f"party {k} ({self.party_names[k]!r}) holds no row for ID {data.ids[i]!r} "
+                                          f"that the data marks observed ({int(lacking.sum())} such IDs)")
+        self._attach_order(order, observed, handle, np.asarray(data.y), np.asarray(data.labeled))
+        return handle
+
+    def align(self, labels: LabelSource | None = None, handle: str = "train") -> tuple[CoordinatorView, str]:
+        """Build the shared order and observed matrix from the parties' hashed IDs, attach, and return the view.
+
+        Labels are read from ``labels`` (default: the federation file's ``[labels]``); IDs that carry a label but
+        that no party holds are kept as all-missing samples.
+        """
+        src = labels or (self.config.labels if self.config is not None else None)
+        if src is None:
+            raise ValueError("align needs the label table ([labels] in the federation file)")
+        lab_ids, lab_y, task = read_labels(src)
+        lab_hashes = hash_ids(lab_ids, self._require_key())
+        held = self.party_hashes()
+        order, observed = observed_from_hashes([*held, lab_hashes])
+        observed = observed[:, :-1]
+        n = len(order)
+        y = np.full(n, UNLABELED, dtype=np.int64) if task.is_classification else np.full(n, np.nan)
+        labeled = np.zeros(n, dtype=bool)
+        pos = positions_in(order, lab_hashes)
+        y[pos] = lab_y
+        labeled[pos] = True
+        self._attach_order(order, observed, handle, y, labeled)
+        observed[:, sorted(self.absent)] = False
+        dims, shapes = self.feature_dims()
+        view = CoordinatorView(ids=hex_ids(order), observed=observed, y=y, labeled=labeled, task=task,
+                               active_party=self.active_party, party_names=self.party_names, feature_dims=dims,
+                               feature_shapes=shapes)
+        return view, handle
+
+    def attach_ids(self, ids: Sequence[Any] | np.ndarray, handle: str | None = None, *, task: Task | None = None,
+                   feature_dims: Sequence[int] | None = None,
+                   feature_shapes: Sequence[Sequence[int]] | None = None) -> tuple[CoordinatorView, str]:
+        """Attach exactly ``ids`` (in that order, e.g. a prediction request): each party holds those it has."""
+        handle = handle or self.new_handle("predict")
+        ids = np.asarray(ids)
+        order = hash_ids(ids, self._require_key())
+        if len({bytes(h) for h in order}) != len(order):
+            raise DataValidationError("the ID list has duplicates")
+        held = self.party_hashes()
+        observed = np.zeros((len(order), self.n_parties), dtype=bool)
+        for k, hashes in enumerate(held):
+            if hashes is not None:
+                pos = positions_in(order, hashes)
+                observed[pos[pos >= 0], k] = True
+        self._attach_order(order, observed, handle)
+        observed[:, sorted(self.absent)] = False
+        dims, shapes = self.feature_dims()
+        if feature_dims is not None:
+            dims = tuple(int(d) for d in feature_dims)
+            shapes = tuple(tuple(s) for s in feature_shapes) if feature_shapes is not None else tuple(
+                (d,) for d in dims)
+        n = len(order)
+        view = CoordinatorView(ids=ids, observed=observed, y=np.full(n, UNLABELED, dtype=np.int64),
+                               labeled=np.zeros(n, dtype=bool), task=task or Task.classification([0, 1]),
+                               active_party=self.active_party, party_names=self.party_names, feature_dims=dims,
+                               feature_shapes=shapes)
+        return view, handle
+
+    def release(self, handle: str) -> None:
+        self.transport.new_step()
+        self.transport.broadcast(self._present(), "release", tolerate=True, handle=handle)
+
+    # ------------------------------------------------------------------ programs and their state
+    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
+        if len(configs) != self.n_parties:
+            raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
+        self.transport.new_step()
+        replies = self.transport.call_many(
+            {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
+             for k in self._present()}, tolerate=self.allow_absent)
+        self.absent |= set(self._present()) - set(replies)
+
+    @staticmethod
+    def party_dir_for(directory: str | Path) -> str:
+        """The directory, relative to each party's state directory, where parties keep the state of ``directory``."""
+        d = Path(directory).resolve()
+        return f"models/{d.name}-{hashlib.sha256(str(d).encode()).hexdigest()[:10]}"
+
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        rel = self.party_dir_for(d)
+        self.transport.new_step()
+        self.transport.broadcast(range(self.n_parties), "save", dir=rel)
+        (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
+
+    def load(self, directory: str | Path) -> None:
+        f = Path(directory) / PARTY_STATES_FILE
+        if not f.exists():
+            raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
+        rel = json.loads(f.read_text())["party_dir"]
+        self.transport.new_step()
+        replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel)
+        self.absent |= set(self._present()) - set(replies)

@@ -1,0 +1,233 @@
+"""A real multi-process deployment of a :class:`VerticalDataset` on this machine (tests, benchmarks, trying it).
+
+:class:`LocalDeployment` writes what each institution would have (its own Parquet table, its certificate, the
+shared HMAC key, its party configuration), starts one ``party serve`` process per
+party on 127.0.0.1 with an OS-chosen port, and writes the coordinator's federation file.  Processes are killed when
+the deployment is closed (use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partialvfl.data.dataset import VerticalDataset
+from partialvfl.federation.alignment import write_key
+from partialvfl.federation.certs import init_dev_pki
+
+__all__ = ["LocalDeployment", "write_party_tables"]
+
+
+def write_party_tables(data: VerticalDataset, directory: str | Path, id_column: str = "id",
+                       extra: Sequence[VerticalDataset] = ()) -> list[Path]:
+    """One Parquet table per party (its observed rows of ``data`` and of ``extra``: ID + features) and
+    ``labels.parquet`` (ID + label of ``data``'s labelled samples)."""
+    import pandas as pd
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def text_ids(ds: VerticalDataset) -> np.ndarray:
+        return np.array([str(v.item() if isinstance(v, np.generic) else v) for v in ds.ids], dtype=object)
+
+    sets = [data, *extra]
+    all_ids = np.concatenate([text_ids(ds) for ds in sets])
+    if len(set(all_ids)) != len(all_ids):
+        raise ValueError("the datasets of a deployment must not share IDs")
+    paths = []
+    for k in range(data.n_parties):
+        frames = []
+        for ds in sets:
+            rows = ds.observed[:, k]
+            df = pd.DataFrame(ds.blocks[k][rows], columns=[f"f{j}" for j in range(data.feature_dims[k])])
+            df.insert(0, id_column, text_ids(ds)[rows])
+            frames.append(df)
+        p = d / f"party-{k}.parquet"
+        pd.concat(frames, ignore_index=True).to_parquet(p, index=False)
+        paths.append(p)
+    lab = data.labeled
+    y = data.y[lab]
+    if data.task.is_classification:
+        y = np.array([data.task.classes[int(v)] for v in y])
+    pd.DataFrame({id_column: text_ids(data)[lab], "label": y}).to_parquet(d / "labels.parquet", index=False)
+    return paths
+
+
+def _q(p: Path | str) -> str:
+    return '"' + str(p).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LocalDeployment:
+    """Party processes for ``data`` under ``directory``; ``federation_file`` is the coordinator's file.
+
+    Each party's table holds its observed rows of ``data`` and of the ``extra`` datasets (e.g. the test set: an
+    institution holds all its users); the coordinator's label table holds ``data``'s labels.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        data: VerticalDataset,
+        *,
+        extra: Sequence[VerticalDataset] = (),
+        plugins: Sequence[str] = (),
+        pythonpath: Sequence[str | Path] = (),
+        deadline: float = 10.0,
+        max_message_mb: float = 64.0,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.dir = Path(directory)
+        self.data = data
+        self.extra = tuple(extra)
+        self.plugins = tuple(plugins)
+        self.pythonpath = [str(p) for p in pythonpath]
+        self.deadline = deadline
+        self.max_message_mb = max_message_mb
+        self.start_timeout = start_timeout
+        self.names = list(data.party_names)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.ports: dict[int, int] = {}
+        self.certs = self.dir / "certs"
+        self.key_file = self.dir / "hmac.key"
+        self.federation_file = self.dir / "federation.toml"
+        self._prepare()
+
+    def _prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        init_dev_pki(self.certs, [*self.names, "coordinator"])
+        write_key(self.key_file)
+        write_party_tables(self.data, self.dir / "data", extra=self.extra)
+
+    def party_config_file(self, k: int) -> Path:
+        return self.dir / f"party-{k}.toml"
+
+    def _write_party_config(self, k: int, port: int = 0) -> Path:
+        name = self.names[k]
+        plugins = ", ".join(_q(p) for p in self.plugins)
+        shape = ", ".join(str(s) for s in self.data.feature_shapes[k])
+        text = f"""[party]
+name = {_q(name)}
+index = {k}
+address = "127.0.0.1:{port}"
+port_file = {_q(self.dir / f"party-{k}.port")}
+state_dir = {_q(self.dir / "state" / name)}
+hmac_key_file = {_q(self.key_file)}
+allowed_peers = ["coordinator"]
+max_message_mb = {self.max_message_mb}
+plugins = [{plugins}]
+
+[data]
+path = {_q(self.dir / "data" / f"party-{k}.parquet")}
+id_column = "id"
+feature_shape = [{shape}]
+
+[tls]
+ca = {_q(self.certs / "ca.pem")}
+cert = {_q(self.certs / f"{name}.pem")}
+key = {_q(self.certs / f"{name}.key")}
+"""
+        p = self.party_config_file(k)
+        p.write_text(text)
+        return p
+
+    def write_federation_file(self) -> Path:
+        parts = [f"""[coordinator]
+identity = "coordinator"
+active_party = {self.data.active_party}
+hmac_key_file = {_q(self.key_file)}
+deadline_seconds = {self.deadline}
+max_message_mb = {self.max_message_mb}
+
+[tls]
+ca = {_q(self.certs / "ca.pem")}
+cert = {_q(self.certs / "coordinator.pem")}
+key = {_q(self.certs / "coordinator.key")}
+
+[labels]
+path = {_q(self.dir / "data" / "labels.parquet")}
+id_column = "id"
+label_column = "label"
+task = {_q(self.data.task.kind)}
+"""]
+        for k, name in enumerate(self.names):
+            parts.append(f"""
+[[parties]]
+name = {_q(name)}
+address = "127.0.0.1:{self.ports.get(k, 0)}"
+identity = {_q(name)}
+""")
+        self.federation_file.write_text("".join(parts))
+        return self.federation_file
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"
+        env["PARTIALVFL_EXIT_WITH_PARENT"] = "1"  # parties stop if this process dies without closing them
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return env
+
+    def start(self, parties: Sequence[int] | None = None) -> dict[int, int]:
+        """Start the given parties (default all; a restarted party keeps its port); wait until they listen."""
+        parties = list(range(len(self.names))) if parties is None else list(parties)
+        for k in parties:
+            if k in self.procs and self.procs[k].poll() is None:
+                raise RuntimeError(f"party {k} is already running")
+            port_file = self.dir / f"party-{k}.port"
+            port_file.unlink(missing_ok=True)
+            cfg = self._write_party_config(k, self.ports.get(k, 0))
+            out = open(self.dir / f"party-{k}.log", "ab")  # noqa: SIM115 - owned by the process
+            self.procs[k] = subprocess.Popen(
+                [sys.executable, "-m", "partialvfl.federation.grpc_cli", "party", "serve", "--config", str(cfg)],
+                stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True,
+            )
+            out.close()
+        t0 = time.monotonic()
+        for k in parties:
+            port_file = self.dir / f"party-{k}.port"
+            while not port_file.exists():
+                if self.procs[k].poll() is not None:
+                    log = (self.dir / f"party-{k}.log").read_text()[-3000:]
+                    raise RuntimeError(f"party {k} exited with {self.procs[k].returncode} before listening:\n{log}")
+                if time.monotonic() - t0 > self.start_timeout:
+                    raise TimeoutError(f"party {k} did not start within {self.start_timeout} s")
+                time.sleep(0.05)
+            self.ports[k] = int(port_file.read_text())
+        self.write_federation_file()
+        return {k: self.ports[k] for k in parties}
+
+    def kill(self, k: int, sig: int = signal.SIGKILL) -> None:
+        """Stop party ``k`` abruptly (a crash) or politely (``SIGTERM``)."""
+        p = self.procs.get(k)
+        if p is not None and p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def close(self) -> None:
+        for k in list(self.procs):
+            self.kill(k, signal.SIGKILL)
+        self.procs.clear()
+
+    def federation(self, **kwargs: Any) -> Any:
+        """A connected :class:`~partialvfl.federation.grpc_federation.GrpcFederation` to these parties."""
+        from partialvfl.federation.grpc_federation import GrpcFederation
+
+        return GrpcFederation.from_config(self.federation_file, **kwargs)
+
+    def __enter__(self) -> LocalDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

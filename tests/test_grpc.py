@@ -1,0 +1,675 @@
+"""gRPC deployment: real party processes on 127.0.0.1 (OS-chosen ports), mutual TLS, faults, resume, bad input.
+
+The party processes import this module as a plugin (``PYTHONPATH`` = this folder) for the toy split-learning program
+below, so these tests do not depend on any method's progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partialvfl import Task, VerticalDataset
+from partialvfl.federation import LocalFederation, MessageLog, PartyProgram, Reply, Request, register_program
+from partialvfl.federation.alignment import hash_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.audit import find_raw_feature_leaks
+from partialvfl.federation.certs import init_dev_pki, issue_certificate
+from partialvfl.federation.checkpoint import Checkpointer, rng_state, set_rng_state
+from partialvfl.federation.coordinator import Federation
+from partialvfl.federation.grpc_federation import GrpcFederation, load_federation_config
+from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc_transport import (
+    CALL_METHOD,
+    GrpcTransport,
+    PartyError,
+    TlsFiles,
+    WireError,
+    decode_request,
+    encode_request,
+)
+from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.methods.base import METHODS, VFLMethod, register_method
+
+HERE = Path(__file__).resolve().parent
+HIDDEN = 4
+
+
+# ---------------------------------------------------------------------- toy split learning (party and coordinator)
+@register_program
+class ToySplitParty(PartyProgram):
+    """Party half of a split network: a linear encoder trained by SGD with momentum from the gradients it gets."""
+
+    program_name = "test/grpc-split"
+    wire_schema = {"forward": {"rows": ("int64", 1)}, "backward": {"grad": ("float32", 2)}, "leak": {}, "weights": {}}
+
+    def __init__(self, runtime, config, seed):  # noqa: ANN001
+        super().__init__(runtime, config, seed)
+        g = torch.Generator().manual_seed(seed * 100 + runtime.index)
+        self.w = (0.3 * torch.randn(config["feature_dim"], config["hidden"], generator=g)).requires_grad_()
+        self.opt = torch.optim.SGD([self.w], lr=0.05, momentum=0.9)
+        self._out: torch.Tensor | None = None
+        self.delay = float(config.get("delay", 0.0))
+
+    def on_forward(self, req: Request) -> Reply:
+        view = self.data(req.meta["data"])
+        x = torch.as_tensor(view.features[view.position_of_rows(req.tensors["rows"].numpy())])
+        if self.delay:
+            time.sleep(self.delay)
+        self._out = x @ self.w
+        return Reply({"embedding": self._out})
+
+    def on_backward(self, req: Request) -> Reply:
+        if self._out is None or req.tensors["grad"].shape != self._out.shape:
+            raise ValueError(f"gradient of shape {tuple(req.tensors['grad'].shape)} does not match the forward "
+                             f"output {None if self._out is None else tuple(self._out.shape)}")
+        self.opt.zero_grad()
+        self._out.backward(req.tensors["grad"])
+        self.opt.step()
+        self._out = None
+        return Reply()
+
+    def on_leak(self, req: Request) -> Reply:
+        return Reply({"oops": torch.as_tensor(self.data(req.meta["data"]).features[:2])})
+
+    def on_weights(self, req: Request) -> Reply:
+        return Reply({"w": self.w.detach()})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w.detach().clone(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        self.opt.load_state_dict(state["opt"])
+
+
+def toy_configs(dims, **extra) -> list[dict[str, Any]]:  # noqa: ANN001
+    return [{"feature_dim": int(d), "hidden": HIDDEN, **extra} for d in dims]
+
+
+def toy_head(seed: int, n_classes: int) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = torch.nn.Linear(HIDDEN, n_classes)
+    return head, torch.optim.SGD(head.parameters(), lr=0.05, momentum=0.9)
+
+
+def toy_forward(fed: Federation, handle: str, observed: np.ndarray, rows: np.ndarray, n_hidden: int = HIDDEN,
+                *, tolerate: bool = True) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Sum of the observed parties' embeddings for ``rows``; parties that fail are left out (missing)."""
+    t = fed.transport
+    requests = {}
+    for k in range(fed.n_parties):
+        have = rows[observed[rows, k]]
+        if have.size:
+            requests[k] = Request("forward", {"rows": torch.as_tensor(have)}, {"data": handle})
+    replies = t.call_many(requests, tolerate=tolerate)
+    embs, total = {}, torch.zeros(len(rows), n_hidden)
+    for k, r in replies.items():
+        e = r.tensors["embedding"].clone().requires_grad_()
+        pos = torch.as_tensor(np.searchsorted(rows, requests[k].tensors["rows"].numpy()))
+        total = total.index_add(0, pos, e)
+        embs[k] = e
+    return total, embs
+
+
+def toy_train(fed: Federation, handle: str, observed: np.ndarray, y: np.ndarray, n_classes: int, *, steps: int,
+              seed: int, batch: int = 8, ckpt: Checkpointer | None = None, crash_at: int | None = None,
+              setup: bool = True) -> torch.nn.Linear:
+    """The coordinator's loop: batches drawn from a saved generator, checkpointed every N steps."""
+    if setup:
+        fed.setup("test/grpc-split", toy_configs(fed_dims(fed, observed)), seed)
+    head, opt = toy_head(seed, n_classes)
+    gen = torch.Generator().manual_seed(seed)
+    start = 0
+    if ckpt is not None and (saved := ckpt.restore()) is not None:
+        head.load_state_dict(saved.state["head"])
+        opt.load_state_dict(saved.state["opt"])
+        set_rng_state(gen, saved.state["gen"])
+        start = saved.step
+    pool = np.flatnonzero(observed.any(axis=1))
+    for step in range(start, steps):
+        rows = np.sort(pool[torch.randperm(len(pool), generator=gen)[:batch].numpy()])
+        fed.transport.new_step()
+        total, embs = toy_forward(fed, handle, observed, rows)
+        if crash_at is not None and step + 1 == crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # the coordinator dies mid-step, after the parties' forward
+        loss = torch.nn.functional.cross_entropy(head(total), torch.as_tensor(y[rows]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        fed.transport.call_many({k: Request("backward", {"grad": e.grad}) for k, e in embs.items()}, tolerate=True)
+        if ckpt is not None:
+            ckpt.maybe_save(step + 1, lambda: {"head": head.state_dict(), "opt": opt.state_dict(),
+                                               "gen": rng_state(gen)})
+    return head
+
+
+_DIMS: dict[int, tuple[int, ...]] = {}
+
+
+def fed_dims(fed: Federation, observed: np.ndarray) -> tuple[int, ...]:
+    return _DIMS[observed.shape[1]]
+
+
+def party_weights(fed: Federation) -> dict[int, torch.Tensor]:
+    fed.transport.new_step()
+    return {k: r.tensors["w"] for k, r in fed.transport.broadcast(range(fed.n_parties), "weights").items()}
+
+
+def make_data(n: int = 48, seed: int = 0) -> VerticalDataset:
+    rng = np.random.default_rng(seed)
+    dims = (3, 4, 2)
+    y = rng.integers(0, 3, n)
+    blocks = [rng.normal(size=(n, d)) + y[:, None] * 0.5 for d in dims]
+    obs = rng.random((n, 3)) < 0.8
+    obs[np.arange(0, n, 7)] = True
+    obs[5] = False  # one sample nobody holds
+    for k, b in enumerate(blocks):
+        b[~obs[:, k]] = np.nan
+    labeled = rng.random(n) < 0.9
+    _DIMS[3] = dims
+    return VerticalDataset(blocks, obs, ids=[f"u{i:03d}" for i in range(n)], y=y, labeled=labeled,
+                           task=Task.classification(["a", "b", "c"]), active_party=2,
+                           party_names=["bank", "shop", "telco"])
+
+
+# ---------------------------------------------------------------------- a toy method, for the CLI path
+class ToySplitMethod(VFLMethod):
+    """The toy split network behind the estimator contract (exercises fit/predict/save/load/resume over gRPC).
+
+    Registered only while the CLI test runs, so other test modules never see it in the registry.
+    """
+
+    name = "test-toy-split"
+    party_program = "test/grpc-split"
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {"steps": 12, "batch": 8}
+
+    def _party_config(self, party: int) -> dict[str, Any]:
+        return {"feature_dim": self.index_.feature_dims[party], "hidden": HIDDEN}
+
+    def _fit(self, view, handle) -> None:  # noqa: ANN001
+        _DIMS[view.n_parties] = self.index_.feature_dims
+        labelled = view.labeled & view.observed.any(axis=1)
+        obs = view.observed & labelled[:, None]
+        self.head_ = toy_train(self.federation_, handle, obs, np.where(view.labeled, view.y, 0),
+                               self.index_.task.n_classes, steps=self.params_["steps"], seed=self.seed,
+                               batch=self.params_["batch"], ckpt=getattr(self, "checkpointer_", None), setup=False,
+                               crash_at=getattr(self, "crash_at_", None))
+
+    def _predict(self, view, handle, rows) -> np.ndarray:  # noqa: ANN001
+        out = []
+        for i in range(0, len(rows), 16):
+            r = rows[i:i + 16]
+            self.federation_.transport.new_step()
+            total, _ = toy_forward(self.federation_, handle, view.observed, r)
+            out.append(torch.softmax(self.head_(total), dim=1).detach().numpy())
+        return np.concatenate(out)
+
+    def _coordinator_state(self) -> dict[str, Any]:
+        return {"head": self.head_.state_dict()}
+
+    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+        self.head_, _ = toy_head(self.seed, self.index_.task.n_classes)
+        self.head_.load_state_dict(state["head"])
+
+
+# ---------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def data() -> VerticalDataset:
+    return make_data()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, data):  # noqa: ANN001, ANN201
+    dep = LocalDeployment(tmp_path_factory.mktemp("grpc"), data, plugins=["test_grpc"], pythonpath=[HERE],
+                          deadline=5.0, max_message_mb=1.0)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.close()
+
+
+def _fed(dep: LocalDeployment, **kw: Any) -> GrpcFederation:
+    return dep.federation(**kw)
+
+
+# ---------------------------------------------------------------------- unit: wire format and alignment
+def test_wire_roundtrip_and_malformed_frames() -> None:
+    req = Request("forward", {"rows": torch.arange(3), "x": torch.randn(2, 3)[:, :2]}, {"data": "train", "n": 2})
+    w = decode_request(encode_request(req, step=4, round=1, session="s", seq=9))
+    assert (w.request.kind, w.step, w.round, w.seq, w.session) == ("forward", 4, 1, 9, "s")
+    torch.testing.assert_close(w.request.tensors["x"], req.tensors["x"])
+    assert w.request.meta["data"] == "train" and w.request.meta["step"] == 4
+    for bad in (b"", b"garbage-bytes-not-a-frame", b"\xff" * 8 + b"{}"):
+        with pytest.raises(WireError):
+            decode_request(bad)
+    with pytest.raises(WireError, match="dtype"):
+        decode_request(encode_request(Request("f", {"c": torch.zeros(2, dtype=torch.complex64)}), step=0, round=0,
+                                      session="s", seq=1))
+    with pytest.raises(WireError, match="kind"):
+        decode_request(encode_request(Request("../etc"), step=0, round=0, session="s", seq=1))
+    with pytest.raises(WireError, match="exceeds"):
+        decode_request(encode_request(req, step=0, round=0, session="s", seq=1), max_bytes=10)
+
+
+_WIRE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text("abcxyz_", min_size=1, max_size=6),
+                       st.tuples(st.sampled_from(_WIRE_DTYPES), st.lists(st.integers(0, 4), max_size=3)),
+                       max_size=4),
+       st.dictionaries(st.text(max_size=5), st.one_of(st.integers(-9, 9), st.text(max_size=5), st.booleans()),
+                       max_size=3),
+       st.integers(0, 2**40), st.integers(0, 50))
+def test_wire_roundtrip_is_exact_for_any_message(specs, meta, step, rnd) -> None:  # noqa: ANN001
+    g = torch.Generator().manual_seed(0)
+    tensors = {name: (torch.randn(tuple(shape), generator=g) * 100).to(dtype) for name, (dtype, shape) in specs.items()}
+    w = decode_request(encode_request(Request("k", tensors, meta), step=step, round=rnd, session="s", seq=1))
+    assert (w.step, w.round) == (step, rnd) and {k: w.request.meta[k] for k in meta} == meta
+    assert w.request.tensors.keys() == tensors.keys()
+    for name, t in tensors.items():
+        got = w.request.tensors[name]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 30), max_size=12), min_size=1, max_size=4))
+def test_observed_matrix_is_exactly_who_holds_what(held) -> None:  # noqa: ANN001
+    key = b"q" * 32
+    order, obs = observed_from_hashes([hash_ids(sorted(h), key) for h in held])
+    everyone = sorted(set().union(*held))
+    assert order.shape[0] == len(everyone)
+    pos = positions_in(order, hash_ids(everyone, key))
+    for i, uid in enumerate(everyone):
+        assert obs[pos[i]].tolist() == [uid in h for h in held]
+
+
+def test_alignment_from_hashes_builds_the_observed_matrix() -> None:
+    key = b"k" * 32
+    a, b = hash_ids(["1", "2", "3"], key), hash_ids([3, 4], key)  # 3 as an int and as text hash alike
+    order, obs = observed_from_hashes([a, b, None])
+    assert order.shape == (4, 32) and obs.sum(axis=0).tolist() == [3, 2, 0]
+    assert obs[positions_in(order, hash_ids(["3"], key))[0]].tolist() == [True, True, False]
+    assert positions_in(order, hash_ids(["9"], key)).tolist() == [-1]
+    assert not np.array_equal(hash_ids(["1"], key), hash_ids(["1"], b"x" * 32))  # keyed
+    with pytest.raises(ValueError, match="twice"):
+        observed_from_hashes([hash_ids(["1", "1"], key)])
+
+
+def test_checkpointer_resumes_a_local_toy_loop_exactly(tmp_path, data) -> None:  # noqa: ANN001
+    ref = LocalFederation.for_dataset(data)
+    ref_head = toy_train(ref, ref.attach(data, "train"), _train_obs(data), _train_y(data), 3, steps=7, seed=1)
+    fed = LocalFederation.for_dataset(data)
+    ck = Checkpointer(tmp_path / "ck", fed, every=3)
+    toy_train(fed, fed.attach(data, "train"), _train_obs(data), _train_y(data), 3, steps=5, seed=1, ckpt=ck)
+    assert ck.saved_steps == [3]  # "crashed" after step 5: steps 4-5 are lost with the process
+    fed2 = LocalFederation.for_dataset(data)
+    ck2 = Checkpointer(tmp_path / "ck", fed2, every=3)
+    head = toy_train(fed2, fed2.attach(data, "train"), _train_obs(data), _train_y(data), 3, steps=7, seed=1,
+                     ckpt=ck2)
+    assert ck2.saved_steps == [6]
+    torch.testing.assert_close(head.weight, ref_head.weight, rtol=0, atol=0)
+    for k in range(3):
+        torch.testing.assert_close(fed2.runtimes[k].program.w, ref.runtimes[k].program.w, rtol=0, atol=0)
+
+
+def _train_obs(data: VerticalDataset) -> np.ndarray:
+    return data.observed & data.labeled[:, None]
+
+
+def _train_y(data: VerticalDataset) -> np.ndarray:
+    return np.where(data.labeled, data.y, 0)
+
+
+# ---------------------------------------------------------------------- real processes
+def test_federated_training_matches_in_process_and_leaks_nothing(deployment, data) -> None:  # noqa: ANN001
+    log = MessageLog(keep_payloads=True)
+    fed = _fed(deployment, log=log)
+    try:
+        h = fed.attach(data, "train")
+        head = toy_train(fed, h, _train_obs(data), _train_y(data), 3, steps=6, seed=2)
+        w_grpc = party_weights(fed)
+        sent = fed.grpc_transport.bytes_sent
+        assert find_raw_feature_leaks(log, data) == []
+        crossing = log.crossing()
+        assert crossing and {e.kind for e in crossing} >= {"forward", "backward"}
+        assert {n for e in crossing for n in e.names} <= {"rows", "embedding", "grad", "hashes", "w"}
+        fed.transport.new_step()
+        fed.call(0, "leak", data="train")  # a positive control: the audit sees a raw row when one crosses
+        assert find_raw_feature_leaks(log, data)
+    finally:
+        fed.close()
+    local = LocalFederation.for_dataset(data)
+    hl = local.attach(data, "train")
+    ref = toy_train(local, hl, _train_obs(data), _train_y(data), 3, steps=6, seed=2)
+    torch.testing.assert_close(head.weight, ref.weight, rtol=1e-6, atol=1e-7)
+    for k in range(3):
+        torch.testing.assert_close(w_grpc[k], local.runtimes[k].program.w.detach(), rtol=1e-6, atol=1e-7)
+    assert sent > 0
+
+
+def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:  # noqa: ANN001
+    fed = _fed(deployment)
+    try:
+        view, handle = fed.align(handle="aligned")
+        key = load_key(deployment.key_file)
+        # every sample some party holds or that carries a label is in the union, in hash order
+        known = data.observed.any(axis=1) | data.labeled
+        assert view.n_samples == int(known.sum())
+        pos = positions_in(_unhex(view.ids), hash_ids(data.ids[known], key))
+        assert (pos >= 0).all()
+        np.testing.assert_array_equal(view.observed[pos], data.observed[known])
+        np.testing.assert_array_equal(view.labeled[pos], data.labeled[known])
+        lab = data.labeled[known]
+        np.testing.assert_array_equal(view.y[pos][lab], data.y[known][lab])
+        assert view.feature_dims == data.feature_dims
+    finally:
+        fed.close()
+
+
+def _unhex(ids: np.ndarray) -> np.ndarray:
+    return np.array([np.frombuffer(bytes.fromhex(s), dtype=np.uint8) for s in ids])
+
+
+def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_path) -> None:  # noqa: ANN001
+    cfg = load_federation_config(deployment.federation_file)
+    rogue = tmp_path / "rogue"
+    init_dev_pki(rogue, ["coordinator"])  # right name, wrong CA
+    t = GrpcTransport(cfg.parties, cfg.active_party, TlsFiles(cfg.tls.ca, rogue / "coordinator.pem",
+                                                              rogue / "coordinator.key"), deadline=3)
+    with pytest.raises(PartyUnavailable):
+        t.call(0, "hello")
+    t.close()
+    issue_certificate(tmp_path / "intruder", "intruder", ca_cert=deployment.certs / "ca.pem",
+                      ca_key=deployment.certs / "ca.key")  # right CA, identity not on the allowlist
+    t = GrpcTransport(cfg.parties, cfg.active_party, TlsFiles(cfg.tls.ca, tmp_path / "intruder" / "intruder.pem",
+                                                              tmp_path / "intruder" / "intruder.key"), deadline=3)
+    with pytest.raises(PartyError) as err:
+        t.call(0, "hello")
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "allowlist" in err.value.details
+    t.close()
+    fed = _fed(deployment)  # the legitimate coordinator is still served
+    assert fed.party_info[0]["name"] == "bank"
+    fed.close()
+
+
+def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(deployment, data) -> None:  # noqa: ANN001
+    fed = _fed(deployment)
+    fed.attach(data, "train")
+    fed.setup("test/grpc-split", toy_configs(data.feature_dims), seed=0)
+    fed.close()
+    cfg = load_federation_config(deployment.federation_file)
+    ca, cert, key = cfg.tls.read()
+    creds = grpc.ssl_channel_credentials(ca, key, cert)
+    ch = grpc.secure_channel(cfg.parties[0].address, creds,
+                             options=[("grpc.ssl_target_name_override", "bank"),
+                                      ("grpc.max_send_message_length", 8 * 2**20)])
+    call = ch.unary_unary(CALL_METHOD)
+    seq = iter(range(1, 1000))
+
+    def send(kind: str, tensors: dict | None = None, step: int = 5, rnd: int = 0, **meta: Any) -> grpc.StatusCode:
+        payload = encode_request(Request(kind, tensors or {}, meta), step=step, round=rnd, session="raw",
+                                 seq=next(seq))
+        return _status(call, payload)
+
+    assert send("hello") == grpc.StatusCode.OK
+    assert _status(call, b"not a frame at all") == grpc.StatusCode.INVALID_ARGUMENT
+    assert send("no-such-kind") == grpc.StatusCode.UNIMPLEMENTED
+    assert send("forward", {"rows": torch.zeros(2)}, data="train") == grpc.StatusCode.INVALID_ARGUMENT  # dtype
+    assert send("forward", {"rows": torch.zeros(2, 2, dtype=torch.int64)}, data="train") \
+        == grpc.StatusCode.INVALID_ARGUMENT  # shape
+    assert send("forward", {"rows": torch.tensor([10**6])}, data="train") == grpc.StatusCode.INVALID_ARGUMENT  # row
+    assert send("forward", {"rows": torch.tensor([0])}, step=6, data="train") == grpc.StatusCode.OK
+    assert send("backward", {"grad": torch.zeros(3, HIDDEN)}, step=6) == grpc.StatusCode.INVALID_ARGUMENT  # size
+    assert send("forward", {"rows": torch.tensor([0])}, step=6, data="train") == grpc.StatusCode.ALREADY_EXISTS
+    assert send("forward", {"rows": torch.tensor([0])}, step=2, data="train") == grpc.StatusCode.FAILED_PRECONDITION
+    big = torch.zeros(2**19)  # 2 MB > the 1 MB limit of the parties
+    assert send("forward", {"rows": big.long()}, step=7, data="train") == grpc.StatusCode.RESOURCE_EXHAUSTED
+    replay = encode_request(Request("ping"), step=8, round=0, session="raw", seq=next(seq))
+    assert _status(call, replay) == grpc.StatusCode.OK
+    assert _status(call, replay) == grpc.StatusCode.ALREADY_EXISTS
+    assert send("save", step=9, dir="../../etc") == grpc.StatusCode.INVALID_ARGUMENT
+    fed = _fed(deployment)  # a new session: the same server still answers normally
+    fed.transport.new_step()
+    assert fed.call(0, "ping").meta["name"] == "bank"
+    assert send("ping", step=10**6) == grpc.StatusCode.FAILED_PRECONDITION  # the old session is now stale
+    fed.close()
+    ch.close()
+
+
+def _status(call: Any, payload: bytes) -> grpc.StatusCode:
+    try:
+        call(payload, timeout=5)
+    except grpc.RpcError as e:
+        assert e.details()  # every refusal says why
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data) -> None:  # noqa: ANN001
+    fed = _fed(deployment)
+    try:
+        h = fed.attach(data, "train")
+        configs = toy_configs(data.feature_dims)
+        configs[0]["delay"] = 1.5
+        fed.setup("test/grpc-split", configs, seed=0)
+        fed.grpc_transport.deadline = 0.5
+        rows = np.flatnonzero(data.observed.all(axis=1))[:6]
+        fed.transport.new_step()
+        t0 = time.monotonic()
+        total, embs = toy_forward(fed, h, data.observed, rows)
+        assert time.monotonic() - t0 < 1.4 and set(embs) == {1, 2} and total.shape == (6, HIDDEN)
+        step, party, reason = fed.transport.failures[-1]
+        assert (step, party) == (fed.transport.step, 0) and "DEADLINE_EXCEEDED" in reason
+        fed.grpc_transport.deadline = 5.0
+        fed.transport.new_step()
+        assert fed.call(0, "ping").meta["name"] == "bank"  # the slow party finished late and keeps serving
+    finally:
+        fed.close()
+
+
+def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployment, data, tmp_path) -> None:  # noqa: ANN001
+    def coordinator(out: Path, crash_at: int | None) -> int:
+        code = ("import sys, test_grpc; sys.exit(test_grpc._coordinator_main(sys.argv[1:]))")
+        args = [sys.executable, "-c", code, str(deployment.federation_file), str(tmp_path / "ck"), str(out),
+                str(crash_at or 0)]
+        return subprocess.run(args, env=deployment.env(), timeout=60, capture_output=True).returncode
+
+    assert coordinator(tmp_path / "a.json", crash_at=8) == -signal.SIGKILL
+    assert (tmp_path / "ck" / "LATEST").exists() and json.loads((tmp_path / "ck" / "LATEST").read_text())["step"] == 6
+    assert _coordinator_main([str(deployment.federation_file), str(tmp_path / "ck"), str(tmp_path / "b.json"),
+                              "0"]) == 0  # a new coordinator (here: this process) resumes from step 6
+    resumed = json.loads((tmp_path / "b.json").read_text())
+    assert resumed["start"] == 6
+    local = LocalFederation.for_dataset(data)
+    h = local.attach(data, "train")
+    ref = toy_train(local, h, _train_obs(data), _train_y(data), 3, steps=10, seed=3)
+    np.testing.assert_allclose(resumed["head"], ref.weight.detach().numpy(), rtol=1e-6, atol=1e-7)
+    for k in range(3):
+        np.testing.assert_allclose(resumed["w"][str(k)], local.runtimes[k].program.w.detach().numpy(), rtol=1e-6,
+                                   atol=1e-7)
+
+
+def _coordinator_main(argv: list[str]) -> int:
+    """A coordinator process for the crash test: toy training with checkpoints every 3 steps."""
+    torch.set_num_threads(1)
+    fed_file, ck_dir, out, crash_at = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
+    data = make_data()
+    fed = GrpcFederation.from_config(fed_file)
+    h = fed.attach(data, "train")
+    ck = Checkpointer(ck_dir, fed, every=3)
+    start = (ck.latest().step if ck.latest() else 0)
+    head = toy_train(fed, h, _train_obs(data), _train_y(data), 3, steps=10, seed=3, ckpt=ck,
+                     crash_at=crash_at or None)
+    w = party_weights(fed)
+    out.write_text(json.dumps({"start": start, "head": head.weight.detach().tolist(),
+                               "w": {str(k): v.tolist() for k, v in w.items()}}))
+    fed.close()
+    return 0
+
+
+@pytest.fixture
+def toy_method():  # noqa: ANN201
+    register_method(ToySplitMethod)
+    yield ToySplitMethod
+    METHODS.pop(ToySplitMethod.name, None)
+
+
+def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:  # noqa: ANN001
+    from partialvfl.cli import main
+
+    model = tmp_path / "model"
+    assert main(["fit", "--federation", str(deployment.federation_file), "--method", "test-toy-split", "--seed", "4",
+                 "--out", str(model), "--checkpoint-every", "5", "--param", "steps=6", "--quiet"]) == 0
+    assert (model / "model.json").exists() and (model / "party_states.json").exists()
+    assert (model / "checkpoints" / "LATEST").exists()
+    party_dir = json.loads((model / "party_states.json").read_text())["party_dir"]
+    for name in data.party_names:  # each party's state is on its own disk
+        assert (deployment.dir / "state" / name / party_dir).is_dir()
+    fitted = torch.load(model / "coordinator.pt", weights_only=True)["head"]
+    fit_args = ["fit", "--federation", str(deployment.federation_file), "--method", "test-toy-split", "--seed", "4",
+                "--out", str(model), "--param", "steps=6", "--quiet"]
+    assert main(fit_args) == 2  # a checkpoint is there: refuse to start over silently
+    assert main([*fit_args, "--resume"]) == 0  # restores step 5 everywhere, redoes step 6: same model
+    for name, t in torch.load(model / "coordinator.pt", weights_only=True)["head"].items():
+        torch.testing.assert_close(t, fitted[name], rtol=0, atol=0)
+    ids_file = tmp_path / "ids.csv"
+    ids_file.write_text("id\n" + "\n".join(str(i) for i in data.ids[:20]) + "\nnobody-has-this\n")
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--federation", str(deployment.federation_file), "--model", str(model), "--ids",
+                 str(ids_file), "--out", str(out)]) == 0
+    import pandas as pd
+
+    pred = pd.read_csv(out, dtype={"id": str})
+    assert len(pred) == 21 and set(pred["prediction"]) <= {"a", "b", "c"}
+    assert pred["n_parties"].iloc[-1] == 0 and pred["n_parties"].iloc[0] == int(data.observed[0].sum())
+    probs = pred[["p_a", "p_b", "p_c"]].to_numpy()
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_false_vfl_federated_matches_in_process(deployment, data, tmp_path) -> None:  # noqa: ANN001
+    from partialvfl.methods.base import get_method
+
+    try:
+        cls = get_method("false-vfl-1")
+    except ValueError:
+        pytest.skip("false-vfl-1 is not in the registry")
+    params = dict(epochs_pretrain=1, epochs_train=1, batch_pretrain=16, batch_train=16, kappa=3,
+                  n_predict_samples=4, d_h=4, d_z=2, encoder_hidden=[8], decoder_hidden=[8], global_hidden=[8],
+                  discriminator_hidden=[8])
+    log = MessageLog(keep_payloads=True)
+    fed = _fed(deployment, log=log)
+    try:
+        remote = cls("fast", seed=5, **params).fit(data, federation=fed)
+        p_remote = remote.predict_proba(data)
+        remote.save(tmp_path / "remote")
+        assert find_raw_feature_leaks(log, data) == []
+    finally:
+        fed.close()
+    local = cls("fast", seed=5, **params).fit(data)
+    np.testing.assert_allclose(p_remote, local.predict_proba(data), rtol=1e-5, atol=1e-6)
+    local.save(tmp_path / "local")
+    for name, t in torch.load(tmp_path / "local" / "coordinator.pt", weights_only=True)["global_encoder"].items():
+        ref = torch.load(tmp_path / "remote" / "coordinator.pt", weights_only=True)["global_encoder"][name]
+        torch.testing.assert_close(t, ref, rtol=1e-5, atol=1e-6)
+    party_dir = json.loads((tmp_path / "remote" / "party_states.json").read_text())["party_dir"]
+    for k, name in enumerate(data.party_names):
+        a = torch.load(tmp_path / "local" / f"party-{k}.pt", weights_only=True)["state"]
+        b = torch.load(deployment.dir / "state" / name / party_dir / f"party-{k}.pt", weights_only=True)["state"]
+        _assert_nested_close(a, b)
+
+
+def _assert_nested_close(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_nested_close(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_nested_close(x, y)
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    else:
+        assert a == b
+
+
+def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -> None:  # noqa: ANN001
+    fed = _fed(deployment, allow_absent=True)
+    try:
+        h = fed.attach(data, "train")
+        toy_train(fed, h, _train_obs(data), _train_y(data), 3, steps=2, seed=0)
+        rows = np.flatnonzero(data.observed.any(axis=1))
+        answered = []
+        for i, start in enumerate(range(0, len(rows), 12)):
+            if i == 1:
+                deployment.kill(1)  # party 1 crashes between two prediction requests
+            batch = rows[start:start + 12]
+            fed.transport.new_step()
+            t0 = time.monotonic()
+            total, embs = toy_forward(fed, h, data.observed, batch)
+            assert time.monotonic() - t0 < fed.grpc_transport.deadline
+            answered.append(set(embs))
+            assert total.shape == (len(batch), HIDDEN)
+        assert 1 in answered[0] and all(1 not in a and a for a in answered[1:])
+        assert any(f[1] == 1 for f in fed.transport.failures)
+    finally:
+        fed.close()  # the last test of the module: party 1 stays down
+
+
+def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN001
+    from cryptography import x509
+
+    from partialvfl.federation import grpc_cli
+
+    assert grpc_cli.main(["certs", "init", str(tmp_path), "--parties", "bank", "shop"]) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "shop.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "shop" in sans.get_values_for_type(x509.DNSName)
+    assert (tmp_path / "coordinator.key").stat().st_mode & 0o077 == 0
+    assert len(load_key(tmp_path / "hmac.key")) == 32
+
+
+def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:  # noqa: ANN001
+    from partialvfl.federation.grpc_party import PartyConfig, PartyTable
+
+    def table(text: str, **kw: Any) -> PartyTable:
+        (tmp_path / "t.csv").write_text(text)
+        cfg = PartyConfig(name="shop", index=1, address="127.0.0.1:0", data_path=tmp_path / "t.csv",
+                          id_column="cid", tls=TlsFiles(tmp_path, tmp_path, tmp_path), state_dir=tmp_path,
+                          hmac_key_file=tmp_path / "k", **kw)
+        return PartyTable(cfg, b"k" * 32)
+
+    t = table("cid,age,label,spend\n007,30,yes,1.5\n8,41,no,2.0\n", exclude_columns=("label",))
+    assert t.feature_names == ("age", "spend") and t.features.dtype == np.float32 and t.features.shape == (2, 2)
+    assert list(t.ids) == ["007", "8"]  # IDs are text: leading zeros kept
+    np.testing.assert_array_equal(t.hashes[1], hash_ids([8], b"k" * 32)[0])
+    with pytest.raises(ValueError, match="no ID column 'cid'"):
+        table("id,age\n1,2\n")
+    with pytest.raises(ValueError, match="column 'label'.*not numeric"):
+        table("cid,age,label\n1,2,yes\n")
+    with pytest.raises(ValueError, match="column 'age'.*non-finite value for ID '2'"):
+        table("cid,age\n1,2\n2,\n")
+    with pytest.raises(ValueError, match="ID '1' appears twice"):
+        table("cid,age\n1,2\n1,3\n")
