@@ -1,0 +1,920 @@
+"""X-VFL: cross completion (XCom), decision-subspace alignment (DS-Align) and locally independent inference.
+
+After Yao, Xu & Li, "X-VFL: A New Vertical Federated Learning Framework with Cross Completion and Decision Subspace
+Alignment" (2025), in the K-party form of its Appendix D.1 (Eqs. 26-31); see ``docs/x-vfl.md`` and
+``../shared/spec/x-vfl.md``.
+
+Model.  Party k holds a bottom model f_k (embedding E_k = f_k(x_k), dimension D) and a completer XCom_k that maps an
+embedding to party k's own raw feature space.  The active party holds the top model h, applied to one embedding or
+to an *average* of embeddings (never a concatenation), which is what lets one party predict alone: h(f_k(x_k)).
+
+Per sample, M is the set of parties whose block is complete (observed, and no feature missing inside it), m = |M|,
+E' = sum_{j in M} E_j.  A sample is *aligned* when m = K.
+
+* aligned:      sum_{i in M} l(h(E_i)) + l(h(E'/m)) + sum_{i=1..K} l(h((Et_i + E_{-i}) / K)),
+                Et_i = f_i(XCom_i(E_{-i} / (K-1))), E_{-i} = sum_{j != i} E_j            (Eqs. 27, 28)
+* non-aligned:  sum_{i in M} l(h(E_i)) + l(h(E'/m)) + l(h((Et' + E') / K)),
+                Et' = sum_{i not in M} f_i(Xt'_i), Xt'_i = XCom_i(E'/m) for a missing block, and
+                Xt'_i = mask_i * x_i + (1 - mask_i) * XCom_i(E'/m) for a block with features missing inside it
+                                                                                        (Eqs. 27, 29; Sec. 2.2)
+* DS-Align (aligned samples only):  L1 = sum_i MSE(h(Et_i), h(E_i)),  L2 = sum_i MSE(h(E_i), h(E'/K))  (Eqs. 30, 31)
+* L = L_decision + lambda1 * L1 + lambda2 * L2, averaged over the samples of the batch.
+
+Choices where the paper is silent (all documented in ``docs/x-vfl.md``; the important ones are options):
+
+* XCom is an MLP (tabular) or a transposed-CNN decoder (image pieces) from D to the party's block (``xcom``,
+  ``xcom_hidden``); it is trained only through the loss above (the paper has no reconstruction loss).
+* DS-Align compares softmax probabilities (``ds_align_space="probs"``; ``"logits"`` is the other choice) and lets
+  the gradient flow into both sides (``ds_align_detach=False``).
+* The gradient of the loss reaches the parties whose embeddings fed an XCom input (``xcom_input_grad=True``: the
+  exact gradient of L, which the paper's convergence analysis is about).
+* Aligned samples use the full XCom output (so Et_i differs from E_i and DS-Align 1 is not trivial).
+* Samples with no complete block are not trained on; at prediction their partially observed blocks are encoded as
+  they are (features missing inside a block are zero, the standardised mean) and treated as complete.
+* In locally independent inference a party with features missing inside its block completes them from its own
+  embedding: Xt_k = mask * x_k + (1 - mask) * XCom_k(f_k(mask * x_k)) (``local_completion="self"``; ``"none"``
+  predicts h(f_k(mask * x_k))).  The paper's Fig. 5b says each client "leverages its XCom module" without saying
+  where the XCom input comes from when no other client takes part.
+* The top model h is sent to every party once training ends (X-VFL's independent inference needs h at the party),
+  with the training label prior; after that, :meth:`XVFL.predict_output_local` sends no message at all.
+
+Party boundary.  Party k's completion runs at party k: it receives an averaged embedding, writes the completion into
+its own feature space, re-encodes it with f_k and returns only the embedding; the completed raw-space block never
+leaves the party.  Across the wire go row positions, per-row flags, embeddings (E_k, Et_k, the averaged XCom inputs)
+and their gradients, and once the top model's weights.
+
+Features missing inside a block (X-VFL's "partial" setting) are a property of the data: build it with
+:func:`with_within_block_missing`, which zero-fills the lost features (every method sees the same data) and records
+which party holds an incomplete block for which ID; which features are lost is fixed by
+:func:`within_block_mask`, seeded per (seed, party, ID), so the party recomputes its own mask locally.
+
+Optimisation.  ``estimator="sgd"``: the optimiser (``optimizer``: Adam or SGD) steps on the stochastic gradient of
+a mini-batch (X-VFL's SGD-type algorithm).  ``estimator="page"``: the PAGE-type estimator of X-VFL Eq. (10) (Li et al.,
+2021): with probability p a fresh gradient on a batch of size b, otherwise g_t = g_{t-1} + grad_{b'}(theta_t) -
+grad_{b'}(theta_{t-1}) on one small batch of size b' evaluated at both parameter vectors; defaults b' = floor(sqrt(b)),
+p = b'/(b + b') (the paper's Theorem 2).  Every party keeps its own theta_{t-1} and g_{t-1}; the coin is tossed at
+the active party and announced with each step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.data.dataset import CoordinatorView, DataValidationError, PartyView, VerticalDataset
+from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
+from partialvfl.utils.seeding import numpy_rng, torch_seeded
+
+__all__ = [
+    "INFO_KEY",
+    "XVFL",
+    "XVFLParty",
+    "incomplete_matrix",
+    "with_within_block_missing",
+    "within_block_mask",
+    "x_vfl_partial_setting",
+]
+
+#: Where :func:`with_within_block_missing` records the partial setting in ``VerticalDataset.info``.
+INFO_KEY = "within_block_missing"
+
+#: Datasets the paper preset treats as images (ResNet bottom models, 2048-dim embeddings, six-layer top model).
+_IMAGE_DATASETS = {"fashion-mnist", "modelnet10", "cifar10", "cifar100", "tinyimagenet", "utkface"}
+
+
+# ---------------------------------------------------------------------- X-VFL's partial setting
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def within_block_mask(ids: Sequence[Any] | np.ndarray, party: int, n_features: int, rate: float,
+                      seed: int) -> np.ndarray:
+    """Which features of party ``party``'s block survive, ``(len(ids), n_features)`` boolean (True = present).
+
+    For every ID exactly ``round(rate * n_features)`` features are lost, chosen by a generator seeded by
+    (``seed``, party, ID): the same sample loses the same features in any dataset and at any party that computes it.
+    """
+    if not 0.0 <= float(rate) <= 1.0:
+        raise ValueError(f"feature_missing_rate must lie in [0, 1], got {rate}")
+    ids = np.asarray(ids)
+    out = np.ones((len(ids), int(n_features)), dtype=bool)
+    n_lost = int(round(float(rate) * n_features))
+    if n_lost == 0:
+        return out
+    for r, i in enumerate(ids):
+        rng = numpy_rng(seed, "within-block", int(party), _plain(i))
+        out[r, rng.choice(n_features, size=n_lost, replace=False)] = False
+    return out
+
+
+def with_within_block_missing(data: VerticalDataset, incomplete: np.ndarray, feature_missing_rate: float,
+                              seed: int = 0) -> VerticalDataset:
+    """X-VFL's partial setting: the blocks flagged in ``incomplete`` (N x K) lose ``feature_missing_rate`` of their
+    features.
+
+    Rate 1 removes those blocks whole (``observed`` becomes False: the fully missing case).  Rate 0 changes nothing.
+    Otherwise the blocks stay observed, the lost features (:func:`within_block_mask`) are set to 0 (the standardised
+    mean, so every method sees the same zero-filled data), and ``info["within_block_missing"]`` records the rate, the
+    seed and, per party, the IDs whose block is incomplete (what X-VFL needs to complete exactly those features).
+    """
+    incomplete = np.asarray(incomplete, dtype=bool)
+    if incomplete.shape != data.observed.shape:
+        raise DataValidationError(
+            f"incomplete must have shape {data.observed.shape} (samples x parties), got {incomplete.shape}"
+        )
+    bad = incomplete & ~data.observed
+    if bad.any():
+        i, k = np.argwhere(bad)[0]
+        raise DataValidationError(
+            f"party {k} ({data.party_names[k]!r}) does not hold ID {_plain(data.ids[i])!r}, so its block cannot be "
+            "partially missing"
+        )
+    rate = float(feature_missing_rate)
+    if not 0.0 <= rate <= 1.0:
+        raise DataValidationError(f"feature_missing_rate must lie in [0, 1], got {feature_missing_rate}")
+    if rate == 0.0 or not incomplete.any():
+        return data
+    if rate == 1.0:
+        return data.with_observed(data.observed & ~incomplete)
+    blocks = []
+    for k, b in enumerate(data.blocks):
+        nb = np.array(b, copy=True)
+        rows = np.flatnonzero(incomplete[:, k])
+        if rows.size:
+            keep = within_block_mask(data.ids[rows], k, b.shape[1], rate, seed)
+            nb[rows] = np.where(keep, nb[rows], 0.0)
+        blocks.append(nb)
+    info = dict(data.info)
+    info[INFO_KEY] = {
+        "rate": rate,
+        "seed": int(seed),
+        "incomplete_ids": [[_plain(v) for v in data.ids[incomplete[:, k]]] for k in range(data.n_parties)],
+    }
+    return VerticalDataset(
+        blocks=blocks, observed=data.observed, ids=data.ids, y=data.y, labeled=data.labeled, task=data.task,
+        active_party=data.active_party, feature_names=data.feature_names, party_names=data.party_names,
+        feature_shapes=data.feature_shapes, name=data.name, info=info,
+    )
+
+
+def x_vfl_partial_setting(data: VerticalDataset, feature_missing_rate: float, seed: int = 0,
+                          aligned_ids: Sequence[Any] | np.ndarray | None = None) -> VerticalDataset:
+    """X-VFL's experimental setting on ``data``: its non-aligned samples lose ``feature_missing_rate`` of the
+    features of some of their blocks (seeded).
+
+    Aligned samples are the IDs in ``aligned_ids`` (default: ``data.info["aligned_ids"]``, the protocol's aligned
+    reserve, or none).  Every other sample that all parties observe is non-aligned: with 2 parties one of them (drawn
+    at random) holds an incomplete block, as in the paper; with K > 2 a uniformly drawn number 1..K-1 of them.  Then
+    :func:`with_within_block_missing` applies the rate (1 removes those blocks whole).
+    """
+    if aligned_ids is None:
+        aligned_ids = data.info.get("aligned_ids", [])
+    k = data.n_parties
+    if k < 2:
+        raise DataValidationError("X-VFL's partial setting needs at least 2 parties")
+    non_aligned = data.observed.all(axis=1) & ~np.isin(data.ids, np.asarray(list(aligned_ids)))
+    rng = numpy_rng(seed, "x-vfl-partial-setting", k)
+    incomplete = np.zeros(data.observed.shape, dtype=bool)
+    for i in np.flatnonzero(non_aligned):
+        c = 1 if k == 2 else int(rng.integers(1, k))
+        incomplete[i, rng.choice(k, size=c, replace=False)] = True
+    return with_within_block_missing(data, incomplete, feature_missing_rate, seed)
+
+
+def _setting(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    s = (info or {}).get(INFO_KEY)
+    if not s or float(s.get("rate", 0.0)) <= 0.0:
+        return None
+    return s
+
+
+def incomplete_matrix(ids: np.ndarray, n_parties: int, info: dict[str, Any] | None) -> np.ndarray:
+    """(N, K) flags: party k holds sample i's block but with features missing inside it (from ``info``)."""
+    out = np.zeros((len(ids), n_parties), dtype=bool)
+    s = _setting(info)
+    if s is None:
+        return out
+    lists = s["incomplete_ids"]
+    if len(lists) != n_parties:
+        raise DataValidationError(f"the partial setting lists {len(lists)} parties, the data has {n_parties}")
+    for k in range(n_parties):
+        if lists[k]:
+            out[:, k] = np.isin(ids, np.asarray(lists[k]))
+    return out
+
+
+def _wire_setting(s: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a party needs to recompute its own masks: the rate and the seed (never another party's IDs)."""
+    return None if s is None else {"rate": float(s["rate"]), "seed": int(s["seed"])}
+
+
+# ---------------------------------------------------------------------- optimisation (SGD-type or PAGE-type)
+def _make_optimizer(params: Any, cfg: dict[str, Any]) -> torch.optim.Optimizer:
+    name = cfg["name"]
+    if name == "adam":
+        return torch.optim.Adam(params, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=float(cfg["lr"]), momentum=float(cfg["momentum"]),
+                               weight_decay=float(cfg["weight_decay"]))
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+class _Updater:
+    """One holder's parameters (a party's f_k and XCom_k, or the active party's h) and their update rule.
+
+    ``mode`` of :meth:`step`: ``sgd`` steps on the accumulated gradient; ``page-fresh`` does the same and remembers
+    it as g_t; ``page-correct`` uses g_t = g_{t-1} + grad(theta_t) - grad(theta_{t-1}), the second gradient having
+    been accumulated in the copy ``prev`` that holds theta_{t-1} (X-VFL Eq. 10).
+    """
+
+    def __init__(self, module: nn.Module, opt_cfg: dict[str, Any], page: bool) -> None:
+        self.module = module
+        self.optimizer = _make_optimizer(module.parameters(), opt_cfg)
+        self.prev = copy.deepcopy(module) if page else None
+        self.g_prev: list[torch.Tensor] | None = None
+
+    def model(self, version: str) -> nn.Module:
+        if version == "cur":
+            return self.module
+        if version == "prev" and self.prev is not None:
+            return self.prev
+        raise ValueError(f"no parameter version {version!r} (PAGE keeps 'cur' and 'prev')")
+
+    def zero_grad(self) -> None:
+        self.module.zero_grad(set_to_none=True)
+        if self.prev is not None:
+            self.prev.zero_grad(set_to_none=True)
+
+    def step(self, mode: str) -> None:
+        params = list(self.module.parameters())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if mode == "sgd":
+            pass
+        elif mode in ("page-fresh", "page-correct"):
+            if self.prev is None:
+                raise ValueError("a PAGE step on a holder built for plain SGD")
+            if mode == "page-correct":
+                if self.g_prev is None:
+                    raise RuntimeError("the first PAGE step must be a fresh one")
+                old = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.prev.parameters()]
+                grads = [gp + g - o for gp, g, o in zip(self.g_prev, grads, old)]
+            self.g_prev = [g.detach().clone() for g in grads]
+            self.prev.load_state_dict(self.module.state_dict())  # theta_t becomes theta_{t-1} of the next step
+        else:
+            raise ValueError(f"unknown step mode {mode!r}")
+        for p, g in zip(params, grads):
+            p.grad = g
+        self.optimizer.step()
+        self.zero_grad()
+
+
+# ---------------------------------------------------------------------- party side
+@register_program
+class XVFLParty(PartyProgram):
+    """Party k of X-VFL: bottom model f_k, completer XCom_k, and (after training) a copy of the top model h.
+
+    Message kinds: ``embed`` (E_k of rows it holds), ``complete`` (Et_k = f_k(XCom_k(input)) from averaged
+    embeddings, mixed with its own present features where its block is partial), ``backward_complete`` and
+    ``backward`` (gradients of Et_k and E_k; the first replies the gradient of the XCom input), ``step`` (update),
+    ``share_top`` (receive h and the label prior for locally independent inference).
+    """
+
+    program_name = "x-vfl/party"
+
+    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+        super().__init__(runtime, config, seed)
+        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
+        self.feature_dim = int(config["feature_dim"])
+        self.embed_dim = int(config["embed_dim"])
+        with torch_seeded(seed, "x-vfl", runtime.index, "bottom"):
+            bottom = build_encoder(self.feature_shape, self.embed_dim, config["encoder"],
+                                   hidden=tuple(config["encoder_hidden"]), width=int(config["resnet_width"]))
+        with torch_seeded(seed, "x-vfl", runtime.index, "xcom"):
+            xcom = build_decoder(self.embed_dim, self.feature_shape, config["xcom"],
+                                 hidden=tuple(config["xcom_hidden"]))
+        self.net = nn.ModuleDict({"bottom": bottom, "xcom": xcom})
+        self.updater = _Updater(self.net, config["optimizer"], page=config["estimator"] == "page")
+        self.top: nn.Module | None = None
+        self.top_hidden: list[int] = []
+        self.label_prior: torch.Tensor | None = None
+        self._pending: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    # ------------------------------------------------------------------ own data
+    def _block(self, view: PartyView, rows: np.ndarray, partial: np.ndarray,
+               wb: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Party k's features for ``rows`` (zero where lost inside a partial block) and the present-feature mask."""
+        pos = view.position_of_rows(rows)
+        x = torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+        mask = torch.ones(x.shape, dtype=torch.bool)
+        if partial.any():
+            if wb is None:
+                raise ValueError(f"party {self.party}: rows flagged partial but no within-block setting was sent")
+            keep = within_block_mask(view.ids[pos[partial]], self.party, self.feature_dim, wb["rate"], wb["seed"])
+            mask[torch.as_tensor(partial)] = torch.as_tensor(keep)
+            x = x * mask
+        return x, mask
+
+    @staticmethod
+    def _rows(req: Request) -> tuple[np.ndarray, np.ndarray]:
+        rows = req.tensors["rows"].numpy().astype(np.int64)
+        partial = req.tensors["partial"].numpy().astype(bool) if "partial" in req.tensors else np.zeros(len(rows), bool)
+        return rows, partial
+
+    # ------------------------------------------------------------------ handlers
+    def on_embed(self, req: Request) -> Reply:
+        rows, partial = self._rows(req)
+        train = bool(req.meta.get("train", False))
+        version = req.meta.get("version", "cur")
+        net = self.updater.model(version)
+        net.train(train)
+        x, _ = self._block(self.data(req.meta["data"]), rows, partial, req.meta.get("wb"))
+        if train:
+            e = net["bottom"](x)
+            self._pending[(version, "emb")] = (e, None)
+        else:
+            with torch.no_grad():
+                e = net["bottom"](x)
+        return Reply({"emb": e})
+
+    def _complete(self, net: nn.Module, inputs: torch.Tensor, view: PartyView | None, rows: np.ndarray,
+                  partial: np.ndarray, wb: dict[str, Any] | None) -> torch.Tensor:
+        """Et = f_k(Xt): Xt = XCom_k(input), keeping the party's own present features where its block is partial."""
+        xt = net["xcom"](inputs)
+        if partial.any():
+            assert view is not None
+            x, mask = self._block(view, rows[partial], np.ones(int(partial.sum()), bool), wb)
+            idx = torch.as_tensor(np.flatnonzero(partial))
+            xt = xt.index_copy(0, idx, torch.where(mask, x, xt[idx]))
+        return net["bottom"](xt)  # the completed block stays here; only its embedding is returned
+
+    def on_complete(self, req: Request) -> Reply:
+        rows, partial = self._rows(req)
+        train = bool(req.meta.get("train", False))
+        version = req.meta.get("version", "cur")
+        net = self.updater.model(version)
+        net.train(train)
+        view = self.data(req.meta["data"]) if partial.any() else None
+        inputs = req.tensors["inputs"]
+        if train:
+            if req.meta.get("input_grad", True):
+                inputs = inputs.clone().requires_grad_()
+            et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"))
+            self._pending[(version, "tilde")] = (et, inputs if inputs.requires_grad else None)
+        else:
+            with torch.no_grad():
+                et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"))
+        return Reply({"emb_tilde": et})
+
+    def _pop(self, version: str, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        try:
+            return self._pending.pop((version, what))
+        except KeyError:
+            raise RuntimeError(f"party {self.party}: gradient for {what!r} ({version}) without a training forward") \
+                from None
+
+    def on_backward_complete(self, req: Request) -> Reply:
+        et, inputs = self._pop(req.meta.get("version", "cur"), "tilde")
+        et.backward(req.tensors["grad"])
+        if inputs is not None and inputs.grad is not None:
+            return Reply({"grad_inputs": inputs.grad})
+        return Reply()
+
+    def on_backward(self, req: Request) -> Reply:
+        e, _ = self._pop(req.meta.get("version", "cur"), "emb")
+        e.backward(req.tensors["grad"])
+        return Reply()
+
+    def on_step(self, req: Request) -> Reply:
+        self._pending.clear()
+        self.updater.step(str(req.meta["mode"]))
+        return Reply()
+
+    def on_share_top(self, req: Request) -> Reply:
+        self.top_hidden = [int(h) for h in req.meta["top_hidden"]]
+        n_classes = int(req.meta["n_classes"])
+        self.top = MLP(self.embed_dim, self.top_hidden, n_classes)
+        self.top.load_state_dict({k.removeprefix("top."): v.clone() for k, v in req.tensors.items()
+                                  if k.startswith("top.")})
+        self.top.eval()
+        self.label_prior = req.tensors["label_prior"].clone()
+        return Reply()
+
+    # ------------------------------------------------------------------ locally independent inference
+    @torch.no_grad()
+    def predict_local(self, view: PartyView, partial: np.ndarray, wb: dict[str, Any] | None,
+                      completion: str = "self") -> np.ndarray:
+        """h(f_k(x_k)) for every row this party holds, computed here alone (no message): ``(n_observed, C)``.
+
+        Rows flagged ``partial`` (features missing inside the block) are first completed from the party's own
+        embedding when ``completion == "self"`` (see the module docstring).
+        """
+        if self.top is None or self.label_prior is None:
+            raise RuntimeError(f"party {self.party} has no top model yet: it is shared when training ends")
+        if completion not in ("self", "none"):
+            raise ValueError(f"local_completion must be 'self' or 'none', got {completion!r}")
+        self.net.eval()
+        if view.n_observed == 0:
+            return np.zeros((0, int(self.label_prior.shape[0])))
+        x, mask = self._block(view, view.rows, partial, wb)
+        e = self.net["bottom"](x)
+        if completion == "self" and partial.any():
+            xt = torch.where(mask, x, self.net["xcom"](e))
+            e = self.net["bottom"](xt)
+        return torch.softmax(self.top(e), dim=-1).double().numpy()
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "net": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
+            "top": None if self.top is None else {k: v.detach().clone() for k, v in self.top.state_dict().items()},
+            "top_hidden": list(self.top_hidden),
+            "label_prior": None if self.label_prior is None else self.label_prior.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        if state.get("top") is not None:
+            self.top_hidden = [int(h) for h in state["top_hidden"]]
+            out_dim = int(state["label_prior"].shape[0])
+            self.top = MLP(self.embed_dim, self.top_hidden, out_dim)
+            self.top.load_state_dict(state["top"])
+            self.top.eval()
+            self.label_prior = state["label_prior"].clone()
+
+
+# ---------------------------------------------------------------------- coordinator side
+def _dataset_key(dataset: str | None) -> str:
+    return "" if not dataset else str(dataset).split(":")[0].strip().lower().replace("_", "-")
+
+
+@register_method
+class XVFL(VFLMethod):
+    """X-VFL at the active party: top model h, the per-sample loss terms, DS-Align, SGD- or PAGE-type training."""
+
+    name = "x-vfl"
+    party_program = "x-vfl/party"
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return {
+            "embed_dim": 64,
+            "encoder": "auto",
+            "encoder_hidden": [128],
+            "resnet_width": 64,
+            "xcom": "auto",
+            "xcom_hidden": [128],
+            "top_hidden": [64],
+            "lambda1": 0.01,
+            "lambda2": 0.01,
+            "ds_align_space": "probs",
+            "ds_align_detach": False,
+            "xcom_input_grad": True,
+            "use_unaligned": True,
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "weight_decay": 0.0,
+            "momentum": 0.9,
+            "epochs": 40,
+            "batch_size": 64,
+            "estimator": "sgd",
+            "page_prob": None,
+            "page_small_batch": None,
+            "inference": "complete",
+            "local_completion": "self",
+            "predict_batch_size": 4096,
+        }
+
+    @classmethod
+    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
+        if preset == "fast":
+            return {"embed_dim": 32, "encoder_hidden": [64], "xcom_hidden": [64], "top_hidden": [32],
+                    "lr": 3e-3, "epochs": 30, "batch_size": 64}
+        if preset == "paper":
+            # Appendix B: tabular: three-layer FCNN bottom and top models, 512-dim embeddings; images: ResNet bottom
+            # models, 2048-dim embeddings, six-layer FCNN top model; batch 50 (2 parties) / 100 (4 parties);
+            # lambda1 = lambda2 = 0.01 (the values fixed for k = 4, Appendix D.2).  Optimiser, learning rate and
+            # epochs are not given: SGD with momentum 0.9, lr 0.01, 100 epochs.
+            image = _dataset_key(dataset) in _IMAGE_DATASETS
+            return {
+                "embed_dim": 2048 if image else 512,
+                "encoder": "resnet18" if image else "mlp",
+                "encoder_hidden": [512, 512],
+                "xcom_hidden": [512, 512],
+                "top_hidden": [512] * 5 if image else [512, 512],
+                "lambda1": 0.01, "lambda2": 0.01,
+                "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "epochs": 100,
+                "batch_size": None,
+            }
+        return {}
+
+    # ------------------------------------------------------------------ parameters
+    def _batch_size(self) -> int:
+        bs = self.params_["batch_size"]
+        if bs is None:  # the paper: 50 with two parties, 100 with four (and more)
+            bs = 50 if self.index_.n_parties <= 2 else 100
+            self.params_["batch_size"] = bs
+        return int(bs)
+
+    def _check_params(self) -> None:
+        p = self.params_
+        choices = {"ds_align_space": ("probs", "logits"), "estimator": ("sgd", "page"),
+                   "inference": ("complete", "available"), "local_completion": ("self", "none"),
+                   "optimizer": ("adam", "sgd")}
+        for key, allowed in choices.items():
+            if p[key] not in allowed:
+                raise ValueError(f"{self.name}: {key} must be one of {', '.join(allowed)}, got {p[key]!r}")
+        for key in ("lambda1", "lambda2"):
+            if float(p[key]) < 0:
+                raise ValueError(f"{self.name}: {key} must be >= 0, got {p[key]}")
+        if p["page_prob"] is not None and not 0.0 < float(p["page_prob"]) <= 1.0:
+            raise ValueError(f"{self.name}: page_prob must lie in (0, 1], got {p['page_prob']}")
+
+    def _party_config(self, party: int) -> dict[str, Any]:
+        p = self.params_
+        return {
+            "feature_dim": int(self.index_.feature_dims[party]),
+            "feature_shape": list(self.index_.feature_shapes[party]),
+            "embed_dim": int(p["embed_dim"]),
+            "encoder": p["encoder"],
+            "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
+            "resnet_width": int(p["resnet_width"]),
+            "xcom": p["xcom"],
+            "xcom_hidden": [int(h) for h in p["xcom_hidden"]],
+            "optimizer": {"name": p["optimizer"], "lr": float(p["lr"]), "weight_decay": float(p["weight_decay"]),
+                          "momentum": float(p["momentum"])},
+            "estimator": p["estimator"],
+        }
+
+    @property
+    def n_classes(self) -> int:
+        return self.index_.task.n_classes
+
+    def _build_top(self) -> nn.Module:
+        with torch_seeded(self.seed, "x-vfl", "top"):
+            return MLP(int(self.params_["embed_dim"]), [int(h) for h in self.params_["top_hidden"]], self.n_classes)
+
+    # ------------------------------------------------------------------ fitting
+    def fit_federated(self, federation: Any, view: CoordinatorView, handle: str, *, dataset: str | None = None,
+                      data_info: dict[str, Any] | None = None) -> XVFL:
+        """As :meth:`VFLMethod.fit_federated`; reads X-VFL's partial setting (if any) from ``data_info``."""
+        info = dict(data_info or {})
+        setting = _setting(info)
+        self._train_wb_ = _wire_setting(setting)
+        self._train_incomplete_ = incomplete_matrix(view.ids, view.n_parties, info)
+        if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
+            info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
+        super().fit_federated(federation, view, handle, dataset=dataset, data_info=info)
+        return self
+
+    def _fit(self, view: CoordinatorView, handle: str) -> None:
+        if not view.task.is_classification:
+            raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
+        if view.n_parties < 2:
+            raise ValueError(f"{self.name}: cross completion needs at least 2 parties, got {view.n_parties}")
+        self._check_params()
+        p = self.params_
+        page = p["estimator"] == "page"
+        self.top_ = self._build_top()
+        self.top_updater_ = _Updater(self.top_, self._party_config(0)["optimizer"], page=page)
+        complete = view.observed & ~self._train_incomplete_
+        usable = view.labeled & complete.any(axis=1)
+        if not p["use_unaligned"]:
+            usable &= complete.all(axis=1)
+        rows = np.flatnonzero(usable)
+        if rows.size == 0:
+            raise ValueError(f"{self.name}: no labelled training sample has a complete block")
+        self._labels_ = torch.as_tensor(np.asarray(view.y), dtype=torch.long)
+        self._view_ = view
+        rng = numpy_rng(self.seed, "x-vfl", "batches")
+        bs = self._batch_size()
+        if page:
+            self._fit_page(handle, rows, bs, rng)
+        else:
+            for epoch in range(int(p["epochs"])):
+                total, count = 0.0, 0
+                perm = rng.permutation(rows)
+                for start in range(0, len(perm), bs):
+                    batch = np.sort(perm[start:start + bs])
+                    self.transport.new_step()
+                    total += self._pass(handle, batch, "cur") * len(batch)
+                    count += len(batch)
+                    self._step("sgd")
+                self._report("train", epoch, loss=total / max(count, 1))
+        del self._view_
+        self.top_.eval()
+        self._share_top()
+
+    def _fit_page(self, handle: str, rows: np.ndarray, bs: int, rng: np.random.Generator) -> None:
+        p = self.params_
+        b = min(bs, len(rows))
+        b_small = int(p["page_small_batch"]) if p["page_small_batch"] is not None else max(1, math.isqrt(b))
+        b_small = min(b_small, len(rows))
+        prob = float(p["page_prob"]) if p["page_prob"] is not None else b_small / (b + b_small)
+        steps = max(1, math.ceil(len(rows) / b))
+        first = True
+        for epoch in range(int(p["epochs"])):
+            total, count, fresh = 0.0, 0, 0
+            for _ in range(steps):
+                self.transport.new_step()
+                if first or rng.random() < prob:
+                    batch = np.sort(rng.choice(rows, size=b, replace=False))
+                    total += self._pass(handle, batch, "cur") * len(batch)
+                    self._step("page-fresh")
+                    fresh += 1
+                else:
+                    batch = np.sort(rng.choice(rows, size=b_small, replace=False))
+                    total += self._pass(handle, batch, "cur") * len(batch)
+                    self.transport.new_round()
+                    self._pass(handle, batch, "prev")
+                    self._step("page-correct")
+                count += len(batch)
+                first = False
+            self._report("train", epoch, loss=total / max(count, 1), fresh_steps=fresh)
+
+    def _step(self, mode: str) -> None:
+        self.transport.new_round()
+        self.transport.broadcast(range(self.index_.n_parties), "step", mode=mode)
+        self.top_updater_.step(mode)
+
+    def _share_top(self) -> None:
+        """Send h (and the label prior) to every party: X-VFL's locally independent inference runs h at the party."""
+        tensors = {f"top.{k}": v.detach().clone() for k, v in self.top_.state_dict().items()}
+        tensors["label_prior"] = torch.as_tensor(self.label_prior_, dtype=torch.float64)
+        self.transport.new_step()
+        self.transport.broadcast(range(self.index_.n_parties), "share_top", tensors,
+                                 top_hidden=[int(h) for h in self.params_["top_hidden"]], n_classes=self.n_classes)
+
+    @staticmethod
+    def _place(n: int, idx: np.ndarray, values: torch.Tensor) -> torch.Tensor:
+        """A zero ``(n, d)`` tensor with ``values`` at rows ``idx`` (differentiable in ``values``)."""
+        return torch.zeros(n, values.shape[1], dtype=values.dtype).index_copy(0, torch.as_tensor(idx), values)
+
+    def _embed(self, handle: str, rows: np.ndarray, use: np.ndarray, partial: np.ndarray, train: bool,
+               version: str, wb: dict[str, Any] | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Round: E_k from every party k for the rows flagged in ``use[:, k]``; returns (B, K, D) and the leaves."""
+        n, k_parties = use.shape
+        d = int(self.params_["embed_dim"])
+        reqs = {}
+        for k in range(k_parties):
+            sel = use[:, k]
+            if sel.any():
+                reqs[k] = Request("embed", {"rows": torch.as_tensor(rows[sel]),
+                                            "partial": torch.as_tensor(partial[sel, k])},
+                                  {"data": handle, "train": train, "version": version, "wb": wb})
+        replies = self.transport.call_many(reqs)
+        leaves: dict[int, torch.Tensor] = {}
+        cols = []
+        for k in range(k_parties):
+            if k in replies:
+                e = replies[k].tensors["emb"]
+                if train:
+                    e = e.requires_grad_()
+                leaves[k] = e
+                cols.append(self._place(n, np.flatnonzero(use[:, k]), e))
+            else:
+                cols.append(torch.zeros(n, d))
+        return torch.stack(cols, dim=1), leaves
+
+    def _pass(self, handle: str, rows: np.ndarray, version: str) -> float:
+        """One forward/backward pass of the X-VFL objective on ``rows``; gradients accumulate at every holder."""
+        view = self._view_
+        obs = view.observed[rows]
+        inc = self._train_incomplete_[rows]
+        comp = obs & ~inc
+        wb = self._train_wb_
+        K = view.n_parties
+        E, leaves = self._embed(handle, rows, comp, np.zeros_like(comp), True, version, wb)
+
+        # completion inputs, from their own graph (their gradients come back from the parties)
+        cf = torch.as_tensor(comp, dtype=torch.float32)
+        aligned = comp.all(axis=1)
+        esum_in = (E * cf[..., None]).sum(1)
+        m_in = cf.sum(1, keepdim=True)
+        plan: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = {}
+        reqs = {}
+        al_idx = np.flatnonzero(aligned)
+        for k in range(K):
+            na_idx = np.flatnonzero(~aligned & ~comp[:, k])
+            idx = np.concatenate([al_idx, na_idx])
+            if idx.size == 0:
+                continue
+            inp = torch.cat([(esum_in[al_idx] - E[al_idx, k]) / (K - 1), esum_in[na_idx] / m_in[na_idx]])
+            plan[k] = (al_idx, na_idx, inp)
+            reqs[k] = Request("complete", {"rows": torch.as_tensor(rows[idx]), "inputs": inp,
+                                           "partial": torch.as_tensor(obs[idx, k] & inc[idx, k])},
+                              {"data": handle, "train": True, "version": version, "wb": wb,
+                               "input_grad": bool(self.params_["xcom_input_grad"])})
+        self.transport.new_round()
+        replies = self.transport.call_many(reqs)
+        tilde = {k: rep.tensors["emb_tilde"].requires_grad_() for k, rep in replies.items()}
+
+        top = self.top_updater_.model(version)
+        top.train()
+        loss = self._objective(top, E, comp, tilde, plan, self._labels_[torch.as_tensor(rows)])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"{self.name}: the training loss is not finite (lr {self.params_['lr']}, optimizer "
+                f"{self.params_['optimizer']}, estimator {self.params_['estimator']}); lower the learning rate "
+                "(PAGE is meant for plain SGD: optimizer='sgd', momentum=0)"
+            )
+        # the XCom inputs share E's graph: keep it for their gradients, which arrive after this backward
+        loss.backward(retain_graph=bool(self.params_["xcom_input_grad"]))
+
+        # gradients back: completions first (they return the gradient of their inputs), then the embeddings
+        self.transport.new_round()
+        replies = self.transport.call_many({
+            k: Request("backward_complete", {"grad": _grad(t)}, {"version": version}) for k, t in tilde.items()
+        })
+        ins, grads = [], []
+        for k, rep in replies.items():
+            if "grad_inputs" in rep.tensors:
+                ins.append(plan[k][2])
+                grads.append(rep.tensors["grad_inputs"])
+        if ins:
+            torch.autograd.backward(ins, grads)
+        self.transport.new_round()
+        self.transport.call_many({
+            k: Request("backward", {"grad": _grad(e)}, {"version": version}) for k, e in leaves.items()
+        })
+        return float(loss.detach())
+
+    def _objective(self, top: nn.Module, E: torch.Tensor, comp: np.ndarray, tilde: dict[int, torch.Tensor],
+                   plan: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]], y: torch.Tensor) -> torch.Tensor:
+        """L_decision + lambda1 L_DSAlign1 + lambda2 L_DSAlign2 (Eqs. 26-31), averaged over the batch."""
+        terms = self.loss_terms(top, E, comp, tilde, plan, y)
+        n = E.shape[0]
+        p = self.params_
+        return (terms["decision"].sum() + float(p["lambda1"]) * terms["ds_align1"].sum()
+                + float(p["lambda2"]) * terms["ds_align2"].sum()) / n
+
+    def loss_terms(self, top: nn.Module, E: torch.Tensor, comp: np.ndarray, tilde: dict[int, torch.Tensor],
+                   plan: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]],
+                   y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-sample loss terms of a batch, each ``(B,)``: ``single`` (sum over complete i of l(h(E_i))), ``joint``
+        (l(h(E'/m))), ``completed`` (the aligned sum over i, or the non-aligned l(h((Et' + E')/K))), ``decision``
+        (their sum), ``ds_align1``, ``ds_align2`` (zero for non-aligned samples).
+
+        ``E`` is (B, K, D) (zero where a block is not complete), ``comp`` (B, K) the complete blocks, ``tilde[k]``
+        party k's completed embeddings for the rows ``plan[k] = (aligned_rows, nonaligned_rows, _)`` in that order.
+        """
+        n, K, _ = E.shape
+        C = self.n_classes
+        cf = torch.as_tensor(comp, dtype=torch.float32)
+        m = cf.sum(1)
+        aligned = comp.all(axis=1)
+        esum = (E * cf[..., None]).sum(1)
+        logits_single = top(E.reshape(n * K, -1)).reshape(n, K, C)
+        ce_single = F.cross_entropy(logits_single.reshape(n * K, C), y.repeat_interleave(K),
+                                    reduction="none").reshape(n, K)
+        single = (ce_single * cf).sum(1)
+        logits_joint = top(esum / m.clamp(min=1)[:, None])
+        joint = F.cross_entropy(logits_joint, y, reduction="none")
+        completed = torch.zeros(n)
+        tilde_sum = torch.zeros_like(esum)
+        ds1 = torch.zeros(n)
+        space = self._align_space
+        target = (lambda t: t.detach()) if self.params_["ds_align_detach"] else (lambda t: t)
+        for k, et in tilde.items():
+            al_idx, na_idx, _ = plan[k]
+            n_al = len(al_idx)
+            if n_al:
+                ai = torch.as_tensor(al_idx)
+                et_al = et[:n_al]
+                z = (et_al + esum[ai] - E[ai, k]) / K
+                completed = completed.index_add(0, ai, F.cross_entropy(top(z), y[ai], reduction="none"))
+                d1 = ((space(top(et_al)) - target(space(logits_single[ai, k]))) ** 2).mean(-1)
+                ds1 = ds1.index_add(0, ai, d1)
+            if len(na_idx):
+                tilde_sum = tilde_sum.index_add(0, torch.as_tensor(na_idx), et[n_al:])
+        na = np.flatnonzero(~aligned)
+        if na.size:
+            ni = torch.as_tensor(na)
+            z = (tilde_sum[ni] + esum[ni]) / K
+            completed = completed.index_add(0, ni, F.cross_entropy(top(z), y[ni], reduction="none"))
+        ds2 = torch.zeros(n)
+        if aligned.any():
+            ai = torch.as_tensor(np.flatnonzero(aligned))
+            d2 = ((space(logits_single[ai]) - target(space(logits_joint[ai]))[:, None, :]) ** 2).mean(-1).sum(1)
+            ds2 = ds2.index_add(0, ai, d2)
+        return {"single": single, "joint": joint, "completed": completed, "decision": single + joint + completed,
+                "ds_align1": ds1, "ds_align2": ds2}
+
+    @property
+    def _align_space(self):  # noqa: ANN202 - a tensor map
+        if self.params_["ds_align_space"] == "probs":
+            return lambda t: torch.softmax(t, dim=-1)
+        return lambda t: t
+
+    # ------------------------------------------------------------------ collaborative prediction
+    def predict_output(self, data: VerticalDataset) -> np.ndarray:
+        """Collaborative prediction with whatever parties observe each sample (missing blocks completed by XCom)."""
+        self._pred_incomplete_ = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)
+        self._pred_wb_ = _wire_setting(_setting(data.info))
+        try:
+            return super().predict_output(data)
+        finally:
+            del self._pred_incomplete_, self._pred_wb_
+
+    @torch.no_grad()
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        inc_all = getattr(self, "_pred_incomplete_", None)
+        if inc_all is None or inc_all.shape[0] != view.n_samples:
+            inc_all = np.zeros(view.observed.shape, dtype=bool)
+        wb = getattr(self, "_pred_wb_", None)
+        K = view.n_parties
+        self.top_.eval()
+        out = np.zeros((len(rows), self.n_classes))
+        bs = int(self.params_["predict_batch_size"])
+        for start in range(0, len(rows), bs):
+            chunk = rows[start:start + bs]
+            obs = view.observed[chunk]
+            inc = inc_all[chunk]
+            comp = obs & ~inc
+            has = comp.any(axis=1)
+            anchor = np.where(has[:, None], comp, obs)  # no complete block: use the partial ones as they are
+            E, _ = self._embed(handle, chunk, anchor, obs & inc, False, "cur", wb)
+            af = torch.as_tensor(anchor, dtype=torch.float32)
+            esum = (E * af[..., None]).sum(1)
+            ma = af.sum(1, keepdim=True)
+            if self.params_["inference"] == "complete":
+                reqs, idxs = {}, {}
+                for k in range(K):
+                    idx = np.flatnonzero(~anchor[:, k])
+                    if idx.size:
+                        idxs[k] = idx
+                        reqs[k] = Request("complete", {"rows": torch.as_tensor(chunk[idx]),
+                                                       "inputs": esum[idx] / ma[idx],
+                                                       "partial": torch.as_tensor(obs[idx, k] & inc[idx, k])},
+                                          {"data": handle, "train": False, "wb": wb})
+                self.transport.new_round()
+                replies = self.transport.call_many(reqs)
+                total = esum.clone()
+                for k, rep in replies.items():
+                    total = total.index_add(0, torch.as_tensor(idxs[k]), rep.tensors["emb_tilde"])
+                z = total / K
+            else:
+                z = esum / ma
+            out[start:start + len(chunk)] = torch.softmax(self.top_(z), dim=-1).double().numpy()
+        return out
+
+    # ------------------------------------------------------------------ locally independent prediction
+    def _local_program(self, party: int) -> XVFLParty:
+        self._check_fitted()
+        K = self.index_.n_parties
+        if not 0 <= party < K:
+            raise ValueError(f"{self.name}: no party {party}; the model has parties 0..{K - 1}")
+        runtimes = getattr(self.federation_, "runtimes", None)
+        if runtimes is None:
+            raise NotImplementedError(
+                f"{self.name}: locally independent inference runs inside party {party}'s own process "
+                "(XVFLParty.predict_local); this federation does not run the parties in this process"
+            )
+        program = runtimes[party].program
+        if not isinstance(program, XVFLParty):
+            raise RuntimeError(f"party {party} does not run the X-VFL party program")
+        return program
+
+    def predict_output_local(self, data: VerticalDataset, party: int) -> np.ndarray:
+        """Locally independent inference: party ``party`` predicts alone, h(f_k(x_k)), with no message sent.
+
+        Returns ``(N, C)`` probabilities; samples the party does not hold get the training label prior.  Only the
+        party's own view of ``data`` is used.
+        """
+        program = self._local_program(party)
+        if data.feature_dims != self.index_.feature_dims:
+            raise ValueError(f"data has feature widths {data.feature_dims}, the model {self.index_.feature_dims}")
+        view = data.party(party)
+        partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[view.rows, party]
+        probs = program.predict_local(view, partial, _wire_setting(_setting(data.info)),
+                                      completion=self.params_["local_completion"])
+        assert program.label_prior is not None
+        out = np.tile(program.label_prior.double().numpy(), (data.n_samples, 1))
+        out[view.rows] = probs
+        return out
+
+    def predict_local(self, data: VerticalDataset, party: int) -> np.ndarray:
+        """Class indices predicted by party ``party`` alone."""
+        return self.predict_output_local(data, party).argmax(axis=1)
+
+    # ------------------------------------------------------------------ persistence
+    def _coordinator_state(self) -> dict[str, Any]:
+        return {"top": {k: v.detach().clone() for k, v in self.top_.state_dict().items()}}
+
+    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+        self.top_ = self._build_top()
+        self.top_.load_state_dict(state["top"])
+        self.top_.eval()
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    return t.grad if t.grad is not None else torch.zeros_like(t)
