@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
@@ -34,6 +33,7 @@ from safetensors.torch import save as st_save
 
 from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
 from partialvfl.federation.transport import PartyUnavailable, Transport
+from partialvfl.utils.jsonable import json_default
 
 __all__ = [
     "ALLOWED_DTYPES", "CALL_METHOD", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport", "PartyEndpoint", "PartyError",
@@ -70,18 +70,6 @@ class PartyError(RuntimeError):
 
 
 # ---------------------------------------------------------------------- framing
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    if isinstance(o, set | frozenset):
-        return sorted(o)
-    raise TypeError(f"message metadata must be JSON-able; got a {type(o).__name__}")
-
-
 def _frame(tensors: Mapping[str, torch.Tensor], header: dict[str, Any]) -> bytes:
     clean: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
@@ -90,7 +78,7 @@ def _frame(tensors: Mapping[str, torch.Tensor], header: dict[str, Any]) -> bytes
         if t.is_sparse:
             raise TypeError(f"message tensor {name!r} is sparse; send it dense")
         clean[name] = t.detach().contiguous()
-    return st_save(clean, metadata={"partialvfl": json.dumps(header, default=_json_default)})
+    return st_save(clean, metadata={"partialvfl": json.dumps(header, default=json_default)})
 
 
 def _unframe(data: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any], TensorDict]:

@@ -36,6 +36,7 @@ import torch
 from partialvfl.data.dataset import CoordinatorView, Task, VerticalDataset
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
+from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
 
 __all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "method_names", "register_method"]
@@ -282,7 +283,7 @@ class VFLMethod(ABC):
             "fit_seconds": getattr(self, "fit_seconds_", None),
             "history": self.history_,
         }
-        (d / "model.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+        (d / "model.json").write_text(json.dumps(meta, indent=2, default=json_default))
         torch.save(self._coordinator_state(), d / "coordinator.pt")
         self.federation_.save(d)
         return d
@@ -320,13 +321,3 @@ def _label_prior(view: CoordinatorView) -> np.ndarray:
         counts = np.bincount(y.astype(np.int64), minlength=view.task.n_classes).astype(np.float64)
         return counts / counts.sum()
     return np.array([float(np.mean(y))])
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
