@@ -1,0 +1,26 @@
+"""Layer 5: experiment grids, a resumable results store, parallel runs and paper-layout reports.
+
+* :mod:`.grid`: grid files (TOML) and their expansion into cells (one fit each);
+* :mod:`.store`: the SQLite results store;
+* :mod:`.runner`: runs a grid, resumable and parallel (:mod:`.ray_executor` for Ray clusters);
+* :mod:`.report`: tables in the FALSE-VFL paper's layout, gap summaries, robustness ratios, figures;
+* :mod:`.paper_results`: the paper's Tables 12-18, for comparison;
+* :mod:`.cli`: the ``bench`` and ``report`` commands.
+"""
+
+from partialvfl.bench.grid import Grid, load_grid
+from partialvfl.bench.store import ResultStore
+
+__all__ = ["Grid", "ResultStore", "load_grid", "run_grid", "write_report"]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy: keep `import partialvfl.bench` light
+    if name == "run_grid":
+        from partialvfl.bench.runner import run_grid
+
+        return run_grid
+    if name == "write_report":
+        from partialvfl.bench.report import write_report
+
+        return write_report
+    raise AttributeError(name)

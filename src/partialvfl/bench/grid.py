@@ -1,0 +1,380 @@
+"""Experiment grids: a TOML (or YAML) file in, the list of fits (cells) to run out.
+
+A grid names datasets (with their protocol: parties, labels, aligned samples, optional caps), methods (with a
+preset, overrides and an optional display ``label``), training mechanisms, test mechanisms and seeds.  One *cell*
+is one fit, ``(dataset, method, training mechanism, seed)``, evaluated on every test mechanism; one *row* of the
+results store is one ``(cell, test mechanism)``.
+
+Layout (``grids/smoke.toml`` is a complete example)::
+
+    name = "smoke"
+    seeds = [0, 1]
+    train_mechanisms = ["mcar2", "mcar5"]
+    test_mechanisms = ["mcar0", "mcar2", "mcar5"]
+    imports = []                 # modules to import first (they may register extra methods or datasets)
+
+    [[datasets]]
+    name = "digits"              # a registered data source
+    parties = 4
+    labels = 200                 # labelled training samples
+    aligned = 50                 # of which fully observed
+    max_train = 800              # optional caps, splitter, test_fraction, active_party, data_dir
+    options = { n_samples = 2000 }  # optional keyword arguments of the source's loader
+    seeds = [0]                  # optional: this dataset's seeds instead of the grid's
+
+    [[methods]]
+    name = "false-vfl-1"
+    preset = "fast"
+    label = "FALSE-VFL-I"        # optional; entries sharing a label are variants of one method: the report keeps
+    overrides = { epochs = 2 }   # the better one per column (and marks a labelled-only winner with *)
+    [methods.dataset_overrides.digits]
+    epochs = 3                   # optional per-dataset overrides, applied on top of ``overrides``
+
+A grid given by a bare name (``smoke``, ``cpu``, ``paper``) is one of the grids shipped in ``bench/grids``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Cell",
+    "check_methods",
+    "DatasetSpec",
+    "Grid",
+    "GridError",
+    "MethodSpec",
+    "expand",
+    "grid_path",
+    "load_grid",
+    "parse_grid",
+    "shipped_grids",
+    "stable_hash",
+]
+
+GRIDS_DIR = Path(__file__).with_name("grids")
+
+_GRID_KEYS = {"name", "description", "seeds", "train_mechanisms", "test_mechanisms", "imports", "datasets", "methods"}
+_DATASET_KEYS = {
+    "name", "parties", "labels", "aligned", "max_train", "max_test", "splitter", "test_fraction", "active_party",
+    "data_dir", "label", "options", "seeds",
+}
+_METHOD_KEYS = {"name", "preset", "label", "overrides", "dataset_overrides"}
+
+
+class GridError(ValueError):
+    """A grid file is malformed; the message names the file, the entry and the key at fault."""
+
+
+def stable_hash(obj: Any) -> str:
+    """A short hash of a JSON-able object that does not depend on key order (16 hex digits of SHA-256)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a grid and its protocol (see :class:`partialvfl.data.protocol.ProtocolConfig`)."""
+
+    name: str
+    parties: int = 8
+    labels: int = 500
+    aligned: int = 100
+    max_train: int | None = None
+    max_test: int | None = None
+    splitter: str | None = None
+    test_fraction: float = 0.2
+    active_party: int | None = None
+    data_dir: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] | None = None  # this dataset's seeds, instead of the grid's
+
+    def key(self) -> dict[str, Any]:
+        """What identifies the data (``data_dir`` is where it is read from, not what it is: left out)."""
+        d = asdict(self)
+        for k in ("data_dir", "seeds"):
+            d.pop(k)
+        return d
+
+    def protocol_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``ProtocolConfig`` (without mechanisms and seed)."""
+        return dict(
+            dataset=self.name, parties=self.parties, n_labels=self.labels, n_aligned=self.aligned,
+            max_train=self.max_train, max_test=self.max_test, splitter=self.splitter,
+            test_fraction=self.test_fraction, active_party=self.active_party, data_dir=self.data_dir,
+        )
+
+    def source_key(self) -> tuple[str, str | None, str]:
+        """What identifies the loaded source: name, directory and loader options (hashable, for caching)."""
+        return self.name, self.data_dir, stable_hash(self.options)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method entry: registry name, preset, overrides (global and per dataset) and display label."""
+
+    name: str
+    preset: str = "fast"
+    label: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    dataset_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+    def overrides_for(self, dataset: str) -> dict[str, Any]:
+        out = dict(self.overrides)
+        out.update(self.dataset_overrides.get(dataset, {}))
+        return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fit of the grid, evaluated on every test mechanism."""
+
+    dataset: DatasetSpec
+    method: MethodSpec
+    train_mechanism: str
+    seed: int
+    test_mechanisms: tuple[str, ...]
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return self.method.overrides_for(self.dataset.name)
+
+    def fit_config(self) -> dict[str, Any]:
+        """Everything that determines the fitted model (the basis of the cell and row hashes)."""
+        return {
+            "dataset": self.dataset.key(),
+            "method": self.method.name,
+            "preset": self.method.preset,
+            "overrides": self.overrides,
+            "train_mechanism": self.train_mechanism,
+            "seed": self.seed,
+        }
+
+    @property
+    def key(self) -> str:
+        return stable_hash(self.fit_config())
+
+    def row_key(self, test_mechanism: str) -> str:
+        """The store's unique key of this cell's result on one test mechanism (its config hash)."""
+        return stable_hash({**self.fit_config(), "test_mechanism": test_mechanism})
+
+    def describe(self) -> str:
+        return f"{self.dataset.name}/{self.method.display}/{self.train_mechanism}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid: its axes; :meth:`cells` expands them."""
+
+    name: str
+    datasets: tuple[DatasetSpec, ...]
+    methods: tuple[MethodSpec, ...]
+    train_mechanisms: tuple[str, ...]
+    test_mechanisms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    imports: tuple[str, ...] = ()
+    description: str = ""
+    source: str = ""
+
+    def cells(self) -> list[Cell]:
+        return expand(self)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.cells()) * len(self.test_mechanisms)
+
+    def seeds_of(self, dataset: DatasetSpec) -> tuple[int, ...]:
+        return dataset.seeds or self.seeds
+
+
+def expand(grid: Grid) -> list[Cell]:
+    """All cells, dataset-major (so a worker reuses a loaded dataset), then method, mechanism, seed."""
+    cells = [
+        Cell(d, m, t, s, grid.test_mechanisms)
+        for d in grid.datasets
+        for m, t, s in itertools.product(grid.methods, grid.train_mechanisms, d.seeds or grid.seeds)
+    ]
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        if c.key in seen:
+            raise GridError(
+                f"grid {grid.name!r}: {c.describe()} and {seen[c.key].describe()} are the same fit "
+                "(same method, preset and overrides); remove one entry"
+            )
+        seen[c.key] = c
+    return cells
+
+
+def shipped_grids() -> list[str]:
+    """Names of the grids shipped with the package."""
+    return sorted(p.stem for p in GRIDS_DIR.glob("*.toml"))
+
+
+def grid_path(name_or_path: str | Path) -> Path:
+    """A grid file: an existing path, or the name of a shipped grid (``smoke``, ``cpu``, ``paper``)."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    shipped = GRIDS_DIR / f"{name_or_path}.toml"
+    if shipped.exists():
+        return shipped
+    raise GridError(
+        f"grid {str(name_or_path)!r} is neither a file nor a shipped grid; shipped: {', '.join(shipped_grids())}"
+    )
+
+
+def load_grid(name_or_path: str | Path) -> Grid:
+    """Read and check a grid file (TOML; YAML if the file ends in .yaml/.yml and PyYAML is installed)."""
+    path = grid_path(name_or_path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise GridError(f"{path}: reading YAML grids needs PyYAML (pip install pyyaml), or use TOML") from None
+        raw = yaml.safe_load(text)
+    else:
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise GridError(f"{path}: not valid TOML: {e}") from None
+    return parse_grid(raw, source=str(path), default_name=path.stem)
+
+
+def _int_list(raw: Any, where: str) -> tuple[int, ...]:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        raise GridError(f"{where} must be a non-empty list of integers, got {raw!r}")
+    if any(v < 0 for v in raw) or len(set(raw)) != len(raw):
+        raise GridError(f"{where} must hold distinct non-negative integers, got {raw!r}")
+    return tuple(raw)
+
+
+def _mechanisms(raw: Any, where: str) -> tuple[str, ...]:
+    from partialvfl.data.mechanisms import parse_mechanism
+
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise GridError(f"{where} must be a non-empty list of mechanism names, got {raw!r}")
+    names = []
+    for v in raw:
+        try:
+            names.append(parse_mechanism(str(v)).name)
+        except ValueError as e:
+            raise GridError(f"{where}: {e}") from None
+    if len(set(names)) != len(names):
+        raise GridError(f"{where} lists a mechanism twice: {raw!r}")
+    return tuple(names)
+
+
+def _check_keys(entry: Any, allowed: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise GridError(f"{where} must be a table, got {entry!r}")
+    unknown = set(entry) - allowed
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}")
+    if "name" not in entry and allowed is not _GRID_KEYS:
+        raise GridError(f"{where} has no 'name'")
+    return entry
+
+
+def _dataset(entry: Any, where: str) -> DatasetSpec:
+    e = dict(_check_keys(entry, _DATASET_KEYS, where))
+    e.pop("label", None)
+    if "seeds" in e:
+        e["seeds"] = _int_list(e["seeds"], f"{where} ({e['name']}): seeds")
+    try:
+        spec = DatasetSpec(**e)
+    except TypeError as err:
+        raise GridError(f"{where}: {err}") from None
+    for f in ("parties", "labels", "aligned"):
+        v = getattr(spec, f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if f == "parties" else 0):
+            raise GridError(f"{where} ({spec.name}): {f} must be a {'positive' if f == 'parties' else 'non-negative'} "
+                            f"integer, got {v!r}")
+    if not isinstance(spec.options, dict):
+        raise GridError(f"{where} ({spec.name}): options must be a table, got {spec.options!r}")
+    if spec.aligned > spec.labels:
+        raise GridError(f"{where} ({spec.name}): aligned ({spec.aligned}) cannot exceed labels ({spec.labels})")
+    return spec
+
+
+def _method(entry: Any, where: str) -> MethodSpec:
+    e = _check_keys(entry, _METHOD_KEYS, where)
+    overrides = e.get("overrides", {})
+    per_dataset = e.get("dataset_overrides", {})
+    if not isinstance(overrides, dict):
+        raise GridError(f"{where} ({e['name']}): overrides must be a table, got {overrides!r}")
+    if not isinstance(per_dataset, dict) or not all(isinstance(v, dict) for v in per_dataset.values()):
+        raise GridError(f"{where} ({e['name']}): dataset_overrides must be a table of tables")
+    return MethodSpec(str(e["name"]), str(e.get("preset", "fast")), e.get("label"), dict(overrides),
+                      {str(k): dict(v) for k, v in per_dataset.items()})
+
+
+def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "grid") -> Grid:
+    """Check a grid given as a dict (the parsed file) and build it."""
+    raw = _check_keys(raw, _GRID_KEYS, source)
+    for key in ("datasets", "methods", "seeds", "train_mechanisms", "test_mechanisms"):
+        if key not in raw:
+            raise GridError(f"{source}: the grid has no {key!r}")
+    if not isinstance(raw["datasets"], list) or not raw["datasets"]:
+        raise GridError(f"{source}: 'datasets' must be a non-empty list of [[datasets]] tables")
+    if not isinstance(raw["methods"], list) or not raw["methods"]:
+        raise GridError(f"{source}: 'methods' must be a non-empty list of [[methods]] tables")
+    datasets = tuple(_dataset(d, f"{source}: datasets[{i}]") for i, d in enumerate(raw["datasets"]))
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise GridError(f"{source}: a dataset is listed twice: {names}")
+    methods = tuple(_method(m, f"{source}: methods[{i}]") for i, m in enumerate(raw["methods"]))
+    imports = raw.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
+        raise GridError(f"{source}: imports must be a list of module names, got {imports!r}")
+    grid = Grid(
+        name=str(raw.get("name", default_name)),
+        datasets=datasets,
+        methods=methods,
+        train_mechanisms=_mechanisms(raw["train_mechanisms"], f"{source}: train_mechanisms"),
+        test_mechanisms=_mechanisms(raw["test_mechanisms"], f"{source}: test_mechanisms"),
+        seeds=_int_list(raw["seeds"], f"{source}: seeds"),
+        imports=tuple(imports),
+        description=str(raw.get("description", "")),
+        source=source,
+    )
+    expand(grid)  # duplicate fits fail here, at load time
+    return grid
+
+
+def check_methods(grid: Grid) -> None:
+    """Fail early, naming the entry, when a method or preset or override is unknown (imports ``grid.imports``)."""
+    import importlib
+
+    from partialvfl.methods.base import get_method
+
+    for module in grid.imports:
+        importlib.import_module(module)
+    for m in grid.methods:
+        try:
+            klass = get_method(m.name)
+        except ValueError as e:
+            raise GridError(f"{grid.source}: {e}") from None
+        if m.preset not in klass.presets:
+            raise GridError(f"{grid.source}: method {m.name!r}: unknown preset {m.preset!r}; "
+                            f"choose one of {', '.join(klass.presets)}")
+        known = set(klass.default_params())
+        for d in grid.datasets:
+            unknown = set(m.overrides_for(d.name)) - known
+            if unknown:
+                raise GridError(f"{grid.source}: method {m.name!r}: unknown parameter(s) "
+                                f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")

@@ -1,0 +1,479 @@
+"""The benchmark harness: grids, the results store, resumable parallel runs, reports in the paper's layout."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partialvfl.bench.grid import GridError, load_grid, parse_grid, shipped_grids
+from partialvfl.bench.paper_results import PAPER_RATIOS, PAPER_RESULTS, paper_accuracy, paper_ratio
+from partialvfl.bench.report import aggregate, gap_summary, paper_comparison, robustness_ratios, write_report
+from partialvfl.bench.runner import run_grid, variant_of
+from partialvfl.bench.store import ResultStore
+
+REPO_SRC = Path(__file__).resolve().parents[1] / "src"
+
+# A method that trains nothing (sleeps ``sleep`` seconds, optionally fails) and predicts seeded noise; it talks to
+# party 0 once so the store has bytes to count.  Written to a file so a subprocess can import it too.
+DUMMY_MODULE = textwrap.dedent('''
+    import time
+
+    import numpy as np
+    import torch
+
+    from partialvfl.federation import PartyProgram, Reply, register_program
+    from partialvfl.methods.base import VFLMethod, register_method
+
+
+    @register_program
+    class _EchoParty(PartyProgram):
+        program_name = "test/bench-echo"
+
+        def on_echo(self, request):
+            return Reply({"x": request.tensors["x"] * 2})
+
+
+    @register_method
+    class BenchDummy(VFLMethod):
+        name = "bench-dummy"
+        party_program = "test/bench-echo"
+
+        @classmethod
+        def default_params(cls):
+            return {"sleep": 0.0, "fail": False, "pretrain": True, "skill": 0.5}
+
+        def _party_config(self, party):
+            return {}
+
+        def _fit(self, view, handle):
+            if self.params_["fail"]:
+                raise RuntimeError("dummy failure on purpose")
+            time.sleep(self.params_["sleep"])
+            self.transport.call(0, "echo", {"x": torch.zeros(25)})
+            self._report("train", 1, loss=0.0)
+
+        def _predict(self, view, handle, rows):
+            rng = np.random.default_rng(self.seed)
+            c = self.index_.task.n_classes
+            p = rng.random((len(rows), c))
+            right = rng.random(len(rows)) < self.params_["skill"]
+            p[right, view.y[rows][right].astype(int)] += 10.0
+            return p / p.sum(1, keepdims=True)
+''')
+
+
+@pytest.fixture(scope="session")
+def dummy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("dummy")
+    (d / "bench_dummy_method.py").write_text(DUMMY_MODULE)
+    sys.path.insert(0, str(d))
+    return d
+
+
+def _grid_file(path: Path, *, sleep: float = 0.0, seeds: str = "[0, 1]", extra_methods: str = "") -> Path:
+    path.write_text(textwrap.dedent(f'''
+        name = "dummy"
+        seeds = {seeds}
+        train_mechanisms = ["mcar2", "mcar5"]
+        test_mechanisms = ["mcar0", "mcar5", "mar1"]
+        imports = ["bench_dummy_method"]
+
+        [[datasets]]
+        name = "digits"
+        parties = 4
+        labels = 60
+        aligned = 10
+        max_train = 200
+        max_test = 100
+
+        [[methods]]
+        name = "bench-dummy"
+        overrides = {{ sleep = {sleep} }}
+    ''') + extra_methods)
+    return path
+
+
+# ---------------------------------------------------------------------- grids
+def test_shipped_grids_load_and_expand() -> None:
+    assert {"smoke", "cpu", "paper"} <= set(shipped_grids())
+    smoke = load_grid("smoke")
+    cells = smoke.cells()
+    assert len(cells) == len(smoke.datasets) * len(smoke.methods) * len(smoke.train_mechanisms) * len(smoke.seeds)
+    assert len({c.key for c in cells}) == len(cells)
+    row_keys = {c.row_key(t) for c in cells for t in c.test_mechanisms}
+    assert len(row_keys) == smoke.n_rows
+    paper = load_grid("paper")
+    assert paper.train_mechanisms == ("mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9")
+    assert paper.test_mechanisms == ("mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9")
+    load_grid("cpu")
+
+
+def _raw(**changes: object) -> dict:
+    raw = {
+        "seeds": [0], "train_mechanisms": ["mcar2"], "test_mechanisms": ["mcar0"],
+        "datasets": [{"name": "digits", "parties": 4, "labels": 50, "aligned": 10}],
+        "methods": [{"name": "local"}],
+    }
+    raw.update(changes)
+    return raw
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"test_mechanisms": ["mcar9x"]}, "test_mechanisms"),
+    ({"seeds": [0, 0]}, "seeds"),
+    ({"datasets": [{"name": "digits", "labels": 10, "aligned": 20}]}, "aligned (20) cannot exceed labels (10)"),
+    ({"datasets": [{"name": "digits", "partys": 3}]}, "unknown key(s) partys"),
+    ({"methods": [{"name": "local"}, {"name": "local", "label": "again"}]}, "same fit"),
+    ({"method": []}, "unknown key(s) method"),
+])
+def test_bad_grids_fail_early_naming_the_fault(changes: dict, message: str) -> None:
+    with pytest.raises(GridError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_grid(_raw(**changes), source="g.toml")
+
+
+def test_yaml_grid_reads_like_toml(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(_raw(name="y")))
+    grid = load_grid(tmp_path / "g.yaml")
+    assert grid.name == "y" and [c.key for c in grid.cells()] == [c.key for c in parse_grid(_raw()).cells()]
+
+
+def test_dataset_seeds_override_the_grid_seeds() -> None:
+    datasets = [{"name": "digits", "labels": 50, "aligned": 10}, {"name": "optdigits", "seeds": [7], "labels": 50,
+                                                                  "aligned": 10}]
+    cells = parse_grid(_raw(seeds=[0, 1], datasets=datasets)).cells()
+    assert sorted((c.dataset.name, c.seed) for c in cells) == [("digits", 0), ("digits", 1), ("optdigits", 7)]
+
+
+def test_hash_ignores_key_order_and_label_but_not_overrides() -> None:
+    a = parse_grid(_raw(methods=[{"name": "local", "overrides": {"epochs": 2, "lr": 0.1}}])).cells()[0]
+    b = parse_grid(_raw(methods=[{"name": "local", "label": "L", "overrides": {"lr": 0.1, "epochs": 2}}])).cells()[0]
+    c = parse_grid(_raw(methods=[{"name": "local", "overrides": {"epochs": 3, "lr": 0.1}}])).cells()[0]
+    assert a.key == b.key and a.row_key("mcar0") == b.row_key("mcar0")
+    assert a.key != c.key
+
+
+def test_variant_flag() -> None:
+    assert variant_of({"pretrain": False}) == "labelled-only"
+    assert variant_of({"pretrain": "none"}) == "labelled-only"
+    assert variant_of({"pretrain": True}) is None
+    assert variant_of({"epochs": 3}) is None
+
+
+# ---------------------------------------------------------------------- store
+def _row(key: str, **kw: object) -> dict:
+    base = dict(config_hash=key, cell_hash="c" + key, method="m", dataset="d", train_mechanism="mcar2",
+                test_mechanism="mcar0", seed=0, status="done", metric="accuracy", accuracy=0.5)
+    base.update(kw)
+    return base
+
+
+def test_store_upserts_by_key_and_is_wal(tmp_path: Path) -> None:
+    with ResultStore(tmp_path) as s:
+        s.write([_row("a"), _row("b")])
+        s.write([_row("a", accuracy=0.9)])
+        assert s.count() == 2
+        assert {r["config_hash"]: r["accuracy"] for r in s.rows()} == {"a": 0.9, "b": 0.5}
+        with pytest.raises(ValueError, match="status"):
+            s.write([_row("c", status="running")])
+        with pytest.raises(ValueError, match="unknown result column"):
+            s.write([_row("c", colour="red")])
+    mode = sqlite3.connect(tmp_path / "results.sqlite").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def _writer(directory: str, prefix: str, n: int) -> None:
+    with ResultStore(directory) as s:
+        for i in range(n):
+            s.write([_row(f"{prefix}{i}"), _row(f"shared{i}", accuracy=0.1)])
+
+
+def test_two_processes_writing_one_store(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), p, 40)) for p in ("x", "y")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with ResultStore(tmp_path) as s:
+        keys = [r["config_hash"] for r in s.rows()]
+    assert len(keys) == len(set(keys)) == 120
+    assert sqlite3.connect(tmp_path / "results.sqlite").execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ---------------------------------------------------------------------- runner
+def test_run_records_results_failures_and_skips(tmp_path: Path, dummy_dir: Path) -> None:
+    grid = _grid_file(tmp_path / "g.toml", seeds="[0]", extra_methods=textwrap.dedent('''
+        [[methods]]
+        name = "bench-dummy"
+        label = "broken"
+        overrides = { fail = true }
+    '''))
+    store = tmp_path / "store"
+    first = run_grid(grid, store, workers=1, progress=False)
+    assert len(first.done) == 2 and len(first.failed) == 2 and not first.skipped
+    assert "dummy failure on purpose" in first.failed[0][1]
+    assert "FAILED digits/broken/mcar2/seed0: RuntimeError: dummy failure on purpose" in first.text()
+    with ResultStore(store) as s:
+        done, failed = s.rows(status="done"), s.rows(status="failed")
+    assert len(done) == 6 and len(failed) == 6
+    r = done[0]
+    assert r["bytes_communicated"] == 2 * 25 * 4  # the echo request and its reply (party 0 is not the coordinator)
+    assert r["fit_seconds"] >= 0 and r["predict_seconds"] >= 0 and r["hostname"] and r["code_version"]
+    assert set(r["by_observed"]) <= {"0", "1", "2", "3", "4"} and r["n_test"] == 100
+    assert r["variant"] is None and r["params"]["pretrain"] is True
+    # rerun: the done cells are skipped, the failed ones are retried (and fail again)
+    second = run_grid(grid, store, workers=1, progress=False)
+    assert len(second.skipped) == 2 and len(second.failed) == 2 and not second.done
+    forced = run_grid(grid, store, workers=1, progress=False, force=True)
+    assert len(forced.done) == 2
+    with ResultStore(store) as s:
+        assert s.count() == 12
+
+
+def test_other_test_mechanisms_reuse_the_protocol_test_set(tmp_path: Path) -> None:
+    """The runner's shortcut (train side under mcar0) gives exactly make_protocol's test set."""
+    from partialvfl.bench.runner import _test_set
+    from partialvfl.data.protocol import ProtocolConfig, make_protocol
+    from partialvfl.data.sources import load_source
+
+    source = load_source("digits")
+    cfg = ProtocolConfig("digits", parties=4, n_labels=60, n_aligned=10, train_missing="mar2", test_missing="mcar0",
+                         seed=3, max_train=200, max_test=100)
+    direct = make_protocol(ProtocolConfig(**{**cfg.to_dict(), "test_missing": "mnar7"}), source)[1]
+    shortcut = _test_set(cfg, "mnar7", source)
+    np.testing.assert_array_equal(direct.observed, shortcut.observed)
+    np.testing.assert_array_equal(direct.y, shortcut.y)
+    for a, b in zip(direct.blocks, shortcut.blocks):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_dir: Path) -> None:
+    grid = _grid_file(tmp_path / "g.toml", sleep=0.4, seeds="[0, 1, 2]")  # 6 fits of >= 0.4 s
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dummy_dir), str(REPO_SRC)]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partialvfl.bench", "bench", "--config", str(grid), "--store", str(store),
+         "--workers", "1", "--quiet"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    db = store / "results.sqlite"
+    deadline = time.time() + 60
+    n_before = 0
+    while time.time() < deadline:
+        if db.exists():
+            try:
+                n_before = sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0]
+            except sqlite3.OperationalError:
+                n_before = 0
+            if n_before >= 6:  # at least two fits (3 test mechanisms each) are in
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    with ResultStore(store) as s:
+        before = {r["config_hash"]: r["finished_at"] for r in s.rows()}
+    assert 6 <= len(before) < 18 and len(before) % 3 == 0  # whole fits only, and the kill came mid-grid
+
+    summary = run_grid(grid, store, workers=1, progress=False)
+    assert len(summary.skipped) == len(before) // 3
+    assert len(summary.done) == 6 - len(before) // 3 and not summary.failed
+    with ResultStore(store) as s:
+        rows = s.rows(status=None)
+    keys = [r["config_hash"] for r in rows]
+    assert len(keys) == len(set(keys)) == 18
+    assert all(r["status"] == "done" for r in rows)
+    after = {r["config_hash"]: r["finished_at"] for r in rows}
+    assert all(after[k] == v for k, v in before.items())  # nothing finished before the kill was recomputed
+    cells = {(r["train_mechanism"], r["seed"]) for r in rows}
+    assert cells == {(t, s) for t in ("mcar2", "mcar5") for s in (0, 1, 2)}
+
+
+# ---------------------------------------------------------------------- report on a hand-made store
+# (train, test) -> entry -> accuracies (%) of seeds 0, 1, 2; vanilla has a pretrained and a labelled-only variant.
+HAND = {
+    ("mcar2", "mcar0"): {"f1": [80, 82, 84], "f2": [70, 70, 70], "van": [60, 62, 64], "van-lab": [65, 66, 67],
+                         "plug": [50, 55, 60]},
+    ("mcar2", "mnar7"): {"f1": [60, 60, 60], "f2": [61, 62, 63], "van": [50, 50, 50], "van-lab": [40, 40, 40],
+                         "plug": [70, 71, 72]},
+    ("mcar5", "mcar0"): {"f1": [78, 78, 78], "f2": [70, 71, 72], "van": [55, 55, 55], "van-lab": [33, 33, 33],
+                         "plug": [44, 44, 44]},
+    ("mcar5", "mnar7"): {"f1": [66, 66, 66], "f2": [62, 62, 62], "van": [45, 45, 45], "van-lab": [48, 48, 48],
+                         "plug": [71, 71, 71]},
+}
+ENTRIES = {
+    "f1": ("false-vfl-1", {}, None), "f2": ("false-vfl-2", {}, None),
+    "van": ("vanilla-vfl", {"pretrain": True}, None), "van-lab": ("vanilla-vfl", {"pretrain": False}, "labelled-only"),
+    "plug": ("plug-vfl", {}, None),
+}
+
+
+def _hand_store(directory: Path) -> None:
+    rows = []
+    for (train, test), entries in HAND.items():
+        for entry, values in entries.items():
+            method, overrides, variant = ENTRIES[entry]
+            for seed, v in enumerate(values):
+                key = f"{train}-{test}-{entry}-{seed}"
+                rows.append(_row(key, cell_hash=f"{train}-{entry}-{seed}", method=method, label=method,
+                                 overrides=overrides, variant=variant, dataset="isolet", train_mechanism=train,
+                                 test_mechanism=test, seed=seed, accuracy=v / 100))
+    rows.append(_row("broken", method="plug-vfl", dataset="isolet", status="failed", accuracy=None, error="boom"))
+    with ResultStore(directory) as s:
+        s.write(rows)
+
+
+def test_report_numbers_match_hand_computation(tmp_path: Path) -> None:
+    _hand_store(tmp_path / "store")
+    with ResultStore(tmp_path / "store") as s:
+        aggs = aggregate(s.rows(status=None))
+    at = {(a.train, a.test, a.method): a for a in aggs}
+    a = at[("mcar2", "mcar0", "false-vfl-1")]
+    assert a.mean == pytest.approx(82.0) and a.std == pytest.approx(2.0) and a.n == 3 and not a.starred
+    a = at[("mcar2", "mcar0", "plug-vfl")]
+    assert a.mean == pytest.approx(55.0) and a.std == pytest.approx(5.0)
+    v = at[("mcar2", "mcar0", "vanilla-vfl")]  # labelled-only (66) beat pretrained (62): shown with *
+    assert v.mean == pytest.approx(66.0) and v.std == pytest.approx(1.0) and v.starred and v.variants == 2
+    v = at[("mcar2", "mnar7", "vanilla-vfl")]  # pretrained (50) beat labelled-only (40): no *
+    assert v.mean == pytest.approx(50.0) and not v.starred
+
+    g = gap_summary(aggs)
+    gaps = {(c["train"], c["test"]): c["gap"] for c in g.configs}
+    assert gaps == pytest.approx({("mcar2", "mcar0"): 16.0, ("mcar2", "mnar7"): -9.0,
+                                  ("mcar5", "mcar0"): 23.0, ("mcar5", "mnar7"): -5.0})
+    assert (g.wins, g.total) == (2, 4)
+    assert g.mean_gap() == pytest.approx(6.25) and g.mean_gap(wins_only=True) == pytest.approx(19.5)
+    assert g.by("train") == pytest.approx({"mcar2": 3.5, "mcar5": 9.0})
+    assert g.by("test") == pytest.approx({"mcar0": 19.5, "mnar7": -7.0})
+    assert g.by("dataset") == pytest.approx({"isolet": 6.25})
+
+    ratios = {(r["method"], r["test"]): r["ratio"] for r in robustness_ratios(aggs)}
+    assert ratios[("false-vfl-1", "mcar0")] == pytest.approx(100 * 78 / 82)
+    assert ratios[("vanilla-vfl", "mcar0")] == pytest.approx(100 * 55 / 66)  # best variants on both sides
+    assert ratios[("plug-vfl", "mnar7")] == pytest.approx(100 * 71 / 71)
+
+    comparison = paper_comparison(aggs, robustness_ratios(aggs))
+    comp = {(c["table"], c["train"], c["method"], c["test"]): c for c in comparison}
+    c = comp[("accuracy", "mcar2", "FALSE-VFL-I", "mcar0")]
+    assert c["paper"] == 86.3 and c["diff"] == pytest.approx(82.0 - 86.3)
+    c = comp[("ratio", "mcar5/mcar2", "FALSE-VFL-I", "mcar0")]
+    assert c["paper"] == 96.6 and c["diff"] == pytest.approx(100 * 78 / 82 - 96.6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=5), st.lists(st.floats(0, 1), min_size=1, max_size=5))
+def test_aggregate_keeps_the_better_variant(pretrained: list[float], labelled: list[float]) -> None:
+    rows = [_row(f"p{s}", method="laser-vfl", overrides={"pretrain": True}, seed=s, accuracy=v)
+            for s, v in enumerate(pretrained)]
+    rows += [_row(f"l{s}", method="laser-vfl", overrides={"pretrain": False}, variant="labelled-only", seed=s,
+                  accuracy=v) for s, v in enumerate(labelled)]
+    (a,) = aggregate(rows)
+    means = {False: 100 * np.mean(pretrained), True: 100 * np.mean(labelled)}
+    assert a.mean == pytest.approx(max(means.values()))
+    assert a.starred == (means[True] > means[False]) and a.variants == 2
+    chosen = labelled if a.starred else pretrained
+    assert a.n == len(chosen)
+    if len(chosen) > 1:
+        assert a.std == pytest.approx(100 * np.std(chosen, ddof=1), abs=1e-9)
+    else:
+        assert math.isnan(a.std)
+
+
+def test_regression_rows_report_rmse_with_lower_better() -> None:
+    rows = [_row(f"{m}{s}", method=m, label=m, dataset="reg", metric="rmse", accuracy=None, rmse=v, seed=s)
+            for m, values in (("false-vfl-1", [1.0, 1.2]), ("laser-vfl", [1.5, 1.7])) for s, v in enumerate(values)]
+    aggs = aggregate(rows)
+    assert {a.method: round(a.mean, 6) for a in aggs} == {"false-vfl-1": 1.1, "laser-vfl": 1.6}
+    g = gap_summary(aggs)
+    assert g.configs[0]["gap"] == pytest.approx(0.5) and g.wins == 1  # lower RMSE wins: a positive gap
+
+
+def test_written_report_has_paper_layout(tmp_path: Path) -> None:
+    _hand_store(tmp_path / "store")
+    written = write_report(tmp_path / "store", tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"report.md", "table-mcar2.md", "table-mcar5.md", "tables.csv", "gaps.md", "gaps.csv", "ratios.md",
+            "ratios.csv", "paper_comparison.md", "paper_comparison.csv", "figure-mcar2.png", "figure-mcar2.svg",
+            "figure-mcar5.png", "figure-mcar5.svg"} <= names
+    table = (tmp_path / "out" / "table-mcar2.md").read_text()
+    assert "| isolet | Vanilla VFL | 66.0 (1.0)* | 50.0 (0.0) |" in table
+    assert "| **82.0 (2.0)** |" in table and "| **71.0 (1.0)** |" in table  # column bests in bold
+    assert table.index("Vanilla VFL") < table.index("PlugVFL") < table.index("FALSE-VFL-I")
+    gaps = (tmp_path / "out" / "gaps.md").read_text()
+    assert "**2 of 4**" in gaps and "mean gap 6.2 points over all, 19.5 over the wins" in gaps
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Failed fits" in report and "boom" in report
+    assert "82.0 vs 86.3 [-4.3]" in report
+    assert (tmp_path / "out" / "figure-mcar2.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "out" / "figure-mcar2.svg").read_bytes()[:400]
+
+
+def test_paper_results_transcription() -> None:
+    assert len(PAPER_RESULTS) == 4 * 6 * 6 * 7 and len(PAPER_RATIOS) == 4 * 6 * 7
+    cell = paper_accuracy("hapt", "mcar2", "vanilla-vfl", "mcar2")
+    assert (cell.mean, cell.std, cell.labelled_only) == (76.3, 0.8, True)
+    assert paper_accuracy("modelnet10", "mnar9", "false-vfl-2", "mnar9").mean == 81.5
+    assert paper_ratio("isolet", "false-vfl-1", "mcar0") == 96.6
+    # FALSE-VFL-I, Isolet: Table 18's ratio is Table 13 over Table 12 (to the printed rounding)
+    for test in ("mcar0", "mcar2", "mar1", "mnar9"):
+        r = 100 * paper_accuracy("isolet", "mcar5", "false-vfl-1", test).mean / paper_accuracy(
+            "isolet", "mcar2", "false-vfl-1", test).mean
+        assert math.isclose(r, paper_ratio("isolet", "false-vfl-1", test), abs_tol=0.2)
+
+
+# ---------------------------------------------------------------------- end to end
+def test_smoke_grid_end_to_end_in_parallel(tmp_path: Path) -> None:
+    store, out = tmp_path / "store", tmp_path / "report"
+    summary = run_grid("smoke", store, workers=2, progress=False)
+    grid = load_grid("smoke")
+    assert summary.ok, summary.text()
+    assert len(summary.done) == len(grid.cells())
+    with ResultStore(store) as s:
+        rows = s.rows()
+    assert len(rows) == grid.n_rows
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    assert {r["method"] for r in rows} == {m.name for m in grid.methods}
+    assert any(r["bytes_communicated"] > 0 for r in rows if r["method"].startswith("false-vfl"))
+    write_report(store, out)
+    assert (out / "figure-mcar5.png").exists() and "Gap summary" in (out / "report.md").read_text()
+    again = run_grid("smoke", store, workers=2, progress=False)
+    assert len(again.skipped) == len(grid.cells()) and not again.done
+
+
+def test_cli_bench_and_report(tmp_path: Path, dummy_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from partialvfl.bench.cli import main
+
+    grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
+    assert main(["bench", "--config", str(grid), "--store", str(tmp_path / "s"), "--workers", "1", "--quiet"]) == 0
+    assert "2 done, 0 failed, 0 skipped" in capsys.readouterr().out
+    assert main(["report", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "r"), "--no-figures"]) == 0
+    assert (tmp_path / "r" / "report.md").exists() and not (tmp_path / "r" / "figure-mcar2.png").exists()
+    assert main(["bench", "--config", "no-such-grid", "--store", str(tmp_path / "s")]) == 2
+    assert "shipped: " in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ray_executor_on_a_local_instance(tmp_path: Path, dummy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'partialvfl[ray]')")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dummy_dir), str(REPO_SRC)]))
+    grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
+    summary = run_grid(grid, tmp_path / "store", executor="ray", progress=False)
+    assert summary.ok and len(summary.done) == 2, summary.text()
+    with ResultStore(tmp_path / "store") as s:
+        assert s.count("done") == 6
