@@ -120,6 +120,16 @@ def test_shipped_grids_load_and_expand() -> None:
     load_grid("cpu")
 
 
+@pytest.mark.parametrize("name", ["smoke", "cpu", "paper"])
+def test_shipped_grid_methods_accept_their_presets_and_overrides(name: str) -> None:
+    from partialvfl.methods import get_method
+
+    grid = load_grid(name)
+    for method in grid.methods:
+        for dataset in grid.datasets:
+            get_method(method.name)(method.preset, **method.overrides_for(dataset.name))  # raises on a bad name
+
+
 def _raw(**changes: object) -> dict:
     raw = {
         "seeds": [0], "train_mechanisms": ["mcar2"], "test_mechanisms": ["mcar0"],
