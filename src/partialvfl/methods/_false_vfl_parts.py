@@ -1,0 +1,279 @@
+"""FALSE-VFL building blocks: the log-space formulas and the party program (one per party, its own modules only).
+
+The formulas follow the FALSE-VFL paper (sections 3.3-3.4, Appendix A.2 and B; see ``docs/false-vfl.md``):
+
+* fusion of the observed parties' Gaussian posteriors over ``h`` (eq. 1: mean of the observed means, precision =
+  sum of the observed precisions; or a product of experts, precision-weighted mean);
+* the latent part of the importance log-weight, ``log p(h|z) + log p(z) - log q(h|x_obs) - log q(z|h)``;
+* the party-side terms ``log p(x^k | h)`` (diagonal Gaussian with a learned per-feature log-variance) and, for
+  FALSE-VFL-II, ``log p(m^k | x^k)`` with ``x^k`` sampled from the decoder when the party lacks the sample.
+
+Shapes follow ``[samples, batch, dim]``; everything is computed in log space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.party import PartyProgram, register_program
+from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
+from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
+from partialvfl.utils.seeding import torch_generator, torch_seeded
+
+__all__ = [
+    "ALLOWED_TENSORS",
+    "FUSION_RULES",
+    "FalseVFLParty",
+    "fuse_posteriors",
+    "gaussian_log_density",
+    "latent_log_weights",
+    "predictive_log_probs",
+    "reparameterize",
+    "snis_weights",
+]
+
+FUSION_RULES = ("mean-precision", "poe")
+
+#: Every tensor name that may cross a party boundary, per variant (row indices, latent posterior parameters,
+#: sampled latents, per-sample log-likelihood scalars and mask terms, and the gradients of those).
+ALLOWED_TENSORS: dict[int, frozenset[str]] = {
+    1: frozenset({"rows", "mu", "logvar", "h", "loglik", "grad_loglik", "grad_h", "grad_mu", "grad_logvar"}),
+}
+ALLOWED_TENSORS[2] = ALLOWED_TENSORS[1] | {"h_mis", "mask_loglik", "grad_mask_loglik", "grad_h_mis"}
+
+
+# ---------------------------------------------------------------------- formulas
+def fuse_posteriors(
+    mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fuse K local Gaussian posteriors over ``h`` into ``q(h | x_obs)``.
+
+    ``mu``/``logvar``: ``(K, B, d)`` (values of unobserved parties are ignored); ``observed``: ``(K, B)`` bool.
+    ``mean-precision`` is eq. 1 of the paper: mean = average of the observed means, precision = sum of the observed
+    precisions (an absent party counts as infinite variance, Appendix B).  ``poe`` is the product of experts: the
+    same precision, mean weighted by precision.  A sample with no observed party gets N(0, I) (callers skip it).
+    Returns ``(mean, logvar)`` of shape ``(B, d)``.
+    """
+    if rule not in FUSION_RULES:
+        raise ValueError(f"unknown fusion rule {rule!r}; choose one of {', '.join(FUSION_RULES)}")
+    observed = observed.to(torch.bool)
+    none = ~observed.any(0)
+    if none.any():
+        observed = observed.clone()
+        observed[0, none] = True
+        mu = torch.where(none[None, :, None], torch.zeros_like(mu), mu)
+        logvar = torch.where(none[None, :, None], torch.zeros_like(logvar), logvar)
+    obs = observed.unsqueeze(-1)
+    log_prec_parts = torch.where(obs, -logvar, torch.full_like(logvar, -float("inf")))
+    log_prec = torch.logsumexp(log_prec_parts, dim=0)
+    if rule == "mean-precision":
+        n = observed.sum(0).to(mu.dtype).unsqueeze(-1)
+        mean = torch.where(obs, mu, torch.zeros_like(mu)).sum(0) / n
+    else:
+        w = torch.softmax(log_prec_parts, dim=0)
+        mean = (w * torch.where(obs, mu, torch.zeros_like(mu))).sum(0)
+    return mean, -log_prec
+
+
+def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """``mean + exp(logvar / 2) * eps`` (``eps`` may carry extra leading sample axes)."""
+    return mean + torch.exp(0.5 * logvar) * eps
+
+
+def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, diag(exp(logvar))) summed over the last axis."""
+    return gaussian_log_prob(x, mean, logvar).sum(-1)
+
+
+def split_gaussian(out: torch.Tensor, logvar_range: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a network output ``(..., 2d)`` into a mean and a clamped log-variance."""
+    mean, logvar = out.chunk(2, dim=-1)
+    return mean, logvar.clamp(float(logvar_range[0]), float(logvar_range[1]))
+
+
+def latent_log_weights(
+    h: torch.Tensor,
+    mean_h: torch.Tensor,
+    logvar_h: torch.Tensor,
+    global_encoder: nn.Module,
+    global_decoder: nn.Module,
+    eps_z: torch.Tensor,
+    logvar_range: Sequence[float] = (-8.0, 6.0),
+) -> torch.Tensor:
+    """``log p(h|z) + log p(z) - log q(h|x_obs) - log q(z|h)`` for samples ``h`` ``(S, B, d_h)``, z from ``eps_z``.
+
+    ``q(z|h)`` is the global encoder gamma_s, ``p(h|z)`` the global decoder theta_s, ``p(z) = N(0, I)``.  Adding
+    the parties' ``log p(x^k|h)`` (and, in II, the mask terms) gives the full importance log-weight.
+    """
+    log_q_h = gaussian_log_density(h, mean_h, logvar_h)
+    mean_z, logvar_z = split_gaussian(global_encoder(h), logvar_range)
+    z = reparameterize(mean_z, logvar_z, eps_z)
+    log_q_z = gaussian_log_density(z, mean_z, logvar_z)
+    log_p_z = standard_normal_log_prob(z).sum(-1)
+    mean_hz, logvar_hz = split_gaussian(global_decoder(z), logvar_range)
+    log_p_h = gaussian_log_density(h, mean_hz, logvar_hz)
+    return log_p_h + log_p_z - log_q_h - log_q_z
+
+
+def snis_weights(log_w: torch.Tensor) -> torch.Tensor:
+    """Self-normalised importance weights over the sample axis 0 (label-free: ``log_w`` holds no ``p(y|h)``)."""
+    return torch.softmax(log_w, dim=0)
+
+
+def predictive_log_probs(log_w: torch.Tensor, log_py: torch.Tensor) -> torch.Tensor:
+    """``log sum_l w_l p(y|h_l)`` for every class: ``log_w`` ``(L, B)``, ``log_py`` ``(L, B, C)`` -> ``(B, C)``."""
+    return torch.logsumexp(torch.log_softmax(log_w, dim=0).unsqueeze(-1) + log_py, dim=0)
+
+
+# ---------------------------------------------------------------------- the party program
+class _PartyModules(nn.Module):
+    """Party k's modules: encoder gamma_c^k, decoder theta_c^k (+ per-feature log-variance), II: indicator psi_k."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        shape = tuple(int(s) for s in config["feature_shape"])
+        d = int(config["feature_dim"])
+        d_h = int(config["d_h"])
+        self.encoder = build_encoder(shape, 2 * d_h, arch=config["encoder_arch"],
+                                     hidden=tuple(config["encoder_hidden"]), width=int(config["resnet_width"]))
+        self.decoder = build_decoder(d_h, shape, arch=config["decoder_arch"], hidden=tuple(config["decoder_hidden"]))
+        self.decoder_logvar = nn.Parameter(torch.zeros(d))
+        self.indicator = MLP(d, tuple(config["mask_hidden"]), 1) if int(config["variant"]) == 2 else None
+
+
+@register_program
+class FalseVFLParty(PartyProgram):
+    """The party-local half of FALSE-VFL I/II.  Message kinds (all driven by the coordinator):
+
+    * ``encode``: ``rows`` (its own rows, shared order) -> ``mu``, ``logvar`` (its local posterior over ``h``);
+    * ``decode``: ``h`` ``(S, B_k, d_h)`` for those rows (II: also ``h_mis`` for batch rows it lacks) ->
+      ``loglik`` ``(S, B_k)`` (II: ``mask_loglik`` ``(S, B_k + M_k)``, held rows first);
+    * ``decode_grad``: ``grad_loglik`` (II: ``grad_mask_loglik``) -> ``grad_h`` (II: ``grad_h_mis``);
+    * ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
+
+    ``meta['train']`` selects training mode (graph kept, optimiser zeroed on ``encode``); ``meta['noise_seed']``
+    seeds the decoder samples of missing blocks (II) so that predictions are reproducible.
+    """
+
+    program_name = "false-vfl/party"
+
+    def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
+        super().__init__(runtime, config, seed)
+        self.variant = int(config["variant"])
+        with torch_seeded(seed, "false-vfl", "party", runtime.index):
+            self.net = _PartyModules(config)
+        self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
+        self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=float(config["lr_pretrain"]),
+                                          weight_decay=float(config["weight_decay_pretrain"]))
+        self._enc: dict[str, Any] = {}
+        self._dec: dict[str, Any] = {}
+
+    # -------------------------------------------------------------- helpers
+    def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, generator=gen)
+
+    def decoder_logvar(self) -> torch.Tensor:
+        lo, hi = self.decoder_logvar_range
+        return self.net.decoder_logvar.clamp(lo, hi)
+
+    def log_missing_prob(self, x: torch.Tensor, missing: bool) -> torch.Tensor:
+        """log p(m^k | x^k) with the paper's convention m = 1 for a missing block (psi gives the logit of m = 1)."""
+        assert self.net.indicator is not None
+        logit = self.net.indicator(x).squeeze(-1)
+        return nn.functional.logsigmoid(logit if missing else -logit)
+
+    # -------------------------------------------------------------- handlers
+    def on_encode(self, req: Request) -> Reply:
+        view = self.data(req.meta["data"])
+        rows = req.tensors["rows"].numpy()
+        x = torch.as_tensor(view.features[view.position_of_rows(rows)])
+        train = bool(req.meta.get("train", False))
+        self.net.train(train)
+        if train:
+            self.optimizer.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(train):
+            mu, logvar = split_gaussian(self.net.encoder(x), self.logvar_range)
+        self._enc = {"step": req.meta.get("step"), "x": x, "mu": mu, "logvar": logvar, "train": train}
+        return Reply({"mu": mu, "logvar": logvar})
+
+    def on_decode(self, req: Request) -> Reply:
+        train = bool(req.meta.get("train", False))
+        same_step = bool(self._enc) and self._enc.get("step") == req.meta.get("step")
+        self.net.train(train)
+        if train and not same_step:
+            self.optimizer.zero_grad(set_to_none=True)
+        h = req.tensors.get("h")
+        h_mis = req.tensors.get("h_mis")
+        if h is not None and not same_step:
+            raise RuntimeError(f"party {self.party}: decode of held rows without an encode in this step")
+        if train:
+            h = h.clone().requires_grad_() if h is not None else None
+            h_mis = h_mis.clone().requires_grad_() if h_mis is not None else None
+        out: dict[str, torch.Tensor] = {}
+        graph: dict[str, torch.Tensor] = {}
+        with torch.set_grad_enabled(train):
+            logvar = self.decoder_logvar()
+            if h is not None:
+                x = self._enc["x"]
+                out["loglik"] = gaussian_log_density(x, self.net.decoder(h), logvar)
+            if self.variant == 2:
+                parts = []
+                if h is not None:
+                    held = self.log_missing_prob(self._enc["x"], missing=False)
+                    parts.append(held.unsqueeze(0).expand(h.shape[0], -1))
+                if h_mis is not None:
+                    gen = torch_generator(int(req.meta.get("noise_seed", 0)), "party", self.party)
+                    mean = self.net.decoder(h_mis)
+                    x_mis = reparameterize(mean, logvar, self._draw(gen, tuple(mean.shape)))
+                    parts.append(self.log_missing_prob(x_mis, missing=True))
+                if parts:
+                    out["mask_loglik"] = torch.cat(parts, dim=1)
+        if train:
+            graph = {"h": h, "h_mis": h_mis, **out}
+        self._dec = graph
+        return Reply(out)
+
+    def on_decode_grad(self, req: Request) -> Reply:
+        outs, grads = [], []
+        for name in ("loglik", "mask_loglik"):
+            if f"grad_{name}" in req.tensors and self._dec.get(name) is not None:
+                outs.append(self._dec[name])
+                grads.append(req.tensors[f"grad_{name}"])
+        if outs:
+            torch.autograd.backward(outs, grads)
+        reply = {}
+        for name in ("h", "h_mis"):
+            t = self._dec.get(name)
+            if t is not None:
+                reply[f"grad_{name}"] = t.grad if t.grad is not None else torch.zeros_like(t)
+        return Reply(reply)
+
+    def on_update(self, req: Request) -> Reply:
+        if "grad_mu" in req.tensors:
+            torch.autograd.backward([self._enc["mu"], self._enc["logvar"]],
+                                    [req.tensors["grad_mu"], req.tensors["grad_logvar"]])
+        self.optimizer.step()
+        self._enc, self._dec = {}, {}
+        return Reply({})
+
+    # -------------------------------------------------------------- state
+    def parameters_snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+
+
+def as_rows(rows: np.ndarray) -> torch.Tensor:
+    """Row positions as the int64 tensor that crosses in ``encode``."""
+    return torch.as_tensor(np.ascontiguousarray(rows, dtype=np.int64))
