@@ -175,3 +175,17 @@ def test_party_state_save_load_roundtrip(tmp_path) -> None:  # noqa: ANN001
     fed2.load(tmp_path)
     for k in range(2):
         torch.testing.assert_close(fed2.runtimes[k].program.w, fed.runtimes[k].program.w, rtol=0, atol=0)
+
+
+def test_counting_log_keeps_totals_without_entries() -> None:
+    data = _data()
+    full, counting = MessageLog(), MessageLog(keep_entries=False)
+    for log in (full, counting):
+        fed = _setup(data, log)
+        fed.transport.new_step()
+        fed.call(0, "forward", {"rows": torch.arange(1, 6)}, data="train")
+    assert len(counting) == len(full) and counting.entries == []
+    assert counting.total_bytes() == full.total_bytes() > 0
+    assert counting.bytes_by_kind() == full.bytes_by_kind()
+    with pytest.raises(ValueError, match="counts only"):
+        counting.crossing()

@@ -141,7 +141,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     model = method_cls(args.preset, seed=args.seed, progress=not args.quiet, **params)
-    log = MessageLog()
+    log = MessageLog(keep_entries=False)
     t0 = time.perf_counter()
     model.fit(train, log=log)
     fit_s = time.perf_counter() - t0

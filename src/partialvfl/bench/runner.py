@@ -152,7 +152,7 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
             notify(cell.key, f"{stage} epoch {epoch}")
 
         model._report = _report  # type: ignore[method-assign]
-    log = MessageLog()
+    log = MessageLog(keep_entries=False)
     t0 = time.perf_counter()
     model.fit(train, log=log)
     fit_seconds = float(getattr(model, "fit_seconds_", None) or time.perf_counter() - t0)

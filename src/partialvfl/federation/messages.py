@@ -57,12 +57,21 @@ def tensor_nbytes(tensors: TensorDict) -> int:
 
 
 class MessageLog:
-    """Every message a transport carried, in order. With ``keep_payloads`` it also keeps the tensors, for audits."""
+    """Every message a transport carried, in order, with running byte counts.
 
-    def __init__(self, keep_payloads: bool = False) -> None:
+    ``keep_entries=False`` keeps only the counts (long trainings send hundreds of thousands of messages);
+    ``keep_payloads=True`` also keeps the tensors, for audits.
+    """
+
+    def __init__(self, keep_payloads: bool = False, keep_entries: bool = True) -> None:
+        if keep_payloads and not keep_entries:
+            raise ValueError("a log that keeps payloads must keep its entries")
         self.keep_payloads = keep_payloads
+        self.keep_entries = keep_entries
         self.entries: list[LogEntry] = []
         self.payloads: list[TensorDict | None] = []
+        self.n_messages = 0
+        self._bytes: Counter[tuple[str, bool]] = Counter()  # (kind:direction, crosses boundary) -> bytes
 
     def record(
         self,
@@ -76,45 +85,57 @@ class MessageLog:
         tensors: TensorDict,
     ) -> None:
         names = tuple(tensors)
-        self.entries.append(
-            LogEntry(
-                step=step,
-                round=round,
-                sender=sender,
-                receiver=receiver,
-                kind=kind,
-                direction=direction,
-                names=names,
-                shapes=tuple(tuple(int(s) for s in tensors[n].shape) for n in names),
-                dtypes=tuple(str(tensors[n].dtype).removeprefix("torch.") for n in names),
-                nbytes=tensor_nbytes(tensors),
-            )
+        entry = LogEntry(
+            step=step,
+            round=round,
+            sender=sender,
+            receiver=receiver,
+            kind=kind,
+            direction=direction,
+            names=names,
+            shapes=tuple(tuple(int(s) for s in tensors[n].shape) for n in names),
+            dtypes=tuple(str(tensors[n].dtype).removeprefix("torch.") for n in names),
+            nbytes=tensor_nbytes(tensors),
         )
-        self.payloads.append({k: v.detach().clone() for k, v in tensors.items()} if self.keep_payloads else None)
+        self.n_messages += 1
+        self._bytes[(f"{kind}:{direction}", entry.crosses_boundary)] += entry.nbytes
+        if self.keep_entries:
+            self.entries.append(entry)
+            self.payloads.append({k: v.detach().clone() for k, v in tensors.items()} if self.keep_payloads else None)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        """Messages recorded (also when entries are not kept)."""
+        return self.n_messages
+
+    def _need_entries(self) -> None:
+        if not self.keep_entries:
+            raise ValueError("this message log keeps counts only: build it with MessageLog() to inspect messages")
 
     def __iter__(self) -> Iterator[LogEntry]:
+        self._need_entries()
         return iter(self.entries)
 
     def crossing(self) -> list[LogEntry]:
         """Entries that leave one party for another."""
+        self._need_entries()
         return [e for e in self.entries if e.crosses_boundary]
 
     def total_bytes(self, crossing_only: bool = True) -> int:
-        return sum(e.nbytes for e in self.entries if e.crosses_boundary or not crossing_only)
+        return sum(b for (_, crosses), b in self._bytes.items() if crosses or not crossing_only)
 
     def bytes_by_kind(self, crossing_only: bool = True) -> dict[str, int]:
         c: Counter[str] = Counter()
-        for e in self.entries:
-            if e.crosses_boundary or not crossing_only:
-                c[f"{e.kind}:{e.direction}"] += e.nbytes
+        for (kind, crosses), b in self._bytes.items():
+            if crosses or not crossing_only:
+                c[kind] += b
         return dict(c)
 
     def tensor_names(self, crossing_only: bool = True) -> set[str]:
+        self._need_entries()
         return {n for e in self.entries if e.crosses_boundary or not crossing_only for n in e.names}
 
     def clear(self) -> None:
         self.entries.clear()
         self.payloads.clear()
+        self.n_messages = 0
+        self._bytes.clear()

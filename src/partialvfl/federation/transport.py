@@ -40,7 +40,7 @@ class Transport(ABC):
             raise ValueError(f"coordinator index {coordinator} out of range for {n_parties} parties")
         self.n_parties = n_parties
         self.coordinator = coordinator
-        self.log = log if log is not None else MessageLog()
+        self.log = log if log is not None else MessageLog(keep_entries=False)  # counts only, unless asked
         self.step = 0
         self.round = 0
         self.failures: list[tuple[int, int, str]] = []  # (step, party, reason)
