@@ -189,7 +189,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "pretrained": model.params_.get("pretrain"),
     })
     metric = "accuracy" if "accuracy" in res else "rmse"
-    lines = [f"{model.name} on {cfg.get('dataset')} under test mechanism {args.test_missing}: "
+    alone = f", party {args.party} predicting alone" if args.mode == "local" else ""
+    lines = [f"{model.name} on {cfg.get('dataset')} under test mechanism {args.test_missing}{alone}: "
              f"{metric} {res[metric]:.4f} over {res['n_samples']} samples"]
     if res["pretrained"] is not None:
         how = "pretrained with SimSiam" if res["pretrained"] else "trained on labelled data only"
