@@ -78,7 +78,7 @@ def _parse_params(items: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"error: --param takes KEY=VALUE, got {item!r}")
+            raise ValueError(f"--param takes KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         out[k.strip().replace("-", "_")] = _parse_value(v.strip())
     return out
@@ -123,7 +123,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def _epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:
     keys = [k for k in method_cls.default_params() if k.startswith("epochs")]
     if not keys:
-        raise SystemExit(f"error: method {method_cls.name!r} has no epoch parameter; use --param")
+        raise ValueError(f"method {method_cls.name!r} has no epoch parameter; use --param")
     return {k: epochs for k in keys}
 
 
@@ -162,12 +162,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = VFLMethod.load(args.model)
     info = model.data_info_.get("protocol")
     if not info:
-        raise SystemExit(f"error: the model in {args.model} does not record the protocol it was trained under")
+        raise ValueError(f"the model in {args.model} does not record the protocol it was trained under")
     cfg = dict(info)
     cfg["test_missing"] = args.test_missing
     if args.seed is not None and args.seed != cfg.get("seed"):
-        raise SystemExit(
-            f"error: the model was trained with seed {cfg.get('seed')}; its test split is tied to that seed "
+        raise ValueError(
+            f"the model was trained with seed {cfg.get('seed')}; its test split is tied to that seed "
             "(pass the same --seed or leave it out)"
         )
     if args.data_dir:
@@ -176,9 +176,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.mode == "local":
         if args.party is None:
-            raise SystemExit("error: --mode local needs --party K")
+            raise ValueError("--mode local needs --party K")
         if not hasattr(model, "predict_output_local"):
-            raise SystemExit(f"error: method {model.name!r} has no locally independent inference")
+            raise ValueError(f"method {model.name!r} has no locally independent inference")
         output = model.predict_output_local(test, args.party)
     else:
         output = model.predict_output(test)
