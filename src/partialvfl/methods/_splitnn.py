@@ -399,6 +399,12 @@ class SplitNNMethod(VFLMethod):
                 out[(k, m)] = e.requires_grad_() if train else e
         return out
 
+    def _embed_observed(self, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool
+                        ) -> dict[tuple[int, str], torch.Tensor]:
+        """Representations (model ``f``) of ``rows`` from every party that observes some of them."""
+        return self._embed(handle, {k: {"f": rows[observed[:, k]]} for k in range(observed.shape[1])
+                                    if observed[:, k].any()}, train=train)
+
     def _send_grads(self, embs: dict[tuple[int, str], torch.Tensor]) -> None:
         self.transport.new_round()
         by_party: dict[int, dict[str, torch.Tensor]] = {}

@@ -48,8 +48,7 @@ class Ensemble(SplitNNMethod):
                     rng: np.random.Generator) -> torch.Tensor:
         obs = view.observed[rows]
         y = torch.as_tensor(view.y[rows], dtype=torch.long)
-        embs = self._embed(handle, {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()},
-                           train=True)
+        embs = self._embed_observed(handle, rows, obs, train=True)
         loss = torch.zeros(())
         for (k, _), e in embs.items():
             loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[obs[:, k]])
@@ -62,8 +61,7 @@ class Ensemble(SplitNNMethod):
         for chunk in self._chunks(rows):
             obs = view.observed[chunk]
             self.transport.new_step()
-            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
-                                        if obs[:, k].any()}, train=False)
+            embs = self._embed_observed(handle, chunk, obs, train=False)
             for (k, _), e in embs.items():
                 with torch.no_grad():
                     pred = self.heads_[f"g{k}"](e).argmax(dim=1).numpy()

@@ -210,8 +210,7 @@ class LaserVFL(SplitNNMethod):
         for chunk in self._chunks(rows):
             obs = view.observed[chunk]
             self.transport.new_step()
-            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
-                                        if obs[:, k].any()}, train=False)
+            embs = self._embed_observed(handle, chunk, obs, train=False)
             emb = self._stack(chunk, obs, embs)
             with torch.no_grad():
                 agg = _mean_over(torch.as_tensor(obs), emb)

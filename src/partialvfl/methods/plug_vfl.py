@@ -79,8 +79,7 @@ class PlugVFL(SplitNNMethod):
         rows, obs = rows[keep], obs[keep]
         if rows.size == 0:
             return None
-        embs = self._embed(handle, {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()},
-                           train=True)
+        embs = self._embed_observed(handle, rows, obs, train=True)
         logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.params_["fusion"]))
         loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
@@ -92,8 +91,7 @@ class PlugVFL(SplitNNMethod):
         for chunk in self._chunks(rows):
             obs = view.observed[chunk]
             self.transport.new_step()
-            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
-                                        if obs[:, k].any()}, train=False)
+            embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
                 logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
             out[start:start + len(chunk)] = torch.softmax(logits, dim=1).numpy()

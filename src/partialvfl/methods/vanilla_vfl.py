@@ -86,8 +86,7 @@ class VanillaVFL(SplitNNMethod):
         for chunk in self._chunks(ask):
             obs = view.observed[chunk]
             self.transport.new_step()
-            embs = self._embed(handle, {k: {"f": chunk[obs[:, k]]} for k in range(view.n_parties)
-                                        if obs[:, k].any()}, train=False)
+            embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
                 logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
             out[pos[start:start + len(chunk)]] = torch.softmax(logits, dim=1).numpy()

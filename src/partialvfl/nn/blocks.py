@@ -8,6 +8,7 @@ for CIFAR-sized images: 3x3 convolution, no max-pool).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -152,9 +153,7 @@ def build_encoder(feature_shape: Sequence[int], out_dim: int, arch: str = "auto"
     shape = tuple(int(s) for s in feature_shape)
     if arch == "auto":
         arch = "mlp" if len(shape) == 1 else "cnn"
-    d = 1
-    for s in shape:
-        d *= s
+    d = math.prod(shape)
     if arch == "mlp":
         return MLP(d, hidden, out_dim)
     if arch == "cnn":
@@ -170,9 +169,7 @@ def build_decoder(in_dim: int, feature_shape: Sequence[int], arch: str = "auto",
     shape = tuple(int(s) for s in feature_shape)
     if arch == "auto":
         arch = "mlp" if len(shape) == 1 else "deconv"
-    d = 1
-    for s in shape:
-        d *= s
+    d = math.prod(shape)
     if arch == "mlp":
         return MLP(in_dim, hidden, d)
     if arch == "deconv":
