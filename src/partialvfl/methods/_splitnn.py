@@ -310,6 +310,12 @@ class SplitNNMethod(VFLMethod):
     def n_classes(self) -> int:
         return self.index_.task.n_classes
 
+    def _fusion_dim(self, n_parts: int | None = None) -> int:
+        """Input width of a fusion head over ``n_parts`` representations (all parties by default)."""
+        d = int(self.params_["latent_dim"])
+        n = self.index_.n_parties if n_parts is None else n_parts
+        return d * n if self.params_["fusion"] == "concat" else d
+
     def _make_head(self, in_dim: int) -> nn.Module:
         return MLP(in_dim, [int(h) for h in self.params_["head_hidden"]], self.n_classes)
 

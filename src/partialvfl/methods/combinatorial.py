@@ -62,14 +62,10 @@ class Combinatorial(SplitNNMethod):
     def _model_names(self, party: int) -> list[str]:
         return [subset_name(s) for s in self._subsets() if party in s]
 
-    def _fusion_in(self, size: int) -> int:
-        d = int(self.params_["latent_dim"])
-        return d * size if self.params_["fusion"] == "concat" else d
-
     def _build_heads(self) -> nn.ModuleDict:
         if self.params_["fusion"] not in ("concat", "mean"):
             raise ValueError(f"{self.name}: fusion must be 'concat' or 'mean', got {self.params_['fusion']!r}")
-        return nn.ModuleDict({subset_name(s): self._make_head(self._fusion_in(len(s))) for s in self._subsets()})
+        return nn.ModuleDict({subset_name(s): self._make_head(self._fusion_dim(len(s))) for s in self._subsets()})
 
     def _fused(self, subset: tuple[int, ...], embs: dict[tuple[int, str], torch.Tensor]) -> torch.Tensor:
         parts = [embs[(k, subset_name(subset))] for k in subset]

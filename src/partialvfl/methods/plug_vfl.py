@@ -67,9 +67,7 @@ class PlugVFL(SplitNNMethod):
         return out
 
     def _build_heads(self) -> nn.ModuleDict:
-        d = int(self.params_["latent_dim"])
-        dim = d * self.index_.n_parties if self.params_["fusion"] == "concat" else d
-        return nn.ModuleDict({"g": self._make_head(dim)})
+        return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})
 
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:

@@ -48,10 +48,6 @@ class VanillaVFL(SplitNNMethod):
             out.update(fusion="mean", missing="random")
         return out
 
-    def _fusion_dim(self) -> int:
-        d = int(self.params_["latent_dim"])
-        return d * self.index_.n_parties if self.params_["fusion"] == "concat" else d
-
     def _build_heads(self) -> nn.ModuleDict:
         if self.params_["missing"] not in ("zero", "random"):
             raise ValueError(f"{self.name}: missing must be 'zero' or 'random', got {self.params_['missing']!r}")
