@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observe
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
+from partialvfl.utils.tomlfile import read_toml
 
 __all__ = ["FederationConfig", "GrpcFederation", "LabelSource", "load_federation_config", "read_labels"]
 
@@ -70,12 +70,7 @@ class FederationConfig:
 def load_federation_config(path: str | Path) -> FederationConfig:
     """Read a federation TOML file (see ``docs/deployment.md``)."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"federation file not found: {p}")
-    try:
-        raw = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{p} is not valid TOML: {e}") from None
+    raw = read_toml(p, "federation file")
 
     def rel(v: str) -> Path:
         q = Path(v).expanduser()

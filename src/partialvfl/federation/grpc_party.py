@@ -33,7 +33,6 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from partialvfl.federation.grpc_transport import (
 )
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyRuntime
+from partialvfl.utils.tomlfile import read_toml
 
 __all__ = ["PartyConfig", "PartyServer", "PartyTable", "load_party_config", "main", "serve"]
 
@@ -113,12 +113,7 @@ def _need(table: dict[str, Any], key: str, where: str, path: Path) -> Any:
 def load_party_config(path: str | Path) -> PartyConfig:
     """Read a party's TOML configuration (see ``docs/deployment.md`` for every key)."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"party configuration not found: {p}")
-    try:
-        raw = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{p} is not valid TOML: {e}") from None
+    raw = read_toml(p, "party configuration")
     base = p.parent
 
     def rel(v: str) -> Path:
