@@ -198,11 +198,18 @@ class Grid:
 
 
 def expand(grid: Grid) -> list[Cell]:
-    """All cells, dataset-major (so a worker reuses a loaded dataset), then method, mechanism, seed."""
+    """All cells, seed-major, then dataset, method, mechanism.
+
+    Seed-major so that a grid stopped part-way (or still running) already holds every configuration for its
+    first seeds: the report on it is a complete table with fewer seeds, not a table with holes.
+    """
+    all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
     cells = [
         Cell(d, m, t, s, grid.test_mechanisms)
+        for s in all_seeds
         for d in grid.datasets
-        for m, t, s in itertools.product(grid.methods, grid.train_mechanisms, d.seeds or grid.seeds)
+        if s in grid.seeds_of(d)
+        for m, t in itertools.product(grid.methods, grid.train_mechanisms)
     ]
     seen: dict[str, Cell] = {}
     for c in cells:
