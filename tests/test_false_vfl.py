@@ -393,3 +393,52 @@ def test_variant_two_predicts_from_any_subset_and_round_trips(tmp_path) -> None:
         p = method.predict_proba(test.with_observed(obs))
         assert np.isfinite(p).all()
         np.testing.assert_allclose(p.sum(1), 1.0, rtol=1e-6)
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crashing_checkpointer(directory, federation, every: int, crash_at: int):  # noqa: ANN001, ANN202
+    from partialvfl.federation.checkpoint import Checkpointer
+
+    class CrashingCheckpointer(Checkpointer):
+        def maybe_save(self, step, state):  # noqa: ANN001, ANN202
+            saved = super().maybe_save(step, state)
+            if step == crash_at:
+                raise _Crash(f"simulated crash after step {step}")
+            return saved
+
+    return CrashingCheckpointer(directory, federation, every)
+
+
+@pytest.mark.parametrize(("variant", "crash_at"), [(1, 8), (1, 10), (2, 23)])
+def test_checkpointed_fit_resumes_after_a_crash_to_the_uninterrupted_result(variant, crash_at, tmp_path) -> None:
+    """Crash mid-stage-1, at a stage-1 epoch end, and in stage 2: the resumed run equals the uninterrupted one."""
+    from partialvfl.federation import LocalFederation
+    from partialvfl.federation.checkpoint import Checkpointer
+
+    train, test = _synthetic(n=300, n_test=100)
+    cls = get_method(f"false-vfl-{variant}")
+    params = dict(TINY, epochs_pretrain=2, epochs_train=3, batch_pretrain=64, batch_train=32)
+    reference = cls("fast", seed=3, **params).fit(train)
+
+    fed = LocalFederation.for_dataset(train)
+    crashed = cls("fast", seed=3, **params)
+    crashed.checkpointer_ = _crashing_checkpointer(tmp_path, fed, every=5, crash_at=crash_at)
+    with pytest.raises(_Crash):
+        crashed.fit(train, federation=fed)
+    assert crashed.checkpointer_.saved_steps[-1] == crash_at // 5 * 5
+
+    fed2 = LocalFederation.for_dataset(train)  # fresh parties: every state comes from the checkpoint
+    resumed = cls("fast", seed=3, **params)
+    resumed.checkpointer_ = Checkpointer(tmp_path, fed2, every=5)
+    resumed.fit(train, federation=fed2)
+    assert resumed.checkpointer_.restore_called
+    assert resumed.history_ == reference.history_
+    np.testing.assert_allclose(resumed.predict_proba(test), reference.predict_proba(test), rtol=1e-6, atol=1e-7)
+
+    other = cls("fast", seed=3, **dict(params, epochs_pretrain=20))  # a checkpoint of another run is refused
+    other.checkpointer_ = Checkpointer(tmp_path, LocalFederation.for_dataset(train), every=5)
+    with pytest.raises(ValueError, match="parameters and data of the checkpointed run"):
+        other.fit(train, federation=other.checkpointer_.federation)

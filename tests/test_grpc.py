@@ -534,6 +534,28 @@ def toy_method():  # noqa: ANN201
     METHODS.pop(ToySplitMethod.name, None)
 
 
+def test_false_vfl_checkpoints_and_resumes_over_grpc(deployment, tmp_path, capsys) -> None:  # noqa: ANN001
+    """fit --checkpoint-every / --resume with FALSE-VFL over gRPC: it restores the last checkpoint, same model."""
+    from partialvfl.cli import main
+
+    model = tmp_path / "model"
+    args = ["fit", "--federation", str(deployment.federation_file), "--method", "false-vfl-2", "--seed", "2",
+            "--out", str(model), "--param", "epochs_pretrain=2", "--param", "epochs_train=2",
+            "--param", "batch_pretrain=16", "--param", "batch_train=16", "--param", "d_h=4", "--param", "d_z=2",
+            "--param", "kappa=2", "--param", "encoder_hidden=[8]", "--param", "decoder_hidden=[8]",
+            "--param", "global_hidden=[8]", "--param", "discriminator_hidden=[8]", "--param", "mask_hidden=[8]"]
+    assert main([*args, "--checkpoint-every", "5"]) == 0  # 12 steps: checkpoints after 5 and 10
+    first = torch.load(model / "coordinator.pt", weights_only=True)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    out = capsys.readouterr()
+    assert "resumed from the checkpoint after step 10" in out.err, out.err[-2000:]  # redoes steps 11-12
+    for part, state in torch.load(model / "coordinator.pt", weights_only=True).items():
+        if isinstance(state, dict):
+            for name, t in state.items():
+                torch.testing.assert_close(t, first[part][name], rtol=0, atol=0)
+
+
 def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:  # noqa: ANN001
     from partialvfl.cli import main
 

@@ -91,6 +91,7 @@ class Checkpointer:
         self.saved_steps: list[int] = []
         self.skipped_steps: list[int] = []
         self.restore_called = False  # whether the training loop asked for a resume (methods that support it do)
+        self.restored_step: int | None = None  # the step of the checkpoint restore() loaded, if any
 
     def _step_dir(self, step: int) -> Path:
         return self.directory / f"step-{step:09d}"
@@ -150,4 +151,5 @@ class Checkpointer:
         ckpt = self.latest()
         if ckpt is not None:
             self.federation.load(ckpt.directory)
+            self.restored_step = ckpt.step
         return ckpt

@@ -177,6 +177,9 @@ def run_federated_fit(args: argparse.Namespace) -> int:
         ck = getattr(method, "checkpointer_", None)
         if args.resume and ck is not None and not ck.restore_called:
             report_line(f"note: {args.method} does not resume from checkpoints: it trained from the start", verbose)
+        elif args.resume and ck is not None:
+            report_line(f"resumed from the checkpoint after step {ck.restored_step}" if ck.restored_step else
+                        "no checkpoint to resume from: trained from the start", verbose)
         if args.checkpoint_every and ck is not None and not ck.saved_steps:
             report_line(f"note: {args.method} did not checkpoint (it does not use the checkpointer, or trained "
                         f"fewer than {args.checkpoint_every} steps)", verbose)

@@ -268,10 +268,13 @@ class FalseVFLParty(PartyProgram):
         return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict()}
+        """Modules and optimiser (the optimiser so that a checkpointed stage 1 resumes exactly)."""
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
+        if "optimizer" in state:  # models saved before optimiser states were kept load without one
+            self.optimizer.load_state_dict(state["optimizer"])
 
 
 def as_rows(rows: np.ndarray) -> torch.Tensor:

@@ -21,8 +21,10 @@ gradients the parties receive are exactly those of the centralised bound (tested
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +46,9 @@ from partialvfl.nn.blocks import MLP
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
 from partialvfl.utils.progress import progress
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
+
+if TYPE_CHECKING:
+    from partialvfl.federation.checkpoint import Checkpointer
 
 __all__ = ["FalseVFL1", "FalseVFL2", "PAPER_ROWS", "paper_row"]
 
@@ -337,11 +342,24 @@ class _FalseVFL(VFLMethod):
             y = view.y[view.labeled].astype(np.float64)
             self.y_mean_, self.y_std_ = float(y.mean()), float(y.std() or 1.0)
         self._build_coordinator()
+        self._clock = _StepClock(getattr(self, "checkpointer_", None))
+        if self._clock.resumed is not None:  # parties were rolled back by restore(); now the coordinator
+            saved = self._clock.resumed
+            self._load_coordinator_state(saved["coordinator"])
+            self.history_ = [dict(row) for row in saved["history"]]
         t0 = time.perf_counter()
         self._pretrain(view, handle)
         t1 = time.perf_counter()
         self._train_labels(view, handle)
+        self._clock.check_finished()
         self.stage_seconds_ = {"pretrain": t1 - t0, "train": time.perf_counter() - t1}
+        del self._clock
+
+    def _training_state(self, stage: str, optimizer: torch.optim.Optimizer, acc: list[float]) -> dict[str, Any]:
+        """What a checkpoint needs besides the parties' states: coordinator modules, this stage's optimiser, the
+        running epoch sums and the history (batch orders and noise derive from (seed, stage, epoch, batch))."""
+        return {"stage": stage, "coordinator": self._coordinator_state(), "optimizer": optimizer.state_dict(),
+                "acc": [float(a) for a in acc], "history": [dict(row) for row in self.history_]}
 
     def _pretrain(self, view: CoordinatorView, handle: str, epochs: int | None = None) -> None:
         """Stage 1: IWAE bound over every sample with an observed party, labelled or not (Theta_g, II: psi)."""
@@ -355,15 +373,20 @@ class _FalseVFL(VFLMethod):
         bs = int(p["batch_pretrain"])
         self.global_encoder_.train()
         self.global_decoder_.train()
+        clock = getattr(self, "_clock", None) or _StepClock(None)
         for epoch in progress(range(epochs), f"{self.name} pretrain", self.progress):
             order = numpy_rng(self.seed, "pretrain", epoch).permutation(rows_all)
-            total, count = 0.0, 0
+            acc = [0.0, 0]  # sum of per-sample bounds, count
             for i, start in enumerate(range(0, len(order), bs)):
+                if clock.skip("pretrain", optimizer, acc):
+                    continue
                 s, n = self._pretrain_step(view, handle, order[start:start + bs],
                                            derive_seed(self.seed, "pretrain", epoch, i), optimizer)
-                total, count = total + s, count + n
-            bound = total / max(count, 1)
-            self._report("pretrain", epoch + 1, bound=bound, loss=-bound)
+                acc[0], acc[1] = acc[0] + s, acc[1] + n
+                clock.done(partial(self._training_state, "pretrain", optimizer, acc))
+            if clock.caught_up:
+                bound = acc[0] / max(acc[1], 1)
+                self._report("pretrain", epoch + 1, bound=bound, loss=-bound)
 
     def _train_labels(self, view: CoordinatorView, handle: str, epochs: int | None = None) -> None:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
@@ -377,28 +400,32 @@ class _FalseVFL(VFLMethod):
         self.global_encoder_.eval()
         self.global_decoder_.eval()
         self.discriminator_.train()
+        clock = getattr(self, "_clock", None) or _StepClock(None)
         for epoch in progress(range(epochs), f"{self.name} train", self.progress):
             order = numpy_rng(self.seed, "train", epoch).permutation(rows_all)
-            tot_b, tot_nll, count = 0.0, 0.0, 0
+            acc = [0.0, 0.0, 0]  # sum of label bounds, sum of label NLLs, count
             for i, start in enumerate(range(0, len(order), bs)):
+                if clock.skip("train", optimizer, acc):
+                    continue
                 rows = order[start:start + bs]
                 with torch.no_grad():
                     st = self._forward(view, handle, rows, int(p["kappa"]), train=False,
                                        noise_seed=derive_seed(self.seed, "train", epoch, i))
                 keep = torch.as_tensor(st.keep)
-                if not keep.any():
-                    continue
-                log_py = self._label_log_probs(st.h, y_all[torch.as_tensor(rows)])
-                bound_y = log_mean_exp(log_py + st.log_w, dim=0)[keep]
-                bound_x = log_mean_exp(st.log_w, dim=0)[keep]
-                loss = -bound_y.mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                tot_b += float(bound_y.detach().sum())
-                tot_nll += float((bound_x - bound_y).detach().sum())
-                count += int(keep.sum())
-            self._report("train", epoch + 1, bound=tot_b / max(count, 1), loss=tot_nll / max(count, 1))
+                if keep.any():
+                    log_py = self._label_log_probs(st.h, y_all[torch.as_tensor(rows)])
+                    bound_y = log_mean_exp(log_py + st.log_w, dim=0)[keep]
+                    bound_x = log_mean_exp(st.log_w, dim=0)[keep]
+                    loss = -bound_y.mean()
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    acc[0] += float(bound_y.detach().sum())
+                    acc[1] += float((bound_x - bound_y).detach().sum())
+                    acc[2] += int(keep.sum())
+                clock.done(partial(self._training_state, "train", optimizer, acc))
+            if clock.caught_up:
+                self._report("train", epoch + 1, bound=acc[0] / max(acc[2], 1), loss=acc[1] / max(acc[2], 1))
         self.discriminator_.eval()
 
     def _target_tensor(self, view: CoordinatorView) -> torch.Tensor:
@@ -433,6 +460,51 @@ class _FalseVFL(VFLMethod):
                     probs[~keep] = self.label_prior_[0]
                 out.append(probs)
         return np.concatenate(out, axis=0)
+
+
+class _StepClock:
+    """Counts training steps over both stages, checkpoints through a :class:`Checkpointer` and, on a resume,
+    fast-forwards: steps up to the checkpoint are skipped (their batch orders and noise are pure functions of the
+    seed), and at the checkpointed step the stage's optimiser and running sums are restored.
+    """
+
+    def __init__(self, checkpointer: Checkpointer | None) -> None:
+        self.checkpointer = checkpointer
+        self.step = 0
+        self.resume_step = 0
+        self.resumed: dict[str, Any] | None = None
+        if checkpointer is not None and (saved := checkpointer.restore()) is not None:
+            self.resume_step, self.resumed = saved.step, saved.state
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether this epoch's end lies at or after the checkpoint (so it was not reported before the crash)."""
+        return self.step >= self.resume_step
+
+    def skip(self, stage: str, optimizer: torch.optim.Optimizer, acc: list[float]) -> bool:
+        """Advance one step; ``True`` if it was done before the checkpoint (restoring state at the last of those)."""
+        self.step += 1
+        if self.step > self.resume_step:
+            return False
+        if self.step == self.resume_step and self.resumed is not None:
+            if self.resumed["stage"] != stage:
+                raise ValueError(f"the checkpoint after step {self.step} is from stage {self.resumed['stage']!r} "
+                                 f"but this run is in stage {stage!r} there: resume with the parameters and data "
+                                 "of the checkpointed run")
+            optimizer.load_state_dict(self.resumed["optimizer"])
+            acc[:] = list(self.resumed["acc"])
+        return True
+
+    def check_finished(self) -> None:
+        """Refuse a checkpoint taken after more steps than this run has (other parameters or data)."""
+        if self.step < self.resume_step:
+            raise ValueError(f"the checkpoint is after step {self.resume_step} but this run has only {self.step} "
+                             "steps: resume with the parameters and data of the checkpointed run")
+
+    def done(self, state: Callable[[], dict[str, Any]]) -> None:
+        """The current step finished: checkpoint if it is due."""
+        if self.checkpointer is not None:
+            self.checkpointer.maybe_save(self.step, state)
 
 
 def _grad_or_zeros(t: torch.Tensor) -> torch.Tensor:
