@@ -25,6 +25,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -429,8 +430,13 @@ def cost_markdown(rows: Sequence[dict[str, Any]]) -> str:
     starts = sorted(str(r["started_at"]) for r in rows if r.get("started_at"))
     ends = sorted(str(r["finished_at"]) for r in rows if r.get("finished_at"))
     total = sum(c["fit_seconds"] * c["fits"] for c in costs)
-    head = (f"Fits started {starts[0]} to {ends[-1]} (UTC); total fit time {total:.0f} s = {total / 3600:.2f} h "
-            "(sum over fits, all workers)." if starts and ends else "")
+    hosts = ", ".join(sorted({str(r["hostname"]) for r in rows if r.get("hostname")})) or "unknown"
+    head = ""
+    if starts and ends:
+        span = (datetime.fromisoformat(ends[-1]) - datetime.fromisoformat(starts[0])).total_seconds()
+        head = (f"Fits ran from {starts[0]} to {ends[-1]} (UTC): {span / 3600:.2f} h from the first start to the "
+                f"last finish, on host(s) {hosts}; total fit time {total:.0f} s = {total / 3600:.2f} h (sum over "
+                "fits, all workers; an interrupted and resumed grid counts the pause in the span).")
     table = _md_table(
         ["Dataset", "Method", "fits", "fit s (mean)", "predict s per test set", "MB between parties per fit"],
         [[c["dataset"], c["title"], str(c["fits"]), f"{c['fit_seconds']:.1f}", f"{c['predict_seconds']:.2f}",
