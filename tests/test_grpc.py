@@ -448,6 +448,7 @@ def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(dep
     assert _status(call, replay) == grpc.StatusCode.OK
     assert _status(call, replay) == grpc.StatusCode.ALREADY_EXISTS
     assert send("save", step=9, dir="../../etc") == grpc.StatusCode.INVALID_ARGUMENT
+    assert send("forget", step=9, dir="/etc") == grpc.StatusCode.INVALID_ARGUMENT  # deletes only its own states
     fed = _fed(deployment)  # a new session: the same server still answers normally
     fed.transport.new_step()
     assert fed.call(0, "ping").meta["name"] == "bank"
@@ -534,26 +535,39 @@ def toy_method():  # noqa: ANN201
     METHODS.pop(ToySplitMethod.name, None)
 
 
-def test_false_vfl_checkpoints_and_resumes_over_grpc(deployment, tmp_path, capsys) -> None:  # noqa: ANN001
-    """fit --checkpoint-every / --resume with FALSE-VFL over gRPC: it restores the last checkpoint, same model."""
+def test_false_vfl_checkpoints_and_resumes_over_grpc(deployment, data, tmp_path, capsys) -> None:  # noqa: ANN001
+    """fit --checkpoint-every / --resume with FALSE-VFL over gRPC: it restores the last checkpoint, same model;
+    old checkpoints are pruned at the coordinator and on every party's disk."""
     from partialvfl.cli import main
 
-    model = tmp_path / "model"
-    args = ["fit", "--federation", str(deployment.federation_file), "--method", "false-vfl-2", "--seed", "2",
-            "--out", str(model), "--param", "epochs_pretrain=2", "--param", "epochs_train=2",
-            "--param", "batch_pretrain=16", "--param", "batch_train=16", "--param", "d_h=4", "--param", "d_z=2",
-            "--param", "kappa=2", "--param", "encoder_hidden=[8]", "--param", "decoder_hidden=[8]",
-            "--param", "global_hidden=[8]", "--param", "discriminator_hidden=[8]", "--param", "mask_hidden=[8]"]
-    assert main([*args, "--checkpoint-every", "5"]) == 0  # 12 steps: checkpoints after 5 and 10
+    def fit_args(out: Path) -> list[str]:
+        tiny = {"epochs_pretrain": 2, "epochs_train": 2, "batch_pretrain": 16, "batch_train": 16, "d_h": 4,
+                "d_z": 2, "kappa": 2, "encoder_hidden": [8], "decoder_hidden": [8], "global_hidden": [8],
+                "discriminator_hidden": [8], "mask_hidden": [8]}
+        params = [a for k, v in tiny.items() for a in ("--param", f"{k}={json.dumps(v)}")]
+        return ["fit", "--federation", str(deployment.federation_file), "--method", "false-vfl-2", "--seed", "2",
+                "--out", str(out), *params]
+
+    model = tmp_path / "model"  # 12 steps: checkpoints after 5 and 10
+    assert main([*fit_args(model), "--checkpoint-every", "5"]) == 0
     first = torch.load(model / "coordinator.pt", weights_only=True)
     capsys.readouterr()
-    assert main([*args, "--resume"]) == 0
-    out = capsys.readouterr()
-    assert "resumed from the checkpoint after step 10" in out.err, out.err[-2000:]  # redoes steps 11-12
+    assert main([*fit_args(model), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resumed from the checkpoint after step 10" in err, err[-2000:]  # and redid steps 11-12
     for part, state in torch.load(model / "coordinator.pt", weights_only=True).items():
         if isinstance(state, dict):
             for name, t in state.items():
                 torch.testing.assert_close(t, first[part][name], rtol=0, atol=0)
+
+    pruned = tmp_path / "pruned"  # checkpoints after 3, 6, 9, 12: the last two are kept, here and at the parties
+    assert main([*fit_args(pruned), "--checkpoint-every", "3", "--quiet"]) == 0
+    ck = pruned / "checkpoints"
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-000000009", "step-000000012"]
+    for name in data.party_names:
+        for step, kept in ((3, False), (6, False), (9, True), (12, True)):
+            party_dir = deployment.dir / "state" / name / GrpcFederation.party_dir_for(ck / f"step-{step:09d}")
+            assert party_dir.is_dir() == kept, (name, step)
 
 
 def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:  # noqa: ANN001

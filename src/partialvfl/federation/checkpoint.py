@@ -7,9 +7,11 @@ A :class:`Checkpointer` is driven by a method's training loop (in process or ove
 2. writes the coordinator's state (whatever the method hands it: modules, optimisers, RNG states, loop counters),
 3. and only then moves the ``LATEST`` marker (atomic rename).
 
-A crash at any point leaves ``LATEST`` on the previous complete checkpoint.  :meth:`Checkpointer.restore` loads the
-parties' states and returns the coordinator's, so the loop continues from exactly that step: steps done after the
-checkpoint are redone once from the same state (party states are rolled back too), never applied twice.
+A crash at any point leaves ``LATEST`` on the previous complete checkpoint.  Only the last ``keep`` checkpoints are
+kept: older ones are deleted at the coordinator and, through a ``forget`` message, at every reachable party.
+:meth:`Checkpointer.restore` loads the parties' states and returns the coordinator's, so the loop continues from
+exactly that step: steps done after the checkpoint are redone once from the same state (party states are rolled
+back too), never applied twice.
 
 How a method hooks in (``fit --checkpoint-every N`` / ``--resume`` set ``method.checkpointer_``)::
 
@@ -130,6 +132,10 @@ class Checkpointer:
         dirs = sorted(p for p in self.directory.glob("step-*") if p.is_dir())
         for p in dirs[: max(0, len(dirs) - self.keep)]:
             if p.name != keep_dir:
+                try:  # the parties delete their halves first (over gRPC they live on the parties' disks)
+                    self.federation.forget(p)
+                except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
+                    log.warning("parties could not delete their state of %s: %s", p, e)
                 shutil.rmtree(p, ignore_errors=True)
 
     def latest(self) -> Checkpoint | None:

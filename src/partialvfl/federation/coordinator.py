@@ -67,6 +67,11 @@ class Federation(ABC):
         self.transport.new_step()
         self.transport.broadcast(range(self.n_parties), "load", dir=str(directory))
 
+    def forget(self, directory: str | Path) -> None:
+        """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints)."""
+        self.transport.new_step()
+        self.transport.broadcast(range(self.n_parties), "forget", tolerate=True, dir=str(directory))
+
     def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
         return self.transport.call(party, kind, tensors, **meta)
 

@@ -356,6 +356,15 @@ class GrpcFederation(Federation):
         self.transport.broadcast(range(self.n_parties), "save", dir=rel)
         (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
 
+    def forget(self, directory: str | Path) -> None:
+        """Have every reachable party delete its state of ``directory`` (a pruned checkpoint); absent ones keep it."""
+        f = Path(directory) / PARTY_STATES_FILE
+        if not f.exists():
+            return
+        rel = json.loads(f.read_text())["party_dir"]
+        self.transport.new_step()
+        self.transport.broadcast(self._present(), "forget", tolerate=True, dir=rel)
+
     def load(self, directory: str | Path) -> None:
         f = Path(directory) / PARTY_STATES_FILE
         if not f.exists():

@@ -66,7 +66,7 @@ EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
 
 # (dtype name, ndim) of every tensor of the server's built-in kinds
 _BUILTIN_SCHEMAS: dict[str, dict[str, tuple[str, int]]] = {
-    "hello": {}, "ids": {}, "release": {}, "ping": {}, "setup": {}, "save": {}, "load": {},
+    "hello": {}, "ids": {}, "release": {}, "ping": {}, "setup": {}, "save": {}, "load": {}, "forget": {},
     "attach": {"hashes": ("uint8", 2), "rows": ("int64", 1)},
 }
 _ATTACH_OPTIONAL = {"labels": (("int64", "float64"), 1), "labeled": (("bool",), 1)}
@@ -300,7 +300,7 @@ class PartyServer:
 
     def _state_path(self, rel: Any) -> str:
         if not isinstance(rel, str) or not rel:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "save/load need meta 'dir', a relative path")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "save/load/forget need meta 'dir', a relative path")
         pp = PurePosixPath(rel)
         if pp.is_absolute() or ".." in pp.parts:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
@@ -359,7 +359,7 @@ class PartyServer:
         if kind == "release":
             self.runtime.release(str(request.meta.get("handle", "")))
             return Reply()
-        if kind in ("save", "load"):
+        if kind in ("save", "load", "forget"):
             request = Request(kind, request.tensors, {**request.meta, "dir": self._state_path(request.meta.get("dir"))})
         return self.runtime.handle(request)
 

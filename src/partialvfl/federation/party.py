@@ -13,6 +13,7 @@ with ``meta['config']`` and ``meta['seed']``), ``save``/``load`` (the program's 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -119,6 +120,12 @@ class PartyRuntime:
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"program": self.program.program_name, "state": self.program.state_dict()}, path)
             return Reply(meta={"path": str(path)})
+        if kind == "forget":  # delete a state saved earlier (a pruned checkpoint)
+            path = state_file(request.meta["dir"], self.index)
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # other parties' files may share the directory (in process)
+                path.parent.rmdir()
+            return Reply(meta={"ok": True})
         if kind == "load":
             path = state_file(request.meta["dir"], self.index)
             if not path.exists():
