@@ -31,7 +31,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from partialvfl.bench.report import write_report
+    from partialvfl.bench.report import store_headline, write_report
 
     try:
         written = write_report(args.store, args.out, figures=not args.no_figures)
@@ -40,6 +40,7 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     for path in written:
         print(path)
+    print(store_headline(args.store))
     return 0
 
 

@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 _PAPER_NAME = {v: k for k, v in PAPER_METHODS.items()}
+#: Display names: the FALSE-VFL paper's, plus those of the methods it does not compare with.
+_DISPLAY_NAME = _PAPER_NAME | {"x-vfl": "X-VFL", "local": "Local", "ensemble": "Ensemble",
+                               "combinatorial": "Combinatorial"}
 _PAPER_DATASET_NAME = {v: k for k, v in PAPER_DATASETS.items()}
 _METHOD_ORDER = ["vanilla-vfl", "laser-vfl", "plug-vfl", "fedhssl", "x-vfl", "local", "ensemble", "combinatorial",
                  "false-vfl-1", "false-vfl-2"]
@@ -61,7 +64,7 @@ def mechanism_title(name: str) -> str:
 
 def method_title(label: str, method: str) -> str:
     """The paper's name for a method shown under its registry name (``false-vfl-1`` -> ``FALSE-VFL-I``)."""
-    return _PAPER_NAME.get(method, label) if label == method else label
+    return _DISPLAY_NAME.get(method, label) if label == method else label
 
 
 def is_false_vfl(method: str) -> bool:
@@ -297,6 +300,14 @@ def table_markdown(aggs: Sequence[Aggregate], train: str) -> str:
     head = (f"Trained under {mechanism_title(train)}: mean {metric} and std (in parentheses) over "
             f"{'/'.join(map(str, seeds))} seed(s); best of each column in bold; * = labelled data only.")
     return head + "\n\n" + _md_table(["Dataset", "Method"] + [mechanism_title(t) for t in tests], out_rows)
+
+
+def headline(g: GapSummary, n_fits: int) -> str:
+    """One line for the terminal: how many fits, how often FALSE-VFL wins, the mean gap."""
+    if not g.configs:
+        return f"{n_fits} fits; no configuration has both a FALSE-VFL method and another method"
+    return (f"{n_fits} fits; FALSE-VFL beats the best other method in {g.wins} of {g.total} configurations "
+            f"(mean gap {_num(g.mean_gap())} points)")
 
 
 def gaps_markdown(g: GapSummary) -> str:
@@ -580,3 +591,12 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
     report.write_text("\n".join(sections))
     written.insert(0, report)
     return written
+
+
+def store_headline(store: str | Path) -> str:
+    """:func:`headline` of a store (what ``partialvfl report`` prints last)."""
+    from partialvfl.bench.store import ResultStore
+
+    with ResultStore(store, create=False) as s:
+        rows = s.rows(status="done")
+    return headline(gap_summary(aggregate(rows)), len({r["cell_hash"] for r in rows}))
