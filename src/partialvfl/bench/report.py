@@ -315,8 +315,9 @@ def gaps_markdown(g: GapSummary) -> str:
         return "No configuration has both a FALSE-VFL method and another method: no gap summary."
     lines = [
         f"FALSE-VFL (best variant) beats the best other method in **{g.wins} of {g.total}** configurations; "
-        f"mean gap {_num(g.mean_gap())} points over all, {_num(g.mean_gap(wins_only=True))} over the wins "
-        "(paper: 160 of 168, 9.1 and 9.6).",
+        f"mean gap {_num(g.mean_gap())} points over all, "
+        + (f"{_num(g.mean_gap(wins_only=True))} over the wins" if g.wins else "no wins")
+        + " (paper: 160 of 168, 9.1 and 9.6).",
         "",
     ]
     for axis, title in (("dataset", "dataset"), ("train", "training mechanism"), ("test", "test mechanism")):
