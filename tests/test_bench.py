@@ -24,7 +24,6 @@ from partialvfl.bench.report import (
     gap_summary,
     paper_comparison,
     robustness_ratios,
-    store_headline,
     write_report,
 )
 from partialvfl.bench.runner import run_grid, variant_of
@@ -425,7 +424,7 @@ def test_regression_rows_report_rmse_with_lower_better() -> None:
 def test_written_report_has_paper_layout(tmp_path: Path) -> None:
     _hand_store(tmp_path / "store")
     written = write_report(tmp_path / "store", tmp_path / "out")
-    names = {p.name for p in written}
+    names = {p.name for p in written.paths}
     assert {"report.md", "table-mcar2.md", "table-mcar5.md", "tables.csv", "gaps.md", "gaps.csv", "ratios.md",
             "ratios.csv", "paper_comparison.md", "paper_comparison.csv", "figure-mcar2.png", "figure-mcar2.svg",
             "figure-mcar5.png", "figure-mcar5.svg"} <= names
@@ -440,7 +439,7 @@ def test_written_report_has_paper_layout(tmp_path: Path) -> None:
     assert "82.0 vs 86.3 [-4.3]" in report
     assert "0.15 h from the first start to the last finish, on host(s) box" in report
     n_fits = len({r["cell_hash"] for r in ResultStore(tmp_path / "store").rows(status="done")})
-    assert store_headline(tmp_path / "store") == (
+    assert written.headline == (
         f"{n_fits} fits; FALSE-VFL beats the best other method in 2 of 4 configurations (mean gap 6.2 points)")
     assert (tmp_path / "out" / "figure-mcar2.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "out" / "figure-mcar2.svg").read_bytes()[:400]

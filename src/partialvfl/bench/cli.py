@@ -31,16 +31,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from partialvfl.bench.report import store_headline, write_report
+    from partialvfl.bench.report import write_report
 
     try:
         written = write_report(args.store, args.out, figures=not args.no_figures)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for path in written:
+    for path in written.paths:
         print(path)
-    print(store_headline(args.store))
+    print(written.headline)
     return 0
 
 

@@ -35,8 +35,10 @@ from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS, paper_
 __all__ = [
     "Aggregate",
     "GapSummary",
+    "WrittenReport",
     "aggregate",
     "gap_summary",
+    "headline",
     "mechanism_title",
     "method_title",
     "robustness_ratios",
@@ -509,7 +511,15 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str
     return path
 
 
-def write_report(store: str | Path, out: str | Path, *, figures: bool = True) -> list[Path]:
+@dataclass(frozen=True)
+class WrittenReport:
+    """What :func:`write_report` wrote (``report.md`` first) and the report's one-line :func:`headline`."""
+
+    paths: list[Path]
+    headline: str
+
+
+def write_report(store: str | Path, out: str | Path, *, figures: bool = True) -> WrittenReport:
     """Write the whole report of a store into ``out``: ``report.md`` plus per-part Markdown, CSV and figures."""
     from partialvfl.bench.store import ResultStore
 
@@ -591,13 +601,4 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
     report = out / "report.md"
     report.write_text("\n".join(sections))
     written.insert(0, report)
-    return written
-
-
-def store_headline(store: str | Path) -> str:
-    """:func:`headline` of a store (what ``partialvfl report`` prints last)."""
-    from partialvfl.bench.store import ResultStore
-
-    with ResultStore(store, create=False) as s:
-        rows = s.rows(status="done")
-    return headline(gap_summary(aggregate(rows)), len({r["cell_hash"] for r in rows}))
+    return WrittenReport(written, headline(gaps, len({r["cell_hash"] for r in rows})))

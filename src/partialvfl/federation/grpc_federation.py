@@ -356,20 +356,25 @@ class GrpcFederation(Federation):
         self.transport.broadcast(range(self.n_parties), "save", dir=rel)
         (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
 
-    def forget(self, directory: str | Path) -> None:
-        """Have every reachable party delete its state of ``directory`` (a pruned checkpoint); absent ones keep it."""
+    @staticmethod
+    def saved_party_dir(directory: str | Path) -> str:
+        """Where the parties keep the state saved into ``directory`` (as :meth:`save` recorded it)."""
         f = Path(directory) / PARTY_STATES_FILE
         if not f.exists():
+            raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
+        return json.loads(f.read_text())["party_dir"]
+
+    def forget(self, directory: str | Path) -> None:
+        """Have every reachable party delete its state of ``directory`` (a pruned checkpoint); absent ones keep it."""
+        try:
+            rel = self.saved_party_dir(directory)
+        except FileNotFoundError:  # nothing was saved there at the parties
             return
-        rel = json.loads(f.read_text())["party_dir"]
         self.transport.new_step()
         self.transport.broadcast(self._present(), "forget", tolerate=True, dir=rel)
 
     def load(self, directory: str | Path) -> None:
-        f = Path(directory) / PARTY_STATES_FILE
-        if not f.exists():
-            raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
-        rel = json.loads(f.read_text())["party_dir"]
+        rel = self.saved_party_dir(directory)
         self.transport.new_step()
         replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel)
         self.absent |= set(self._present()) - set(replies)
