@@ -342,18 +342,17 @@ class _FalseVFL(VFLMethod):
             y = view.y[view.labeled].astype(np.float64)
             self.y_mean_, self.y_std_ = float(y.mean()), float(y.std() or 1.0)
         self._build_coordinator()
-        self._clock = _StepClock(getattr(self, "checkpointer_", None))
-        if self._clock.resumed is not None:  # parties were rolled back by restore(); now the coordinator
-            saved = self._clock.resumed
+        clock = _StepClock(getattr(self, "checkpointer_", None))
+        if clock.resumed is not None:  # parties were rolled back by restore(); now the coordinator
+            saved = clock.resumed
             self._load_coordinator_state(saved["coordinator"])
             self.history_ = [dict(row) for row in saved["history"]]
         t0 = time.perf_counter()
-        self._pretrain(view, handle)
+        self._pretrain(view, handle, clock=clock)
         t1 = time.perf_counter()
-        self._train_labels(view, handle)
-        self._clock.check_finished()
+        self._train_labels(view, handle, clock=clock)
+        clock.check_finished()
         self.stage_seconds_ = {"pretrain": t1 - t0, "train": time.perf_counter() - t1}
-        del self._clock
 
     def _training_state(self, stage: str, optimizer: torch.optim.Optimizer, acc: list[float]) -> dict[str, Any]:
         """What a checkpoint needs besides the parties' states: coordinator modules, this stage's optimiser, the
@@ -361,7 +360,8 @@ class _FalseVFL(VFLMethod):
         return {"stage": stage, "coordinator": self._coordinator_state(), "optimizer": optimizer.state_dict(),
                 "acc": [float(a) for a in acc], "history": [dict(row) for row in self.history_]}
 
-    def _pretrain(self, view: CoordinatorView, handle: str, epochs: int | None = None) -> None:
+    def _pretrain(self, view: CoordinatorView, handle: str, epochs: int | None = None, *,
+                  clock: _StepClock | None = None) -> None:
         """Stage 1: IWAE bound over every sample with an observed party, labelled or not (Theta_g, II: psi)."""
         p = self.params_
         epochs = int(p["epochs_pretrain"]) if epochs is None else epochs
@@ -373,7 +373,7 @@ class _FalseVFL(VFLMethod):
         bs = int(p["batch_pretrain"])
         self.global_encoder_.train()
         self.global_decoder_.train()
-        clock = getattr(self, "_clock", None) or _StepClock(None)
+        clock = clock or _StepClock(None)
         for epoch in progress(range(epochs), f"{self.name} pretrain", self.progress):
             order = numpy_rng(self.seed, "pretrain", epoch).permutation(rows_all)
             acc = [0.0, 0]  # sum of per-sample bounds, count
@@ -388,7 +388,8 @@ class _FalseVFL(VFLMethod):
                 bound = acc[0] / max(acc[1], 1)
                 self._report("pretrain", epoch + 1, bound=bound, loss=-bound)
 
-    def _train_labels(self, view: CoordinatorView, handle: str, epochs: int | None = None) -> None:
+    def _train_labels(self, view: CoordinatorView, handle: str, epochs: int | None = None, *,
+                      clock: _StepClock | None = None) -> None:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
         p = self.params_
         epochs = int(p["epochs_train"]) if epochs is None else epochs
@@ -400,7 +401,7 @@ class _FalseVFL(VFLMethod):
         self.global_encoder_.eval()
         self.global_decoder_.eval()
         self.discriminator_.train()
-        clock = getattr(self, "_clock", None) or _StepClock(None)
+        clock = clock or _StepClock(None)
         for epoch in progress(range(epochs), f"{self.name} train", self.progress):
             order = numpy_rng(self.seed, "train", epoch).permutation(rows_all)
             acc = [0.0, 0.0, 0]  # sum of label bounds, sum of label NLLs, count
