@@ -147,6 +147,12 @@ class VFLMethod(ABC):
         """Overrides the preset applies on top of the defaults (may depend on the dataset)."""
         return {}
 
+    @classmethod
+    def epoch_param_names(cls) -> list[str]:
+        """The parameters that count training epochs (what the CLI's ``--epochs N`` sets, all of them)."""
+        return [k for k in cls.default_params()
+                if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
+
     def resolve_params(self, dataset: str | None) -> dict[str, Any]:
         params = dict(self.default_params())
         params.update(self.preset_params(self.preset, dataset))
