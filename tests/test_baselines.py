@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import MessageLog, find_raw_feature_leaks
 from partialvfl.methods import VFLMethod, evaluate, get_method
-from partialvfl.methods._simsiam import SimSiamConfig, image_augmenter, pretrain_encoder, tabular_augmenter
+from partialvfl.methods._simsiam import SimSiamConfig, SimSiamTrainer, image_augmenter, tabular_augmenter
 from partialvfl.methods._splitnn import fit_best_of_pretraining
 from partialvfl.methods.combinatorial import subset_name
 from partialvfl.methods.ensemble import majority_vote
@@ -305,8 +305,30 @@ def test_simsiam_pretraining_lowers_its_loss() -> None:
     torch.manual_seed(0)
     enc = MLP(6, [16], 8)
     cfg = SimSiamConfig(epochs=30, batch_size=64, lr=0.05, proj_dim=16, proj_hidden=16, pred_hidden=8)
-    losses = pretrain_encoder(enc, data, (6,), cfg, torch.Generator().manual_seed(0), out_dim=8)
-    assert len(losses) == 30 and losses[-1] < losses[0] - 0.05
+    trainer = SimSiamTrainer(enc, data, (6,), cfg, torch.Generator().manual_seed(0), out_dim=8)
+    losses = [trainer.run_epoch() for _ in range(cfg.epochs)]
+    assert losses[-1] < losses[0] - 0.05
+
+
+def test_simsiam_resumes_exactly_between_epochs() -> None:
+    """A trainer rebuilt from a fresh generator and loaded from a saved state continues as if never stopped."""
+    rng = np.random.default_rng(1)
+    data = rng.normal(size=(100, 5)).astype(np.float32)
+    cfg = SimSiamConfig(epochs=4, batch_size=32, lr=0.05, proj_dim=8, proj_hidden=8, pred_hidden=4)
+
+    def trainer(seed: int) -> SimSiamTrainer:
+        torch.manual_seed(seed)
+        return SimSiamTrainer(MLP(5, [8], 4), data, (5,), cfg, torch.Generator().manual_seed(seed), out_dim=4)
+
+    straight = trainer(0)
+    losses = [straight.run_epoch() for _ in range(4)]
+    first = trainer(0)
+    first.run_epoch(), first.run_epoch()
+    saved, enc = first.state_dict(), first.encoder.state_dict()
+    again = trainer(7)  # other initial weights and generator: everything must come from the saved state
+    again.encoder.load_state_dict(enc)
+    again.load_state_dict(saved)
+    assert [again.run_epoch(), again.run_epoch()] == losses[2:]
 
 
 def test_pretraining_is_recorded_and_survives_save_load(tmp_path) -> None:  # noqa: ANN001

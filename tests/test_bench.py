@@ -41,6 +41,7 @@ DUMMY_MODULE = textwrap.dedent('''
 
     from partialvfl.federation import PartyProgram, Reply, register_program
     from partialvfl.methods.base import VFLMethod, register_method
+    from partialvfl.methods.training import Stage
 
 
     @register_program
@@ -63,12 +64,16 @@ DUMMY_MODULE = textwrap.dedent('''
         def _party_config(self, party):
             return {}
 
-        def _fit(self, view, handle):
+        def _fit(self, view, handle, loop):
             if self.params_["fail"]:
                 raise RuntimeError("dummy failure on purpose")
             time.sleep(self.params_["sleep"])
-            self.transport.call(0, "echo", {"x": torch.zeros(25)})
-            self._report("train", 1, loss=0.0)
+
+            def step(item, rng):
+                self.transport.call(0, "echo", {"x": torch.zeros(25)})
+                return {"loss": (0.0, 1.0)}
+
+            loop.run(Stage("train", 1, lambda epoch, rng: [0], step, np.random.default_rng(0)))
 
         def _predict(self, view, handle, rows):
             rng = np.random.default_rng(self.seed)

@@ -28,6 +28,7 @@ from partialvfl.methods._false_vfl_parts import (
     split_gaussian,
 )
 from partialvfl.methods.false_vfl import paper_row
+from partialvfl.methods.training import TrainingLoop
 from partialvfl.nn.stats import log_mean_exp
 
 TINY = dict(d_h=8, d_z=4, encoder_hidden=[32], decoder_hidden=[32], global_hidden=[32], discriminator_hidden=[32],
@@ -267,7 +268,10 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
     before = snapshot()
     disc_before = [t.clone() for t in method.discriminator_.parameters()]
     handle = fed.attach(train, "stage2")
-    method._train_labels(train.coordinator_view(), handle, epochs=2)
+    loop = TrainingLoop(fed.transport, name="stage 2 alone", history=[], report=lambda *_: None,
+                        save_coordinator=dict, load_coordinator=lambda _: None)
+    method.params_["epochs_train"] = 2
+    loop.run(method._train_stage(train.coordinator_view(), handle))
     after = snapshot()
     for sb, sa in zip(before[0] + [before[1]], after[0] + [after[1]]):
         assert sb.keys() == sa.keys()
@@ -415,7 +419,6 @@ def _crashing_checkpointer(directory, federation, every: int, crash_at: int):  #
 @pytest.mark.parametrize(("variant", "crash_at"), [(1, 8), (1, 10), (2, 23)])
 def test_checkpointed_fit_resumes_after_a_crash_to_the_uninterrupted_result(variant, crash_at, tmp_path) -> None:
     """Crash mid-stage-1, at a stage-1 epoch end, and in stage 2: the resumed run equals the uninterrupted one."""
-    from partialvfl.federation import LocalFederation
     from partialvfl.federation.checkpoint import Checkpointer
 
     train, test = _synthetic(n=300, n_test=100)
@@ -423,22 +426,17 @@ def test_checkpointed_fit_resumes_after_a_crash_to_the_uninterrupted_result(vari
     params = dict(TINY, epochs_pretrain=2, epochs_train=3, batch_pretrain=64, batch_train=32)
     reference = cls("fast", seed=3, **params).fit(train)
 
-    fed = LocalFederation.for_dataset(train)
-    crashed = cls("fast", seed=3, **params)
-    crashed.checkpointer_ = _crashing_checkpointer(tmp_path, fed, every=5, crash_at=crash_at)
+    crashing = _crashing_checkpointer(tmp_path, None, every=5, crash_at=crash_at)
     with pytest.raises(_Crash):
-        crashed.fit(train, federation=fed)
-    assert crashed.checkpointer_.saved_steps[-1] == crash_at // 5 * 5
+        cls("fast", seed=3, **params).fit(train, checkpointer=crashing)
+    assert crashing.saved_steps[-1] == crash_at // 5 * 5
 
-    fed2 = LocalFederation.for_dataset(train)  # fresh parties: every state comes from the checkpoint
-    resumed = cls("fast", seed=3, **params)
-    resumed.checkpointer_ = Checkpointer(tmp_path, fed2, every=5)
-    resumed.fit(train, federation=fed2)
-    assert resumed.checkpointer_.restore_called
+    resumed = cls("fast", seed=3, **params)  # fresh parties: every state comes from the checkpoint
+    resumed.fit(train, checkpointer=Checkpointer(tmp_path, every=5))
+    assert resumed.resumed_step_ == crash_at // 5 * 5
     assert resumed.history_ == reference.history_
     np.testing.assert_allclose(resumed.predict_proba(test), reference.predict_proba(test), rtol=1e-6, atol=1e-7)
 
     other = cls("fast", seed=3, **dict(params, epochs_pretrain=20))  # a checkpoint of another run is refused
-    other.checkpointer_ = Checkpointer(tmp_path, LocalFederation.for_dataset(train), every=5)
     with pytest.raises(ValueError, match="parameters and data of the checkpointed run"):
-        other.fit(train, federation=other.checkpointer_.federation)
+        other.fit(train, checkpointer=Checkpointer(tmp_path, every=5))

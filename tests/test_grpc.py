@@ -42,6 +42,7 @@ from partialvfl.federation.grpc_transport import (
 )
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.methods.base import METHODS, VFLMethod, register_method
+from partialvfl.methods.training import Stage
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = 4
@@ -204,14 +205,30 @@ class ToySplitMethod(VFLMethod):
     def _party_config(self, party: int) -> dict[str, Any]:
         return {"feature_dim": self.index_.feature_dims[party], "hidden": HIDDEN}
 
-    def _fit(self, view, handle) -> None:  # noqa: ANN001
+    def _fit(self, view, handle, loop) -> None:  # noqa: ANN001
         _DIMS[view.n_parties] = self.index_.feature_dims
         labelled = view.labeled & view.observed.any(axis=1)
         obs = view.observed & labelled[:, None]
-        self.head_ = toy_train(self.federation_, handle, obs, np.where(view.labeled, view.y, 0),
-                               self.index_.task.n_classes, steps=self.params_["steps"], seed=self.seed,
-                               batch=self.params_["batch"], ckpt=getattr(self, "checkpointer_", None), setup=False,
-                               crash_at=getattr(self, "crash_at_", None))
+        y = np.where(view.labeled, view.y, 0)
+        self.head_, opt = toy_head(self.seed, self.index_.task.n_classes)
+        pool = np.flatnonzero(obs.any(axis=1))
+
+        def items(epoch: int, rng: np.random.Generator):  # noqa: ANN202
+            for _ in range(self.params_["steps"]):
+                yield np.sort(rng.choice(pool, size=self.params_["batch"], replace=False))
+
+        def step(rows: np.ndarray, rng: np.random.Generator) -> dict[str, tuple[float, float]]:
+            total, embs = toy_forward(self.federation_, handle, obs, rows)
+            loss = torch.nn.functional.cross_entropy(self.head_(total), torch.as_tensor(y[rows]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            self.transport.call_many({k: Request("backward", {"grad": e.grad}) for k, e in embs.items()},
+                                     tolerate=True)
+            return {"loss": (float(loss.detach()), 1.0)}
+
+        loop.run(Stage("train", 1, items, step, np.random.default_rng(self.seed),
+                       state=lambda: {"opt": opt.state_dict()}, load_state=lambda st: opt.load_state_dict(st["opt"])))
 
     def _predict(self, view, handle, rows) -> np.ndarray:  # noqa: ANN001
         out = []
@@ -222,12 +239,11 @@ class ToySplitMethod(VFLMethod):
             out.append(torch.softmax(self.head_(total), dim=1).detach().numpy())
         return np.concatenate(out)
 
-    def _coordinator_state(self) -> dict[str, Any]:
-        return {"head": self.head_.state_dict()}
+    def _coordinator_modules(self) -> dict[str, torch.nn.Module]:
+        return {"head": self.head_}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+    def _build_coordinator(self) -> None:
         self.head_, _ = toy_head(self.seed, self.index_.task.n_classes)
-        self.head_.load_state_dict(state["head"])
 
 
 # ---------------------------------------------------------------------- fixtures

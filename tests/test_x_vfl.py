@@ -17,6 +17,7 @@ from partialvfl.methods import get_method
 from partialvfl.methods.base import IndexInfo
 from partialvfl.methods.x_vfl import (
     XVFL,
+    _TrainContext,
     _Updater,
     incomplete_matrix,
     with_within_block_missing,
@@ -186,13 +187,15 @@ def test_federated_gradients_equal_the_centralised_gradient_of_the_objective(inp
     m = _method(epochs=1, xcom_input_grad=input_grad).fit(data)
     fed = m.federation_
     fed.attach(data, "again")
-    m._view_ = data.coordinator_view()
+    view = data.coordinator_view()
+    ctx = _TrainContext(view, "again", np.zeros(view.observed.shape, dtype=bool), None,
+                        torch.as_tensor(view.y, dtype=torch.long))
     rows = np.arange(24)
     progs = [fed.runtimes[k].program for k in range(3)]
     holders = [p.net for p in progs] + [m.top_]
     for h in holders:
         h.zero_grad(set_to_none=True)
-    m._pass("again", rows, "cur")
+    m._pass(ctx, rows, "cur")
     got = [[p.grad.clone() for p in h.parameters()] for h in holders]
     for h in holders:
         h.zero_grad(set_to_none=True)

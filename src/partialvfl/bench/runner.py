@@ -144,17 +144,14 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
     )
     train, first_test = make_protocol(config, source)
     model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **cell.overrides)
-    if notify is not None:
-        original = model._report
 
-        def _report(stage: str, epoch: int, **metrics: float) -> None:
-            original(stage, epoch, **metrics)
+    def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
+        if notify is not None:
             notify(cell.key, f"{stage} epoch {epoch}")
 
-        model._report = _report  # type: ignore[method-assign]
     log = MessageLog(keep_entries=False)
     t0 = time.perf_counter()
-    model.fit(train, log=log)
+    model.fit(train, log=log, on_epoch=on_epoch)
     fit_seconds = float(getattr(model, "fit_seconds_", None) or time.perf_counter() - t0)
     n_bytes = log.total_bytes()
     params = dict(getattr(model, "params_", {}))

@@ -137,7 +137,7 @@ class CoordinatorView:
     """The sample index as the coordinator (the active party's label side) sees it: no features.
 
     Everything here is known to the federation after entity alignment (which party holds which ID) plus what the
-    active party alone holds (labels).
+    active party alone holds (labels); ``info`` is the dataset's description (e.g. a simulated partial setting).
     """
 
     ids: np.ndarray
@@ -149,6 +149,7 @@ class CoordinatorView:
     party_names: tuple[str, ...]
     feature_dims: tuple[int, ...]
     feature_shapes: tuple[tuple[int, ...], ...]
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_samples(self) -> int:
@@ -328,6 +329,7 @@ class VerticalDataset:
             party_names=tuple(self.party_names),
             feature_dims=self.feature_dims,
             feature_shapes=tuple(self.feature_shapes),
+            info=dict(self.info),
         )
 
     # ------------------------------------------------------------------ derived datasets

@@ -13,17 +13,10 @@ kept: older ones are deleted at the coordinator and, through a ``forget`` messag
 exactly that step: steps done after the checkpoint are redone once from the same state (party states are rolled
 back too), never applied twice.
 
-How a method hooks in (``fit --checkpoint-every N`` / ``--resume`` set ``method.checkpointer_``)::
-
-    ckpt = getattr(self, "checkpointer_", None)
-    start = 0
-    if ckpt is not None and (saved := ckpt.restore()) is not None:
-        start = saved.step
-        self._restore_training(saved.state)           # modules, optimisers, generators
-    for step in range(start, total_steps):
-        ...one step (batch order derived from (seed, epoch) or from a generator saved in the state)...
-        if ckpt is not None:
-            ckpt.maybe_save(step + 1, self._training_state)
+Every method's training goes through :class:`~partialvfl.methods.training.TrainingLoop`, which takes the
+checkpointer as an argument (``method.fit(data, checkpointer=Checkpointer(dir, every=N))``, or
+``fit --checkpoint-every N`` / ``--resume`` on the command line): it calls :meth:`Checkpointer.restore` once the
+parties' programs are set up, and :meth:`Checkpointer.maybe_save` after every step.
 
 Party programs must return their optimiser state (and any generator) from ``state_dict`` for an exact resume.
 """
@@ -79,9 +72,13 @@ def set_rng_state(gen: torch.Generator | np.random.Generator, state: Any) -> Non
 
 
 class Checkpointer:
-    """Checkpoints of a federated training run in ``directory`` (coordinator side), every ``every`` steps."""
+    """Checkpoints of a training run in ``directory`` (coordinator side), every ``every`` steps.
 
-    def __init__(self, directory: str | Path, federation: Federation, every: int, *, keep: int = 2) -> None:
+    ``federation`` is the one whose parties save their halves; a fit binds it (:meth:`bind`) when none was given.
+    """
+
+    def __init__(self, directory: str | Path, federation: Federation | None = None, every: int = 100, *,
+                 keep: int = 2) -> None:
         if every < 1:
             raise ValueError(f"checkpoint interval must be at least 1 step, got {every}")
         if keep < 1:
@@ -95,6 +92,18 @@ class Checkpointer:
         self.restore_called = False  # whether the training loop asked for a resume (methods that support it do)
         self.restored_step: int | None = None  # the step of the checkpoint restore() loaded, if any
 
+    def bind(self, federation: Federation) -> None:
+        """Use ``federation``'s parties (a fit calls this); refuses a checkpointer bound to another federation."""
+        if self.federation is not None and self.federation is not federation:
+            raise ValueError("this checkpointer belongs to another federation: make one per fit")
+        self.federation = federation
+
+    @property
+    def _fed(self) -> Federation:
+        if self.federation is None:
+            raise RuntimeError("the checkpointer is not bound to a federation (pass it to fit, or bind it)")
+        return self.federation
+
     def _step_dir(self, step: int) -> Path:
         return self.directory / f"step-{step:09d}"
 
@@ -102,7 +111,7 @@ class Checkpointer:
         """Checkpoint now, after ``step`` steps, with the coordinator's ``state``."""
         d = self._step_dir(step)
         d.mkdir(parents=True, exist_ok=True)
-        self.federation.save(d)
+        self._fed.save(d)
         tmp = d / "coordinator.pt.tmp"
         torch.save({"step": int(step), "state": state}, tmp)
         os.replace(tmp, d / "coordinator.pt")
@@ -133,7 +142,7 @@ class Checkpointer:
         for p in dirs[: max(0, len(dirs) - self.keep)]:
             if p.name != keep_dir:
                 try:  # the parties delete their halves first (over gRPC they live on the parties' disks)
-                    self.federation.forget(p)
+                    self._fed.forget(p)
                 except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
                     log.warning("parties could not delete their state of %s: %s", p, e)
                 shutil.rmtree(p, ignore_errors=True)
@@ -156,6 +165,6 @@ class Checkpointer:
         self.restore_called = True
         ckpt = self.latest()
         if ckpt is not None:
-            self.federation.load(ckpt.directory)
+            self._fed.load(ckpt.directory)
             self.restored_step = ckpt.step
         return ckpt

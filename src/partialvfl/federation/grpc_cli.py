@@ -170,19 +170,17 @@ def run_federated_fit(args: argparse.Namespace) -> int:
         report_line(f"aligned {view.n_samples} samples over {fed.n_parties} parties "
                     f"({int(view.labeled.sum())} labelled); observed per party: "
                     f"{view.observed.sum(axis=0).tolist()}", verbose)
+        ck = None
         if args.checkpoint_every or args.resume:
-            method.checkpointer_ = Checkpointer(ck_dir, fed, every=args.checkpoint_every or 10**12)
+            ck = Checkpointer(ck_dir, fed, every=args.checkpoint_every or 10**12)
         method.fit_federated(fed, view, handle, data_info={"federation": str(args.federation),
-                                                           "n_samples": view.n_samples})
-        ck = getattr(method, "checkpointer_", None)
-        if args.resume and ck is not None and not ck.restore_called:
-            report_line(f"note: {args.method} does not resume from checkpoints: it trained from the start", verbose)
-        elif args.resume and ck is not None:
+                                                           "n_samples": view.n_samples}, checkpointer=ck)
+        if args.resume and ck is not None:
             report_line(f"resumed from the checkpoint after step {ck.restored_step}" if ck.restored_step else
                         "no checkpoint to resume from: trained from the start", verbose)
         if args.checkpoint_every and ck is not None and not ck.saved_steps:
-            report_line(f"note: {args.method} did not checkpoint (it does not use the checkpointer, or trained "
-                        f"fewer than {args.checkpoint_every} steps)", verbose)
+            report_line(f"note: {args.method} trained fewer than {args.checkpoint_every} steps: no checkpoint "
+                        "was taken", verbose)
         fed.release(handle)
         method.save(out)
         if fed.transport.failures:

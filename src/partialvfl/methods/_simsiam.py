@@ -17,8 +17,9 @@ Everything here is party-local: the functions see one party's block and nothing 
   ``corruption``, by the same column's value in a random row of the party's own data; Bahri et al., 2022, SCARF),
   plus a little Gaussian noise.
 
-This module is private (not a registered method); FedHSSL reuses :class:`SimSiamHead`, :func:`simsiam_loss`,
-:func:`make_augmenter` and :func:`pretrain_encoder`.
+This module is private (not a registered method); the split-network parties pretrain with :class:`SimSiamTrainer`
+(one epoch per coordinator step) and FedHSSL reuses :class:`SimSiamHead`, :func:`simsiam_loss` and
+:func:`make_augmenter`.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.nn.blocks import MLP, image_shape
+from partialvfl.nn.optim import make_optimizer
 
 __all__ = [
     "Augmenter",
     "SimSiamConfig",
     "SimSiamHead",
+    "SimSiamTrainer",
     "image_augmenter",
     "make_augmenter",
-    "pretrain_encoder",
     "simsiam_loss",
     "tabular_augmenter",
 ]
@@ -153,61 +155,61 @@ def make_augmenter(feature_shape: Sequence[int], data: np.ndarray, config: SimSi
     return tabular_augmenter(data, config.corruption, config.noise)
 
 
-def pretrain_encoder(
-    encoder: nn.Module,
-    data: np.ndarray,
-    feature_shape: Sequence[int],
-    config: SimSiamConfig,
-    generator: torch.Generator,
-    *,
-    out_dim: int | None = None,
-    report: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """Pretrain ``encoder`` in place with SimSiam on ``data`` (one party's own rows); returns the loss per epoch.
+class SimSiamTrainer:
+    """SimSiam pretraining of one encoder on one party's own rows, one epoch per :meth:`run_epoch` call.
 
-    A fresh projector/predictor is built (seeded from ``generator``) and discarded afterwards; only the encoder's
-    weights are kept.  Batches of one sample are skipped (batch norm needs two).
+    A fresh projector/predictor is built (seeded from ``generator``) and discarded when pretraining ends; only the
+    encoder's weights are kept.  Batches of one sample are skipped (batch norm needs two).  Between epochs the
+    trainer keeps its head, optimiser and generator, and :meth:`state_dict` returns all three, so a party that is
+    checkpointed between epochs resumes exactly (the coordinator drives the epochs through the training loop).
     """
-    x_all = torch.tensor(np.array(data, dtype=np.float32))
-    n = x_all.shape[0]
-    if n < 2:
-        return []
-    dim = int(out_dim if out_dim is not None else encoder.out_dim)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden)
-    params = list(encoder.parameters()) + list(head.parameters())
-    if config.optimizer == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                                                     weight_decay=config.weight_decay)
-    elif config.optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    else:
-        raise ValueError(f"SimSiam optimizer must be 'sgd' or 'adam', got {config.optimizer!r}")
-    augment = make_augmenter(feature_shape, x_all.numpy(), config)
-    was_training = encoder.training
-    encoder.train()
-    head.train()
-    losses: list[float] = []
-    bs = max(2, int(config.batch_size))
-    for epoch in range(int(config.epochs)):
-        perm = torch.randperm(n, generator=generator)
+
+    def __init__(self, encoder: nn.Module, data: np.ndarray, feature_shape: Sequence[int], config: SimSiamConfig,
+                 generator: torch.Generator, *, out_dim: int | None = None) -> None:
+        self.encoder = encoder
+        self.x_all = torch.tensor(np.array(data, dtype=np.float32))
+        self.config = config
+        self.generator = generator
+        dim = int(out_dim if out_dim is not None else encoder.out_dim)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+            self.head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden)
+        params = list(encoder.parameters()) + list(self.head.parameters())
+        self.optimizer = make_optimizer(params, config.optimizer, config.lr, config.weight_decay, config.momentum)
+        self.augment = make_augmenter(feature_shape, self.x_all.numpy(), config)
+
+    def run_epoch(self) -> float | None:
+        """One epoch over the party's rows; the mean loss (``None`` with fewer than two rows)."""
+        n = self.x_all.shape[0]
+        if n < 2:
+            return None
+        was_training = self.encoder.training
+        self.encoder.train()
+        self.head.train()
+        bs = max(2, int(self.config.batch_size))
+        perm = torch.randperm(n, generator=self.generator)
         total, count = 0.0, 0
         for start in range(0, n, bs):
             idx = perm[start:start + bs]
             if len(idx) < 2:
                 continue
-            x = x_all[idx]
-            z1, p1 = head(encoder(augment(x, generator)))
-            z2, p2 = head(encoder(augment(x, generator)))
+            x = self.x_all[idx]
+            z1, p1 = self.head(self.encoder(self.augment(x, self.generator)))
+            z2, p2 = self.head(self.encoder(self.augment(x, self.generator)))
             loss = simsiam_loss(p1, z1, p2, z2)
-            opt.zero_grad()
+            self.optimizer.zero_grad()
             loss.backward()
-            opt.step()
+            self.optimizer.step()
             total += float(loss.detach()) * len(idx)
             count += len(idx)
-        losses.append(total / max(count, 1))
-        if report is not None:
-            report(epoch, losses[-1])
-    encoder.train(was_training)
-    return losses
+        self.encoder.train(was_training)
+        return total / max(count, 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])

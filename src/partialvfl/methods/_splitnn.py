@@ -32,13 +32,14 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.methods._simsiam import SimSiamConfig, pretrain_encoder
+from partialvfl.methods._simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP, build_encoder
+from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
 
-__all__ = ["PAPER_TABLES", "SplitNNMethod", "SplitParty", "dataset_key", "fit_best_of_pretraining", "fuse",
-           "make_optimizer"]
+__all__ = ["PAPER_TABLES", "SplitNNMethod", "SplitParty", "dataset_key", "fit_best_of_pretraining", "fuse"]
 
 # ---------------------------------------------------------------------- hyperparameter tables
 #: The FALSE-VFL paper's Tables 6 (Vanilla VFL), 7 (LASER-VFL) and 8 (PlugVFL): fine-tuning optimiser Adam,
@@ -82,15 +83,6 @@ def dataset_key(dataset: str | None) -> str:
     return str(dataset).split(":")[0].strip().lower().replace("_", "-")
 
 
-def make_optimizer(params: Any, name: str, lr: float, weight_decay: float, momentum: float) -> torch.optim.Optimizer:
-    """Adam or SGD (with momentum) over ``params``."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
-
-
 # ---------------------------------------------------------------------- party side
 @register_program
 class SplitParty(PartyProgram):
@@ -114,6 +106,8 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
+        self._simsiam: dict[str, SimSiamTrainer] = {}
+        self._simsiam_saved: dict[str, Any] | None = None
 
     def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
         view = self.data(handle)
@@ -175,21 +169,47 @@ class SplitParty(PartyProgram):
         return Reply()
 
     def on_pretrain(self, req: Request) -> Reply:
+        """One SimSiam epoch of each model on all the party's own rows of ``data`` (nothing crosses but losses).
+
+        ``meta['epoch']`` 0 starts pretraining (fresh SimSiam heads); ``meta['last']`` ends it (heads dropped).
+        """
         view = self.data(req.meta["data"])
-        cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
-        losses: dict[str, list[float]] = {}
-        for name in req.meta.get("models") or list(self.models):
-            gen = torch_generator(self.seed, "simsiam", self.party, name)
-            losses[name] = pretrain_encoder(self._model(name), view.features, self.feature_shape, cfg, gen,
-                                            out_dim=self.latent_dim)
+        names = list(req.meta.get("models") or list(self.models))
+        if int(req.meta["epoch"]) == 0 or not self._simsiam:
+            cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
+            self._simsiam = {
+                name: SimSiamTrainer(self._model(name), view.features, self.feature_shape, cfg,
+                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim)
+                for name in names}
+            if self._simsiam_saved is not None:  # resumed between two epochs: continue exactly where it stopped
+                for name, st in self._simsiam_saved.items():
+                    self._simsiam[name].load_state_dict(st)
+                self._simsiam_saved = None
+        losses = {name: self._simsiam[name].run_epoch() for name in names}
+        if req.meta.get("last"):
+            self._simsiam = {}
         return Reply(meta={"losses": losses, "n_rows": int(view.n_observed)})
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in self.models.items()}
+        """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
+        state: dict[str, Any] = {
+            "models": {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                       for name, m in self.models.items()},
+            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+        }
+        if self._simsiam:
+            state["simsiam"] = {name: t.state_dict() for name, t in self._simsiam.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, sd in state.items():
+        if "models" not in state:  # models saved before optimiser states were kept: {name: weights}
+            state = {"models": state}
+        for name, sd in state["models"].items():
             self._model(name).load_state_dict(sd)
+        for name, sd in state.get("optimizers", {}).items():
+            self.optimizers[name].load_state_dict(sd)
+        self._simsiam = {}
+        self._simsiam_saved = state.get("simsiam")
 
 
 # ---------------------------------------------------------------------- coordinator side
@@ -323,7 +343,7 @@ class SplitNNMethod(VFLMethod):
         with torch_seeded(self.seed, "heads", self.name):
             self.heads_ = self._build_heads()
 
-    def _fit(self, view: CoordinatorView, handle: str) -> None:
+    def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
         p = self.params_
@@ -335,25 +355,32 @@ class SplitNNMethod(VFLMethod):
                                                float(p["momentum"])) if head_params else None)
         self.pretrained_ = bool(p["pretrain"])
         if self.pretrained_:
-            self._pretrain(handle)
+            loop.run(self._pretrain_stage(handle))
         rows = self._training_rows(view)
         if rows.size == 0:
             raise ValueError(f"{self.name}: no training sample qualifies ({self._rows_description()})")
-        rng = numpy_rng(self.seed, "batches", self.name)
+        loop.run(self._train_stage(view, handle, rows))
+        self.heads_.eval()
+
+    def _train_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Stage:
+        """Supervised split learning: batches from one seeded generator, which the steps also draw from."""
+        p = self.params_
         epochs = int(p["epochs"])
-        for epoch in range(epochs):
+
+        def start(epoch: int) -> None:
             if p["lr_schedule"] == "cosine":
                 self._set_lr(self._cosine_lr(epoch, epochs))
+
+        def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics | None:
             self.heads_.train()
-            total, count = 0.0, 0
-            for batch in self._batches(view, rows, rng):
-                self.transport.new_step()
-                loss = self._train_step(view, handle, batch, rng)
-                if loss is not None:
-                    total += float(loss) * len(batch)
-                    count += len(batch)
-            self._report("train", epoch, loss=total / max(count, 1))
-        self.heads_.eval()
+            loss = self._train_step(view, handle, batch, rng)
+            return None if loss is None else {"loss": (float(loss) * len(batch), len(batch))}
+
+        opt = self.head_optimizer_
+        return Stage("train", epochs, lambda epoch, rng: self._batches(view, rows, rng), step,
+                     numpy_rng(self.seed, "batches", self.name), on_epoch_start=start,
+                     state=lambda: {"optimizer": opt.state_dict() if opt is not None else {}},
+                     load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None)
 
     def _rows_description(self) -> str:
         return "labelled samples with at least one observed party"
@@ -370,20 +397,31 @@ class SplitNNMethod(VFLMethod):
         self.transport.new_step()
         self.transport.broadcast(range(self.index_.n_parties), "set_lr", lr=lr)
 
-    def _pretrain(self, handle: str) -> None:
-        """SimSiam at every party on all its own rows (labelled or not); only losses come back."""
+    def _pretrain_stage(self, handle: str) -> Stage:
+        """SimSiam at every party on all its own rows (labelled or not), one epoch per step; only losses return."""
         p = self.params_
         cfg = SimSiamConfig(epochs=int(p["pretrain_epochs"]), batch_size=int(p["pretrain_batch_size"]),
                             lr=float(p["pretrain_lr"]), weight_decay=float(p["pretrain_weight_decay"]),
                             momentum=float(p["pretrain_momentum"]), optimizer=p["pretrain_optimizer"],
                             corruption=float(p["pretrain_corruption"]), noise=float(p["pretrain_noise"]))
         parties = [k for k in range(self.index_.n_parties) if self._model_names(k)]
-        self.transport.new_step()
-        replies = self.transport.broadcast(parties, "pretrain", data=handle, simsiam=cfg.to_dict())
-        for k, rep in replies.items():
-            for name, losses in rep.meta["losses"].items():
-                if losses:
-                    self._report(f"pretrain party {k} {name}", len(losses) - 1, loss=losses[-1])
+        epochs = cfg.epochs
+
+        def step(epoch: int, rng: np.random.Generator) -> Metrics:
+            replies = self.transport.broadcast(parties, "pretrain", data=handle, simsiam=cfg.to_dict(), epoch=epoch,
+                                               last=epoch == epochs - 1)
+            out: dict[str, tuple[float, float]] = {}
+            for k, rep in sorted(replies.items()):
+                for name, loss in rep.meta["losses"].items():
+                    if loss is not None:
+                        key = f"loss_party{k}" if name == "f" else f"loss_party{k}_{name}"
+                        out[key] = (float(loss), 1.0)
+            if out:
+                out["loss"] = (float(np.mean([v for v, _ in out.values()])), 1.0)
+            return out
+
+        return Stage("pretrain", epochs, lambda epoch, rng: [epoch], step,
+                     numpy_rng(self.seed, "pretrain", self.name))
 
     # ------------------------------------------------------------------ wire helpers
     def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool
@@ -456,14 +494,16 @@ class SplitNNMethod(VFLMethod):
         return np.random.default_rng(derive_seed(self.seed, "predict", self.name))
 
     # ------------------------------------------------------------------ persistence of the active party's part
-    def _coordinator_state(self) -> dict[str, Any]:
-        return {"heads": {k: v.detach().clone() for k, v in self.heads_.state_dict().items()},
-                "pretrained": bool(getattr(self, "pretrained_", False))}
+    def _coordinator_modules(self) -> dict[str, nn.Module]:
+        return {"heads": self.heads_}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+    def _build_coordinator(self) -> None:
         self._init_heads()
-        self.heads_.load_state_dict(state["heads"])
-        self.heads_.eval()
+
+    def _coordinator_extra_state(self) -> dict[str, Any]:
+        return {"pretrained": bool(getattr(self, "pretrained_", False))}
+
+    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:
         self.pretrained_ = bool(state.get("pretrained", False))
 
 

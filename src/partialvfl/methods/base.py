@@ -12,10 +12,13 @@ What subclasses implement:
   ``paper`` presets (per dataset where the paper differs per dataset);
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
   build its modules, e.g. ``feature_dim``/``feature_shape`` from ``self.index_``);
-* ``_fit(view, handle)``: training, with the training data attached at the parties under ``handle``;
+* ``_fit(view, handle, loop)``: training, with the training data attached at the parties under ``handle``; every
+  epoch goes through ``loop`` (a :class:`~partialvfl.methods.training.TrainingLoop`: progress, checkpoints, resume);
 * ``_predict(view, handle, rows)``: class probabilities ``(len(rows), C)`` (classification) or values
   ``(len(rows),)`` (regression) for ``rows``, each of which has at least one observed party;
-* ``_coordinator_state()`` / ``_load_coordinator_state(state)``: what the active party alone holds.
+* ``_coordinator_modules()``: the active party's trained modules by name (saved, checkpointed and restored in
+  place); ``_coordinator_extra_state()`` / ``_load_coordinator_extra_state(state)`` for anything else it holds, and
+  ``_build_coordinator()`` to make the modules of a loaded model before their weights are read.
 
 Samples with no observed party are never sent to ``_predict``: they get the training label prior (classification:
 the labelled training class frequencies; regression: the labelled training mean).  ``evaluate`` counts them.
@@ -23,12 +26,13 @@ the labelled training class frequencies; regression: the labelled training mean)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -36,8 +40,14 @@ import torch
 from partialvfl.data.dataset import CoordinatorView, Task, VerticalDataset
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
+from partialvfl.methods.training import EpochCallback, TrainingLoop
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from partialvfl.federation.checkpoint import Checkpointer
 
 __all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "method_names", "register_method"]
 
@@ -168,45 +178,90 @@ class VFLMethod(ABC):
         """JSON-able configuration sent to party ``party`` at setup."""
 
     @abstractmethod
-    def _fit(self, view: CoordinatorView, handle: str) -> None:
-        """Train, with the training data attached at every party under ``handle``."""
+    def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
+        """Train, with the training data attached at every party under ``handle``; epochs run through ``loop``."""
 
     @abstractmethod
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         """Probabilities (classification) or values (regression) for ``rows`` (each with >= 1 observed party)."""
 
-    def _coordinator_state(self) -> dict[str, Any]:
+    def _coordinator_modules(self) -> dict[str, nn.Module]:
+        """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
-        pass
+    def _build_coordinator(self) -> None:  # noqa: B027 - optional
+        """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
+
+    def _coordinator_extra_state(self) -> dict[str, Any]:
+        """What the active party holds besides its modules' weights (plain values and tensors)."""
+        return {}
+
+    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
+        """Restore :meth:`_coordinator_extra_state`."""
+
+    def _coordinator_state(self) -> dict[str, Any]:
+        """The active party's part of a saved model or checkpoint: module weights by name, plus extras."""
+        state: dict[str, Any] = {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                                 for name, m in self._coordinator_modules().items()}
+        state.update(self._coordinator_extra_state())
+        return state
+
+    def _load_coordinator_in_place(self, state: dict[str, Any]) -> None:
+        """Load :meth:`_coordinator_state` into the existing modules (optimisers keep pointing at them)."""
+        for name, module in self._coordinator_modules().items():
+            module.load_state_dict(state[name])
+        self._load_coordinator_extra_state(state)
+
+    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+        """Build the coordinator's modules for a loaded model and read their weights."""
+        self._build_coordinator()
+        self._load_coordinator_in_place(state)
+        for module in self._coordinator_modules().values():
+            module.eval()
 
     # ------------------------------------------------------------------ helpers for subclasses
     @property
     def transport(self):  # noqa: ANN201 - Transport
         return self.federation_.transport
 
-    def _report(self, stage: str, epoch: int, **metrics: float) -> None:
-        """Record one progress line (and print it when ``progress`` is on)."""
-        row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
-        self.history_.append(row)
-        parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", self.progress)
+    def _recorder(self, on_epoch: EpochCallback | None) -> EpochCallback:
+        """The loop's epoch report: a history row, a progress line (with ``progress``), then ``on_epoch``."""
+
+        def record(stage: str, epoch: int, metrics: dict[str, float]) -> None:
+            row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
+            self.history_.append(row)
+            parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", self.progress)
+            if on_epoch is not None:
+                on_epoch(stage, epoch, dict(metrics))
+
+        return record
 
     # ------------------------------------------------------------------ estimator API
-    def fit(self, train: VerticalDataset, *, federation: Federation | None = None,
-            log: MessageLog | None = None) -> Self:
-        """Fit on ``train`` (labelled and unlabelled samples, any per-sample observed mask), in process by default."""
+    def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
+            checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None) -> Self:
+        """Fit on ``train`` (labelled and unlabelled samples, any per-sample observed mask), in process by default.
+
+        ``checkpointer`` checkpoints every N steps and resumes from its last checkpoint; ``on_epoch(stage, epoch,
+        metrics)`` is called after every epoch.
+        """
         fed = federation or LocalFederation.for_dataset(train, log=log)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
-        self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info)
+        self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
+                           checkpointer=checkpointer, on_epoch=on_epoch)
         fed.release(handle)
         return self
 
     def fit_federated(self, federation: Federation, view: CoordinatorView, handle: str, *,
-                      dataset: str | None = None, data_info: dict[str, Any] | None = None) -> Self:
-        """Fit with the training data already attached at the parties under ``handle`` (any deployment)."""
+                      dataset: str | None = None, data_info: dict[str, Any] | None = None,
+                      checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None) -> Self:
+        """Fit with the training data already attached at the parties under ``handle`` (any deployment).
+
+        ``checkpointer``: checkpoint every N steps into its directory and, if it holds a checkpoint, resume from it
+        (the resumed fit ends in the same parameters as an uninterrupted one); ``on_epoch(stage, epoch, metrics)``:
+        called after every epoch.
+        """
         if view.n_parties != federation.n_parties:
             raise ValueError(f"the data has {view.n_parties} parties, the federation {federation.n_parties}")
         if not view.labeled.any():
@@ -218,10 +273,29 @@ class VFLMethod(ABC):
         self.label_prior_ = _label_prior(view)
         self.history_ = []
         federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed)
+        if checkpointer is not None:
+            checkpointer.bind(federation)
+        loop = TrainingLoop(
+            federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
+            save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
+            checkpointer=checkpointer, fingerprint=self._fingerprint(view), show_progress=self.progress,
+        )
         t0 = time.perf_counter()
-        self._fit(view, handle)
+        self._fit(view, handle, loop)
+        loop.finish()
         self.fit_seconds_ = time.perf_counter() - t0
+        self.resumed_step_ = loop.resumed_step
         return self
+
+    def _fingerprint(self, view: CoordinatorView) -> dict[str, Any]:
+        """What must match for a checkpoint to be resumed: method, seed, parameters and a digest of the data index."""
+        digest = hashlib.sha256()
+        for arr in (view.observed, view.labeled, np.where(view.labeled, view.y, 0)):
+            digest.update(np.ascontiguousarray(arr).tobytes())
+        digest.update("\x1f".join(str(i) for i in view.ids).encode())
+        params = json.loads(json.dumps(self.params_, default=json_default))
+        return {"method": self.name, "seed": self.seed, "params": params, "data": digest.hexdigest()[:16],
+                "n_samples": view.n_samples}
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "federation_"):

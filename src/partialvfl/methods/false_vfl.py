@@ -21,10 +21,9 @@ gradients the parties receive are exactly those of the centralised bound (tested
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,13 +41,10 @@ from partialvfl.methods._false_vfl_parts import (
     snis_weights,
 )
 from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
-from partialvfl.utils.progress import progress
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
-
-if TYPE_CHECKING:
-    from partialvfl.federation.checkpoint import Checkpointer
 
 __all__ = ["FalseVFL1", "FalseVFL2", "PAPER_ROWS", "paper_row"]
 
@@ -187,20 +183,14 @@ class _FalseVFL(VFLMethod):
         if not hasattr(self, "y_mean_"):
             self.y_mean_, self.y_std_ = 0.0, 1.0
 
-    def _coordinator_state(self) -> dict[str, Any]:
-        return {
-            "global_encoder": self.global_encoder_.state_dict(),
-            "global_decoder": self.global_decoder_.state_dict(),
-            "discriminator": self.discriminator_.state_dict(),
-            "y_mean": float(self.y_mean_),
-            "y_std": float(self.y_std_),
-        }
+    def _coordinator_modules(self) -> dict[str, torch.nn.Module]:
+        return {"global_encoder": self.global_encoder_, "global_decoder": self.global_decoder_,
+                "discriminator": self.discriminator_}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
-        self._build_coordinator()
-        self.global_encoder_.load_state_dict(state["global_encoder"])
-        self.global_decoder_.load_state_dict(state["global_decoder"])
-        self.discriminator_.load_state_dict(state["discriminator"])
+    def _coordinator_extra_state(self) -> dict[str, Any]:
+        return {"y_mean": float(self.y_mean_), "y_std": float(self.y_std_)}
+
+    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:
         self.y_mean_, self.y_std_ = float(state["y_mean"]), float(state["y_std"])
 
     # ------------------------------------------------------------------ one batch
@@ -208,8 +198,11 @@ class _FalseVFL(VFLMethod):
         return torch.randn(shape, generator=gen)
 
     def _forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
-                 noise_seed: int) -> _Pass:
-        """Rounds ``encode`` and ``decode`` for one batch; returns the (S, B) importance log-weights (label-free)."""
+                 noise_seed: int, new_step: bool = True) -> _Pass:
+        """Rounds ``encode`` and ``decode`` for one batch; returns the (S, B) importance log-weights (label-free).
+
+        ``new_step=False`` when the caller (the training loop) has started the transport step already.
+        """
         p = self.params_
         transport = self.transport
         n_parties = view.n_parties
@@ -217,7 +210,8 @@ class _FalseVFL(VFLMethod):
         observed = view.observed[rows]
         b, d_h, d_z = len(rows), int(p["d_h"]), int(p["d_z"])
 
-        transport.new_step()
+        if new_step:
+            transport.new_step()
         requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, {"data": handle, "train": train})
                     for k in range(n_parties) if observed[:, k].any()}
         replies = transport.call_many(requests, tolerate=True)
@@ -285,7 +279,7 @@ class _FalseVFL(VFLMethod):
         """One stage-1 step: maximise the IWAE bound of the batch; returns (sum of per-sample bounds, count)."""
         p = self.params_
         transport = self.transport
-        st = self._forward(view, handle, rows, int(p["kappa"]), train=True, noise_seed=noise_seed)
+        st = self._forward(view, handle, rows, int(p["kappa"]), train=True, noise_seed=noise_seed, new_step=False)
         keep = torch.as_tensor(st.keep)
         n_keep = int(keep.sum())
         if n_keep == 0:
@@ -336,98 +330,85 @@ class _FalseVFL(VFLMethod):
         return gaussian_log_prob(y.view(1, -1), mean, logvar)
 
     # ------------------------------------------------------------------ stages
-    def _fit(self, view: CoordinatorView, handle: str) -> None:
+    def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         self._check_params()
         if not self.index_.task.is_classification:
             y = view.y[view.labeled].astype(np.float64)
             self.y_mean_, self.y_std_ = float(y.mean()), float(y.std() or 1.0)
         self._build_coordinator()
-        clock = _StepClock(getattr(self, "checkpointer_", None))
-        if clock.resumed is not None:  # parties were rolled back by restore(); now the coordinator
-            saved = clock.resumed
-            self._load_coordinator_state(saved["coordinator"])
-            self.history_ = [dict(row) for row in saved["history"]]
         t0 = time.perf_counter()
-        self._pretrain(view, handle, clock=clock)
+        loop.run(self._pretrain_stage(view, handle))
         t1 = time.perf_counter()
-        self._train_labels(view, handle, clock=clock)
-        clock.check_finished()
+        loop.run(self._train_stage(view, handle))
+        self.discriminator_.eval()
         self.stage_seconds_ = {"pretrain": t1 - t0, "train": time.perf_counter() - t1}
 
-    def _training_state(self, stage: str, optimizer: torch.optim.Optimizer, acc: list[float]) -> dict[str, Any]:
-        """What a checkpoint needs besides the parties' states: coordinator modules, this stage's optimiser, the
-        running epoch sums and the history (batch orders and noise derive from (seed, stage, epoch, batch))."""
-        return {"stage": stage, "coordinator": self._coordinator_state(), "optimizer": optimizer.state_dict(),
-                "acc": [float(a) for a in acc], "history": [dict(row) for row in self.history_]}
+    def _epoch_batches(self, stage: str, rows_all: np.ndarray, batch_size: int
+                       ) -> Callable[[int, np.random.Generator], Iterator[tuple[np.ndarray, int]]]:
+        """Batches of one epoch and their noise seeds: pure functions of (seed, stage, epoch, batch index)."""
 
-    def _pretrain(self, view: CoordinatorView, handle: str, epochs: int | None = None, *,
-                  clock: _StepClock | None = None) -> None:
+        def batches(epoch: int, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, int]]:
+            order = numpy_rng(self.seed, stage, epoch).permutation(rows_all)
+            for i, start in enumerate(range(0, len(order), batch_size)):
+                yield order[start:start + batch_size], derive_seed(self.seed, stage, epoch, i)
+
+        return batches
+
+    def _pretrain_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 1: IWAE bound over every sample with an observed party, labelled or not (Theta_g, II: psi)."""
         p = self.params_
-        epochs = int(p["epochs_pretrain"]) if epochs is None else epochs
-        rows_all = np.flatnonzero(view.observed.any(axis=1))
         optimizer = torch.optim.Adam(
             list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()),
             lr=float(p["lr_pretrain"]), weight_decay=float(p["weight_decay_pretrain"]),
         )
-        bs = int(p["batch_pretrain"])
-        self.global_encoder_.train()
-        self.global_decoder_.train()
-        clock = clock or _StepClock(None)
-        for epoch in progress(range(epochs), f"{self.name} pretrain", self.progress):
-            order = numpy_rng(self.seed, "pretrain", epoch).permutation(rows_all)
-            acc = [0.0, 0]  # sum of per-sample bounds, count
-            for i, start in enumerate(range(0, len(order), bs)):
-                if clock.skip("pretrain", optimizer, acc):
-                    continue
-                s, n = self._pretrain_step(view, handle, order[start:start + bs],
-                                           derive_seed(self.seed, "pretrain", epoch, i), optimizer)
-                acc[0], acc[1] = acc[0] + s, acc[1] + n
-                clock.done(partial(self._training_state, "pretrain", optimizer, acc))
-            if clock.caught_up:
-                bound = acc[0] / max(acc[1], 1)
-                self._report("pretrain", epoch + 1, bound=bound, loss=-bound)
 
-    def _train_labels(self, view: CoordinatorView, handle: str, epochs: int | None = None, *,
-                      clock: _StepClock | None = None) -> None:
+        def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics:
+            self.global_encoder_.train()
+            self.global_decoder_.train()
+            s, n = self._pretrain_step(view, handle, item[0], item[1], optimizer)
+            return {"bound": (s, n), "loss": (-s, n)}
+
+        return Stage("pretrain", int(p["epochs_pretrain"]),
+                     self._epoch_batches("pretrain", np.flatnonzero(view.observed.any(axis=1)),
+                                         int(p["batch_pretrain"])),
+                     step, numpy_rng(self.seed, "false-vfl", "pretrain"),
+                     state=lambda: {"optimizer": optimizer.state_dict()},
+                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
+
+    def _train_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
         p = self.params_
-        epochs = int(p["epochs_train"]) if epochs is None else epochs
-        rows_all = np.flatnonzero(view.labeled & view.observed.any(axis=1))
         optimizer = torch.optim.Adam(self.discriminator_.parameters(), lr=float(p["lr_train"]),
                                      weight_decay=float(p["weight_decay_train"]))
         y_all = self._target_tensor(view)
-        bs = int(p["batch_train"])
-        self.global_encoder_.eval()
-        self.global_decoder_.eval()
-        self.discriminator_.train()
-        clock = clock or _StepClock(None)
-        for epoch in progress(range(epochs), f"{self.name} train", self.progress):
-            order = numpy_rng(self.seed, "train", epoch).permutation(rows_all)
-            acc = [0.0, 0.0, 0]  # sum of label bounds, sum of label NLLs, count
-            for i, start in enumerate(range(0, len(order), bs)):
-                if clock.skip("train", optimizer, acc):
-                    continue
-                rows = order[start:start + bs]
-                with torch.no_grad():
-                    st = self._forward(view, handle, rows, int(p["kappa"]), train=False,
-                                       noise_seed=derive_seed(self.seed, "train", epoch, i))
-                keep = torch.as_tensor(st.keep)
-                if keep.any():
-                    log_py = self._label_log_probs(st.h, y_all[torch.as_tensor(rows)])
-                    bound_y = log_mean_exp(log_py + st.log_w, dim=0)[keep]
-                    bound_x = log_mean_exp(st.log_w, dim=0)[keep]
-                    loss = -bound_y.mean()
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    acc[0] += float(bound_y.detach().sum())
-                    acc[1] += float((bound_x - bound_y).detach().sum())
-                    acc[2] += int(keep.sum())
-                clock.done(partial(self._training_state, "train", optimizer, acc))
-            if clock.caught_up:
-                self._report("train", epoch + 1, bound=acc[0] / max(acc[2], 1), loss=acc[1] / max(acc[2], 1))
-        self.discriminator_.eval()
+
+        def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics | None:
+            rows, noise_seed = item
+            self.global_encoder_.eval()
+            self.global_decoder_.eval()
+            self.discriminator_.train()
+            with torch.no_grad():
+                st = self._forward(view, handle, rows, int(p["kappa"]), train=False, noise_seed=noise_seed,
+                                   new_step=False)
+            keep = torch.as_tensor(st.keep)
+            if not keep.any():
+                return None
+            log_py = self._label_log_probs(st.h, y_all[torch.as_tensor(rows)])
+            bound_y = log_mean_exp(log_py + st.log_w, dim=0)[keep]
+            bound_x = log_mean_exp(st.log_w, dim=0)[keep]
+            loss = -bound_y.mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            n = int(keep.sum())
+            return {"bound": (float(bound_y.detach().sum()), n), "loss": (float((bound_x - bound_y).detach().sum()), n)}
+
+        return Stage("train", int(p["epochs_train"]),
+                     self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
+                                         int(p["batch_train"])),
+                     step, numpy_rng(self.seed, "false-vfl", "train"),
+                     state=lambda: {"optimizer": optimizer.state_dict()},
+                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
 
     def _target_tensor(self, view: CoordinatorView) -> torch.Tensor:
         if self.index_.task.is_classification:
@@ -461,51 +442,6 @@ class _FalseVFL(VFLMethod):
                     probs[~keep] = self.label_prior_[0]
                 out.append(probs)
         return np.concatenate(out, axis=0)
-
-
-class _StepClock:
-    """Counts training steps over both stages, checkpoints through a :class:`Checkpointer` and, on a resume,
-    fast-forwards: steps up to the checkpoint are skipped (their batch orders and noise are pure functions of the
-    seed), and at the checkpointed step the stage's optimiser and running sums are restored.
-    """
-
-    def __init__(self, checkpointer: Checkpointer | None) -> None:
-        self.checkpointer = checkpointer
-        self.step = 0
-        self.resume_step = 0
-        self.resumed: dict[str, Any] | None = None
-        if checkpointer is not None and (saved := checkpointer.restore()) is not None:
-            self.resume_step, self.resumed = saved.step, saved.state
-
-    @property
-    def caught_up(self) -> bool:
-        """Whether this epoch's end lies at or after the checkpoint (so it was not reported before the crash)."""
-        return self.step >= self.resume_step
-
-    def skip(self, stage: str, optimizer: torch.optim.Optimizer, acc: list[float]) -> bool:
-        """Advance one step; ``True`` if it was done before the checkpoint (restoring state at the last of those)."""
-        self.step += 1
-        if self.step > self.resume_step:
-            return False
-        if self.step == self.resume_step and self.resumed is not None:
-            if self.resumed["stage"] != stage:
-                raise ValueError(f"the checkpoint after step {self.step} is from stage {self.resumed['stage']!r} "
-                                 f"but this run is in stage {stage!r} there: resume with the parameters and data "
-                                 "of the checkpointed run")
-            optimizer.load_state_dict(self.resumed["optimizer"])
-            acc[:] = list(self.resumed["acc"])
-        return True
-
-    def check_finished(self) -> None:
-        """Refuse a checkpoint taken after more steps than this run has (other parameters or data)."""
-        if self.step < self.resume_step:
-            raise ValueError(f"the checkpoint is after step {self.resume_step} but this run has only {self.step} "
-                             "steps: resume with the parameters and data of the checkpointed run")
-
-    def done(self, state: Callable[[], dict[str, Any]]) -> None:
-        """The current step finished: checkpoint if it is due."""
-        if self.checkpointer is not None:
-            self.checkpointer.maybe_save(self.step, state)
 
 
 def _grad_or_zeros(t: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ i.e. its representation is r_k(0), which that party computes once per prediction
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,9 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.methods._simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP, ResNet18, build_encoder, image_shape
+from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import numpy_rng, torch_generator, torch_seeded
 
 __all__ = ["FedHSSL", "FedHSSLParty", "average_state_dicts", "split_encoder"]
@@ -125,14 +127,6 @@ def average_state_dicts(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, 
     return out
 
 
-def _optimizer(params: Any, name: str, lr: float, weight_decay: float, momentum: float = 0.9) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
-
-
 def _neg_cos(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return -F.cosine_similarity(p, z.detach(), dim=-1).mean()
 
@@ -166,14 +160,14 @@ class FedHSSLParty(PartyProgram):
         self.net = nn.ModuleDict({"cross": cross, "bottom": bottom, "top": top, "cross_head": cross_head,
                                   "local_head": local_head})
         pt = config["pretrain_optimizer"]
-        self.cross_opt = _optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt["name"],
+        self.cross_opt = make_optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt["name"],
                                     float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]))
-        self.local_opt = _optimizer(
+        self.local_opt = make_optimizer(
             list(bottom.parameters()) + list(top.parameters()) + list(local_head.parameters()), pt["name"],
             float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]),
         )
         ft = config["finetune_optimizer"]
-        self.ft_opt = _optimizer(list(cross.parameters()) + list(bottom.parameters()) + list(top.parameters()),
+        self.ft_opt = make_optimizer(list(cross.parameters()) + list(bottom.parameters()) + list(top.parameters()),
                                  ft["name"], float(ft["lr"]), float(ft["weight_decay"]), float(ft["momentum"]))
         self.pool = config["pool"]
         self.ratio = float(config["pool_ratio"])
@@ -301,10 +295,19 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"net": {k: v.detach().clone() for k, v in self.net.state_dict().items()}}
+        """Modules, the three optimisers and the augmentation generator (an exact resume needs all of them)."""
+        return {"net": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
+                "optimizers": {"cross": self.cross_opt.state_dict(), "local": self.local_opt.state_dict(),
+                               "finetune": self.ft_opt.state_dict()},
+                "generator": self._gen.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
+        if "optimizers" in state:  # models saved before optimiser states were kept load without them
+            self.cross_opt.load_state_dict(state["optimizers"]["cross"])
+            self.local_opt.load_state_dict(state["optimizers"]["local"])
+            self.ft_opt.load_state_dict(state["optimizers"]["finetune"])
+            self._gen.set_state(state["generator"])
 
 
 # ---------------------------------------------------------------------- coordinator side
@@ -413,11 +416,10 @@ class FedHSSL(VFLMethod):
                 raise ValueError(f"{self.name}: {key} must be one of {', '.join(allowed)}, got {p[key]!r}")
 
     # ------------------------------------------------------------------ training
-    def _fit(self, view: CoordinatorView, handle: str) -> None:
+    def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
         self._check_params()
-        p = self.params_
         aligned = view.observed.all(axis=1)
         rows = np.flatnonzero(aligned & view.labeled)
         if rows.size == 0:
@@ -425,64 +427,78 @@ class FedHSSL(VFLMethod):
                 f"{self.name}: fine-tuning needs labelled samples that every party observes; the training data has "
                 "none (keep an aligned reserve, e.g. ProtocolConfig.n_aligned)"
             )
-        rng = numpy_rng(self.seed, "fedhssl", "batches")
-        if p["pretrain"]:
-            self._pretrain(view, handle, np.flatnonzero(aligned), rng)
         self.head_ = self._build_head()
-        opt = _optimizer(self.head_.parameters(), p["optimizer"], float(p["lr"]), float(p["weight_decay"]),
-                         float(p["momentum"]))
+        rng = numpy_rng(self.seed, "fedhssl", "batches")  # one generator for both stages, as the batches run
+        if self.params_["pretrain"]:
+            loop.run(self._pretrain_stage(view, handle, np.flatnonzero(aligned), rng))
+        loop.run(self._finetune_stage(view, handle, rows, rng))
+        self.head_.eval()
+
+    def _finetune_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                        rng: np.random.Generator) -> Stage:
+        """Split learning of the pooled party representations and the classifier on aligned labelled samples."""
+        p = self.params_
+        opt = make_optimizer(self.head_.parameters(), p["optimizer"], float(p["lr"]), float(p["weight_decay"]),
+                             float(p["momentum"]))
         bs = int(p["batch_size"])
         y_all = torch.as_tensor(np.asarray(view.y), dtype=torch.long)
         K = view.n_parties
-        for epoch in range(int(p["epochs"])):
-            self.head_.train()
-            perm = rng.permutation(rows)
-            total = 0.0
-            for start in range(0, len(perm), bs):
-                batch = np.sort(perm[start:start + bs])
-                self.transport.new_step()
-                replies = self.transport.broadcast(range(K), "embed", {"rows": torch.as_tensor(batch)},
-                                                   data=handle, train=True)
-                embs = [replies[k].tensors["emb"].requires_grad_() for k in range(K)]
-                loss = F.cross_entropy(self.head_(torch.cat(embs, dim=1)), y_all[torch.as_tensor(batch)])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                self.transport.new_round()
-                self.transport.call_many({k: Request("grad_embedding", {"grad": embs[k].grad}) for k in range(K)})
-                total += float(loss.detach()) * len(batch)
-            self._report("finetune", epoch, loss=total / len(rows))
-        self.head_.eval()
 
-    def _pretrain(self, view: CoordinatorView, handle: str, aligned: np.ndarray, rng: np.random.Generator) -> None:
+        def batches(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+            perm = rng.permutation(rows)
+            for start in range(0, len(perm), bs):
+                yield np.sort(perm[start:start + bs])
+
+        def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics:
+            self.head_.train()
+            replies = self.transport.broadcast(range(K), "embed", {"rows": torch.as_tensor(batch)}, data=handle,
+                                               train=True)
+            embs = [replies[k].tensors["emb"].requires_grad_() for k in range(K)]
+            loss = F.cross_entropy(self.head_(torch.cat(embs, dim=1)), y_all[torch.as_tensor(batch)])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            self.transport.new_round()
+            self.transport.call_many({k: Request("grad_embedding", {"grad": embs[k].grad}) for k in range(K)})
+            return {"loss": (float(loss.detach()) * len(batch), len(batch))}
+
+        return Stage("finetune", int(p["epochs"]), batches, step, rng,
+                     state=lambda: {"optimizer": opt.state_dict()},
+                     load_state=lambda st: opt.load_state_dict(st["optimizer"]))
+
+    def _pretrain_stage(self, view: CoordinatorView, handle: str, aligned: np.ndarray,
+                        rng: np.random.Generator) -> Stage:
+        """Per epoch: cross-party SimSiam steps on aligned rows, then guided local SimSiam and aggregation."""
         p = self.params_
         K = view.n_parties
-        active = view.active_party
         bs = int(p["pretrain_batch_size"])
         augment = {"corruption": float(p["corruption"]), "noise": float(p["noise"])}
-        for epoch in range(int(p["pretrain_epochs"])):
-            cross_total, cross_n = 0.0, 0
+
+        def items(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray | None]:
             if aligned.size >= 2:
                 perm = rng.permutation(aligned)
                 for start in range(0, len(perm), bs):
                     batch = np.sort(perm[start:start + bs])
-                    if len(batch) < 2:
-                        continue
-                    cross_total += self._cross_step(handle, batch, K, active) * len(batch)
-                    cross_n += len(batch)
-            self.transport.new_step()
+                    if len(batch) >= 2:
+                        yield batch
+            yield None  # the epoch's local step
+
+        def step(batch: np.ndarray | None, rng: np.random.Generator) -> Metrics:
+            if batch is not None:
+                return {"cross_loss": (self._cross_step(handle, batch, K, view.active_party) * len(batch),
+                                       len(batch))}
             replies = self.transport.broadcast(
                 range(K), "local_ssl", data=handle, epochs=int(p["local_epochs"]), batch_size=bs,
                 local_weight=float(p["local_weight"]), guidance_weight=float(p["guidance_weight"]), augment=augment,
             )
-            self.aggregate_tops()
+            self.aggregate_tops(new_step=False)
             local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
-            self._report("pretrain", epoch, cross_loss=cross_total / max(cross_n, 1),
-                         local_loss=float(np.mean(local)) if local else float("nan"))
+            return {"local_loss": (float(np.mean(local)) if local else float("nan"), 1.0)}
+
+        return Stage("pretrain", int(p["pretrain_epochs"]), items, step, rng)
 
     def _cross_step(self, handle: str, batch: np.ndarray, K: int, active: int) -> float:
         """One cross-party SimSiam step: projections in, each party's partners' projections out."""
-        self.transport.new_step()
         replies = self.transport.broadcast(range(K), "cross_project", {"rows": torch.as_tensor(batch)}, data=handle)
         z = {k: replies[k].tensors["z"] for k in range(K)}
         reqs = {}
@@ -496,11 +512,14 @@ class FedHSSL(VFLMethod):
         out = self.transport.call_many(reqs)
         return float(np.mean([r.meta["loss"] for r in out.values()]))
 
-    def aggregate_tops(self) -> dict[str, torch.Tensor]:
+    def aggregate_tops(self, *, new_step: bool = True) -> dict[str, torch.Tensor]:
         """Partial model aggregation: average the parties' local top encoders and send the average back."""
         K = self.index_.n_parties
         agg = self.params_["aggregate"]
-        self.transport.new_step()
+        if new_step:
+            self.transport.new_step()
+        else:
+            self.transport.new_round()
         replies = self.transport.broadcast(range(K), "get_top", aggregate=agg)
         mean = average_state_dicts([dict(replies[k].tensors) for k in range(K)])
         self.transport.new_round()
@@ -534,10 +553,8 @@ class FedHSSL(VFLMethod):
         return out
 
     # ------------------------------------------------------------------ persistence
-    def _coordinator_state(self) -> dict[str, Any]:
-        return {"head": {k: v.detach().clone() for k, v in self.head_.state_dict().items()}}
+    def _coordinator_modules(self) -> dict[str, nn.Module]:
+        return {"head": self.head_}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+    def _build_coordinator(self) -> None:
         self.head_ = self._build_head()
-        self.head_.load_state_dict(state["head"])
-        self.head_.eval()

@@ -60,7 +60,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,11 +69,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView, DataValidationError, PartyView, VerticalDataset
+from partialvfl.data.dataset import CoordinatorView, PartyView, VerticalDataset
+from partialvfl.data.within_block import (
+    INFO_KEY,
+    incomplete_matrix,
+    setting_of,
+    wire_setting,
+    with_within_block_missing,
+    within_block_mask,
+    x_vfl_partial_setting,
+)
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
+from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import numpy_rng, torch_seeded
 
 __all__ = [
@@ -85,150 +97,11 @@ __all__ = [
     "x_vfl_partial_setting",
 ]
 
-#: Where :func:`with_within_block_missing` records the partial setting in ``VerticalDataset.info``.
-INFO_KEY = "within_block_missing"
-
 #: Datasets the paper preset treats as images (ResNet bottom models, 2048-dim embeddings, six-layer top model).
 _IMAGE_DATASETS = {"fashion-mnist", "modelnet10", "cifar10", "cifar100", "tinyimagenet", "utkface"}
 
 
-# ---------------------------------------------------------------------- X-VFL's partial setting
-def _plain(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
-
-
-def within_block_mask(ids: Sequence[Any] | np.ndarray, party: int, n_features: int, rate: float,
-                      seed: int) -> np.ndarray:
-    """Which features of party ``party``'s block survive, ``(len(ids), n_features)`` boolean (True = present).
-
-    For every ID exactly ``round(rate * n_features)`` features are lost, chosen by a generator seeded by
-    (``seed``, party, ID): the same sample loses the same features in any dataset and at any party that computes it.
-    """
-    if not 0.0 <= float(rate) <= 1.0:
-        raise ValueError(f"feature_missing_rate must lie in [0, 1], got {rate}")
-    ids = np.asarray(ids)
-    out = np.ones((len(ids), int(n_features)), dtype=bool)
-    n_lost = int(round(float(rate) * n_features))
-    if n_lost == 0:
-        return out
-    for r, i in enumerate(ids):
-        rng = numpy_rng(seed, "within-block", int(party), _plain(i))
-        out[r, rng.choice(n_features, size=n_lost, replace=False)] = False
-    return out
-
-
-def with_within_block_missing(data: VerticalDataset, incomplete: np.ndarray, feature_missing_rate: float,
-                              seed: int = 0) -> VerticalDataset:
-    """X-VFL's partial setting: the blocks flagged in ``incomplete`` (N x K) lose ``feature_missing_rate`` of their
-    features.
-
-    Rate 1 removes those blocks whole (``observed`` becomes False: the fully missing case).  Rate 0 changes nothing.
-    Otherwise the blocks stay observed, the lost features (:func:`within_block_mask`) are set to 0 (the standardised
-    mean, so every method sees the same zero-filled data), and ``info["within_block_missing"]`` records the rate, the
-    seed and, per party, the IDs whose block is incomplete (what X-VFL needs to complete exactly those features).
-    """
-    incomplete = np.asarray(incomplete, dtype=bool)
-    if incomplete.shape != data.observed.shape:
-        raise DataValidationError(
-            f"incomplete must have shape {data.observed.shape} (samples x parties), got {incomplete.shape}"
-        )
-    bad = incomplete & ~data.observed
-    if bad.any():
-        i, k = np.argwhere(bad)[0]
-        raise DataValidationError(
-            f"party {k} ({data.party_names[k]!r}) does not hold ID {_plain(data.ids[i])!r}, so its block cannot be "
-            "partially missing"
-        )
-    rate = float(feature_missing_rate)
-    if not 0.0 <= rate <= 1.0:
-        raise DataValidationError(f"feature_missing_rate must lie in [0, 1], got {feature_missing_rate}")
-    if rate == 0.0 or not incomplete.any():
-        return data
-    if rate == 1.0:
-        return data.with_observed(data.observed & ~incomplete)
-    blocks = []
-    for k, b in enumerate(data.blocks):
-        nb = np.array(b, copy=True)
-        rows = np.flatnonzero(incomplete[:, k])
-        if rows.size:
-            keep = within_block_mask(data.ids[rows], k, b.shape[1], rate, seed)
-            nb[rows] = np.where(keep, nb[rows], 0.0)
-        blocks.append(nb)
-    info = dict(data.info)
-    info[INFO_KEY] = {
-        "rate": rate,
-        "seed": int(seed),
-        "incomplete_ids": [[_plain(v) for v in data.ids[incomplete[:, k]]] for k in range(data.n_parties)],
-    }
-    return VerticalDataset(
-        blocks=blocks, observed=data.observed, ids=data.ids, y=data.y, labeled=data.labeled, task=data.task,
-        active_party=data.active_party, feature_names=data.feature_names, party_names=data.party_names,
-        feature_shapes=data.feature_shapes, name=data.name, info=info,
-    )
-
-
-def x_vfl_partial_setting(data: VerticalDataset, feature_missing_rate: float, seed: int = 0,
-                          aligned_ids: Sequence[Any] | np.ndarray | None = None) -> VerticalDataset:
-    """X-VFL's experimental setting on ``data``: its non-aligned samples lose ``feature_missing_rate`` of the
-    features of some of their blocks (seeded).
-
-    Aligned samples are the IDs in ``aligned_ids`` (default: ``data.info["aligned_ids"]``, the protocol's aligned
-    reserve, or none).  Every other sample that all parties observe is non-aligned: with 2 parties one of them (drawn
-    at random) holds an incomplete block, as in the paper; with K > 2 a uniformly drawn number 1..K-1 of them.  Then
-    :func:`with_within_block_missing` applies the rate (1 removes those blocks whole).
-    """
-    if aligned_ids is None:
-        aligned_ids = data.info.get("aligned_ids", [])
-    k = data.n_parties
-    if k < 2:
-        raise DataValidationError("X-VFL's partial setting needs at least 2 parties")
-    non_aligned = data.observed.all(axis=1) & ~np.isin(data.ids, np.asarray(list(aligned_ids)))
-    rng = numpy_rng(seed, "x-vfl-partial-setting", k)
-    incomplete = np.zeros(data.observed.shape, dtype=bool)
-    for i in np.flatnonzero(non_aligned):
-        c = 1 if k == 2 else int(rng.integers(1, k))
-        incomplete[i, rng.choice(k, size=c, replace=False)] = True
-    return with_within_block_missing(data, incomplete, feature_missing_rate, seed)
-
-
-def _setting(info: dict[str, Any] | None) -> dict[str, Any] | None:
-    s = (info or {}).get(INFO_KEY)
-    if not s or float(s.get("rate", 0.0)) <= 0.0:
-        return None
-    return s
-
-
-def incomplete_matrix(ids: np.ndarray, n_parties: int, info: dict[str, Any] | None) -> np.ndarray:
-    """(N, K) flags: party k holds sample i's block but with features missing inside it (from ``info``)."""
-    out = np.zeros((len(ids), n_parties), dtype=bool)
-    s = _setting(info)
-    if s is None:
-        return out
-    lists = s["incomplete_ids"]
-    if len(lists) != n_parties:
-        raise DataValidationError(f"the partial setting lists {len(lists)} parties, the data has {n_parties}")
-    for k in range(n_parties):
-        if lists[k]:
-            out[:, k] = np.isin(ids, np.asarray(lists[k]))
-    return out
-
-
-def _wire_setting(s: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a party needs to recompute its own masks: the rate and the seed (never another party's IDs)."""
-    return None if s is None else {"rate": float(s["rate"]), "seed": int(s["seed"])}
-
-
 # ---------------------------------------------------------------------- optimisation (SGD-type or PAGE-type)
-def _make_optimizer(params: Any, cfg: dict[str, Any]) -> torch.optim.Optimizer:
-    name = cfg["name"]
-    if name == "adam":
-        return torch.optim.Adam(params, lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=float(cfg["lr"]), momentum=float(cfg["momentum"]),
-                               weight_decay=float(cfg["weight_decay"]))
-    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
-
-
 class _Updater:
     """One holder's parameters (a party's f_k and XCom_k, or the active party's h) and their update rule.
 
@@ -239,7 +112,8 @@ class _Updater:
 
     def __init__(self, module: nn.Module, opt_cfg: dict[str, Any], page: bool) -> None:
         self.module = module
-        self.optimizer = _make_optimizer(module.parameters(), opt_cfg)
+        self.optimizer = make_optimizer(module.parameters(), opt_cfg["name"], float(opt_cfg["lr"]),
+                                        float(opt_cfg["weight_decay"]), float(opt_cfg["momentum"]))
         self.prev = copy.deepcopy(module) if page else None
         self.g_prev: list[torch.Tensor] | None = None
 
@@ -276,6 +150,19 @@ class _Updater:
             p.grad = g
         self.optimizer.step()
         self.zero_grad()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser state and, for PAGE, theta_{t-1} and g_{t-1} (the module's own weights are saved by its
+        holder)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "prev": None if self.prev is None else self.prev.state_dict(),
+                "g_prev": None if self.g_prev is None else [g.clone() for g in self.g_prev]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.prev is not None and state.get("prev") is not None:
+            self.prev.load_state_dict(state["prev"])
+        self.g_prev = None if state.get("g_prev") is None else [g.clone() for g in state["g_prev"]]
 
 
 # ---------------------------------------------------------------------- party side
@@ -436,6 +323,7 @@ class XVFLParty(PartyProgram):
     def state_dict(self) -> dict[str, Any]:
         return {
             "net": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
+            "updater": self.updater.state_dict(),
             "top": None if self.top is None else {k: v.detach().clone() for k, v in self.top.state_dict().items()},
             "top_hidden": list(self.top_hidden),
             "label_prior": None if self.label_prior is None else self.label_prior.clone(),
@@ -443,6 +331,8 @@ class XVFLParty(PartyProgram):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
+        if "updater" in state:  # models saved before optimiser states were kept load without one
+            self.updater.load_state_dict(state["updater"])
         if state.get("top") is not None:
             self.top_hidden = [int(h) for h in state["top_hidden"]]
             out_dim = int(state["label_prior"].shape[0])
@@ -453,6 +343,17 @@ class XVFLParty(PartyProgram):
 
 
 # ---------------------------------------------------------------------- coordinator side
+@dataclass(frozen=True)
+class _TrainContext:
+    """What one fit's steps share: the sample index, the data handle, the partial setting and the labels."""
+
+    view: CoordinatorView
+    handle: str
+    incomplete: np.ndarray
+    wb: dict[str, Any] | None
+    labels: torch.Tensor
+
+
 def _dataset_key(dataset: str | None) -> str:
     return "" if not dataset else str(dataset).split(":")[0].strip().lower().replace("_", "-")
 
@@ -564,82 +465,79 @@ class XVFL(VFLMethod):
             return MLP(int(self.params_["embed_dim"]), [int(h) for h in self.params_["top_hidden"]], self.n_classes)
 
     # ------------------------------------------------------------------ fitting
-    def fit_federated(self, federation: Any, view: CoordinatorView, handle: str, *, dataset: str | None = None,
-                      data_info: dict[str, Any] | None = None) -> XVFL:
-        """As :meth:`VFLMethod.fit_federated`; reads X-VFL's partial setting (if any) from ``data_info``."""
-        info = dict(data_info or {})
-        setting = _setting(info)
-        self._train_wb_ = _wire_setting(setting)
-        self._train_incomplete_ = incomplete_matrix(view.ids, view.n_parties, info)
-        if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
-            info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
-        super().fit_federated(federation, view, handle, dataset=dataset, data_info=info)
-        return self
-
-    def _fit(self, view: CoordinatorView, handle: str) -> None:
+    def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
         if view.n_parties < 2:
             raise ValueError(f"{self.name}: cross completion needs at least 2 parties, got {view.n_parties}")
         self._check_params()
         p = self.params_
-        page = p["estimator"] == "page"
+        info = self.data_info_
+        ctx = _TrainContext(view, handle, incomplete_matrix(view.ids, view.n_parties, info),
+                            wire_setting(setting_of(info)), torch.as_tensor(np.asarray(view.y), dtype=torch.long))
+        if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
+            info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
         self.top_ = self._build_top()
-        self.top_updater_ = _Updater(self.top_, self._party_config(0)["optimizer"], page=page)
-        complete = view.observed & ~self._train_incomplete_
+        self.top_updater_ = _Updater(self.top_, self._party_config(0)["optimizer"], page=p["estimator"] == "page")
+        complete = view.observed & ~ctx.incomplete
         usable = view.labeled & complete.any(axis=1)
         if not p["use_unaligned"]:
             usable &= complete.all(axis=1)
         rows = np.flatnonzero(usable)
         if rows.size == 0:
             raise ValueError(f"{self.name}: no labelled training sample has a complete block")
-        self._labels_ = torch.as_tensor(np.asarray(view.y), dtype=torch.long)
-        self._view_ = view
-        rng = numpy_rng(self.seed, "x-vfl", "batches")
-        bs = self._batch_size()
-        if page:
-            self._fit_page(handle, rows, bs, rng)
-        else:
-            for epoch in range(int(p["epochs"])):
-                total, count = 0.0, 0
-                perm = rng.permutation(rows)
-                for start in range(0, len(perm), bs):
-                    batch = np.sort(perm[start:start + bs])
-                    self.transport.new_step()
-                    total += self._pass(handle, batch, "cur") * len(batch)
-                    count += len(batch)
-                    self._step("sgd")
-                self._report("train", epoch, loss=total / max(count, 1))
-        del self._view_
+        loop.run(self._page_stage(ctx, rows) if p["estimator"] == "page" else self._sgd_stage(ctx, rows))
         self.top_.eval()
         self._share_top()
 
-    def _fit_page(self, handle: str, rows: np.ndarray, bs: int, rng: np.random.Generator) -> None:
+    def _stage(self, epochs: int, items: Any, step: Any) -> Stage:
+        upd = self.top_updater_
+        return Stage("train", epochs, items, step, numpy_rng(self.seed, "x-vfl", "batches"),
+                     state=lambda: {"top_updater": upd.state_dict()},
+                     load_state=lambda st: upd.load_state_dict(st["top_updater"]))
+
+    def _sgd_stage(self, ctx: _TrainContext, rows: np.ndarray) -> Stage:
+        """X-VFL's SGD-type algorithm: one optimiser step on each mini-batch's stochastic gradient."""
+        bs = self._batch_size()
+
+        def batches(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+            perm = rng.permutation(rows)
+            for start in range(0, len(perm), bs):
+                yield np.sort(perm[start:start + bs])
+
+        def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics:
+            loss = self._pass(ctx, batch, "cur")
+            self._step("sgd")
+            return {"loss": (loss * len(batch), len(batch))}
+
+        return self._stage(int(self.params_["epochs"]), batches, step)
+
+    def _page_stage(self, ctx: _TrainContext, rows: np.ndarray) -> Stage:
+        """X-VFL's PAGE-type algorithm (Eq. 10): a fresh batch with probability p, else a small correction batch."""
         p = self.params_
-        b = min(bs, len(rows))
+        b = min(self._batch_size(), len(rows))
         b_small = int(p["page_small_batch"]) if p["page_small_batch"] is not None else max(1, math.isqrt(b))
         b_small = min(b_small, len(rows))
         prob = float(p["page_prob"]) if p["page_prob"] is not None else b_small / (b + b_small)
         steps = max(1, math.ceil(len(rows) / b))
-        first = True
-        for epoch in range(int(p["epochs"])):
-            total, count, fresh = 0.0, 0, 0
-            for _ in range(steps):
-                self.transport.new_step()
-                if first or rng.random() < prob:
-                    batch = np.sort(rng.choice(rows, size=b, replace=False))
-                    total += self._pass(handle, batch, "cur") * len(batch)
-                    self._step("page-fresh")
-                    fresh += 1
-                else:
-                    batch = np.sort(rng.choice(rows, size=b_small, replace=False))
-                    total += self._pass(handle, batch, "cur") * len(batch)
-                    self.transport.new_round()
-                    self._pass(handle, batch, "prev")
-                    self._step("page-correct")
-                count += len(batch)
-                first = False
-            self._report("train", epoch, loss=total / max(count, 1), fresh_steps=fresh)
+
+        def items(epoch: int, rng: np.random.Generator) -> Iterator[tuple[bool, np.ndarray]]:
+            for i in range(steps):
+                fresh = (epoch == 0 and i == 0) or rng.random() < prob  # the first step of a fit is always fresh
+                yield fresh, np.sort(rng.choice(rows, size=b if fresh else b_small, replace=False))
+
+        def step(item: tuple[bool, np.ndarray], rng: np.random.Generator) -> Metrics:
+            fresh, batch = item
+            loss = self._pass(ctx, batch, "cur")
+            if fresh:
+                self._step("page-fresh")
+            else:
+                self.transport.new_round()
+                self._pass(ctx, batch, "prev")
+                self._step("page-correct")
+            return {"loss": (loss * len(batch), len(batch)), "fresh_steps": (1.0 if fresh else 0.0, 0.0)}
+
+        return self._stage(int(p["epochs"]), items, step)
 
     def _step(self, mode: str) -> None:
         self.transport.new_round()
@@ -685,13 +583,12 @@ class XVFL(VFLMethod):
                 cols.append(torch.zeros(n, d))
         return torch.stack(cols, dim=1), leaves
 
-    def _pass(self, handle: str, rows: np.ndarray, version: str) -> float:
+    def _pass(self, ctx: _TrainContext, rows: np.ndarray, version: str) -> float:
         """One forward/backward pass of the X-VFL objective on ``rows``; gradients accumulate at every holder."""
-        view = self._view_
+        view, handle, wb = ctx.view, ctx.handle, ctx.wb
         obs = view.observed[rows]
-        inc = self._train_incomplete_[rows]
+        inc = ctx.incomplete[rows]
         comp = obs & ~inc
-        wb = self._train_wb_
         K = view.n_parties
         E, leaves = self._embed(handle, rows, comp, np.zeros_like(comp), True, version, wb)
 
@@ -720,7 +617,7 @@ class XVFL(VFLMethod):
 
         top = self.top_updater_.model(version)
         top.train()
-        loss = self._objective(top, E, comp, tilde, plan, self._labels_[torch.as_tensor(rows)])
+        loss = self._objective(top, E, comp, tilde, plan, ctx.labels[torch.as_tensor(rows)])
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"{self.name}: the training loss is not finite (lr {self.params_['lr']}, optimizer "
@@ -816,21 +713,10 @@ class XVFL(VFLMethod):
         return lambda t: t
 
     # ------------------------------------------------------------------ collaborative prediction
-    def predict_output(self, data: VerticalDataset) -> np.ndarray:
-        """Collaborative prediction with whatever parties observe each sample (missing blocks completed by XCom)."""
-        self._pred_incomplete_ = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)
-        self._pred_wb_ = _wire_setting(_setting(data.info))
-        try:
-            return super().predict_output(data)
-        finally:
-            del self._pred_incomplete_, self._pred_wb_
-
     @torch.no_grad()
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
-        inc_all = getattr(self, "_pred_incomplete_", None)
-        if inc_all is None or inc_all.shape[0] != view.n_samples:
-            inc_all = np.zeros(view.observed.shape, dtype=bool)
-        wb = getattr(self, "_pred_wb_", None)
+        inc_all = incomplete_matrix(np.asarray(view.ids), view.n_parties, view.info)
+        wb = wire_setting(setting_of(view.info))
         K = view.n_parties
         self.top_.eval()
         out = np.zeros((len(rows), self.n_classes))
@@ -895,7 +781,7 @@ class XVFL(VFLMethod):
             raise ValueError(f"data has feature widths {data.feature_dims}, the model {self.index_.feature_dims}")
         view = data.party(party)
         partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[view.rows, party]
-        probs = program.predict_local(view, partial, _wire_setting(_setting(data.info)),
+        probs = program.predict_local(view, partial, wire_setting(setting_of(data.info)),
                                       completion=self.params_["local_completion"])
         assert program.label_prior is not None
         out = np.tile(program.label_prior.double().numpy(), (data.n_samples, 1))
@@ -907,13 +793,11 @@ class XVFL(VFLMethod):
         return self.predict_output_local(data, party).argmax(axis=1)
 
     # ------------------------------------------------------------------ persistence
-    def _coordinator_state(self) -> dict[str, Any]:
-        return {"top": {k: v.detach().clone() for k, v in self.top_.state_dict().items()}}
+    def _coordinator_modules(self) -> dict[str, nn.Module]:
+        return {"top": self.top_}
 
-    def _load_coordinator_state(self, state: dict[str, Any]) -> None:
+    def _build_coordinator(self) -> None:
         self.top_ = self._build_top()
-        self.top_.load_state_dict(state["top"])
-        self.top_.eval()
 
 
 def _grad(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,209 @@
+"""The one training loop every method runs its epochs through.
+
+A method describes each training stage as a :class:`Stage`: how many epochs, which items (mini-batches, or
+whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step that processes one item.  The
+:class:`TrainingLoop` does the rest, identically for every method and deployment:
+
+* one transport step per item (``transport.new_step()``), a global step count over all stages;
+* seeded order: each stage owns one numpy generator, handed to the item iterator and to the step, whose state is
+  part of every checkpoint;
+* running sums per epoch: a step returns ``{metric: (value_sum, weight)}``; at the end of the epoch the loop
+  reports ``value_sum / weight`` (a weight of 0 marks a plain total, reported as the sum);
+* progress (a bar over epochs) and a report per epoch to the method and to the caller's ``on_epoch`` callback;
+* checkpoints every N steps through a :class:`~partialvfl.federation.checkpoint.Checkpointer` and an exact resume:
+  parties are rolled back by ``Checkpointer.restore``; the loop skips the stages and epochs before the checkpoint,
+  replays the checkpointed epoch's item iterator from the generator state saved at that epoch's start (so lazily
+  drawn items come out the same), then restores the generator, the running sums, the history, the coordinator's
+  modules and the stage's own state (optimisers) and continues with the next item.
+
+A resumed fit therefore ends in the same parameters as an uninterrupted one (tested for every method family, in
+process and over gRPC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from partialvfl.federation.checkpoint import rng_state, set_rng_state
+from partialvfl.utils.progress import progress
+
+if TYPE_CHECKING:
+    from partialvfl.federation.checkpoint import Checkpointer
+    from partialvfl.federation.transport import Transport
+
+__all__ = ["EpochCallback", "Metrics", "Stage", "TrainingLoop"]
+
+#: What a step returns: per metric, (sum of values, weight); weight 0 marks a total.
+Metrics = Mapping[str, tuple[float, float]]
+#: ``on_epoch(stage, epoch, metrics)``: called after every epoch (epochs count from 1).
+EpochCallback = Callable[[str, int, dict[str, float]], None]
+
+
+@dataclass
+class Stage:
+    """One training stage of a method.
+
+    ``items(epoch, rng)`` yields what one epoch processes (its iteration may draw from ``rng``, eagerly or lazily);
+    ``step(item, rng)`` processes one item through the transport and returns its :data:`Metrics` (or ``None``).
+    ``state``/``load_state`` save and restore what the stage keeps besides the coordinator's modules (optimisers,
+    flags); ``on_epoch_start(epoch)`` runs before each epoch, also the one a resume lands in (e.g. learning-rate
+    schedules: it must be idempotent).
+    """
+
+    name: str
+    epochs: int
+    items: Callable[[int, np.random.Generator], Iterable[Any]]
+    step: Callable[[Any, np.random.Generator], Metrics | None]
+    rng: np.random.Generator
+    state: Callable[[], dict[str, Any]] | None = None
+    load_state: Callable[[dict[str, Any]], None] | None = None
+    on_epoch_start: Callable[[int], None] | None = None
+
+
+class TrainingLoop:
+    """Runs a method's stages through its transport, reporting, checkpointing and resuming.
+
+    ``save_coordinator``/``load_coordinator`` give and restore the coordinator's modules; ``history`` is the
+    method's list of epoch reports (kept in checkpoints); ``report(stage, epoch, metrics)`` records one epoch.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        name: str,
+        history: list[dict[str, Any]],
+        report: EpochCallback,
+        save_coordinator: Callable[[], dict[str, Any]],
+        load_coordinator: Callable[[dict[str, Any]], None],
+        checkpointer: Checkpointer | None = None,
+        fingerprint: dict[str, Any] | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        self.transport = transport
+        self.name = name
+        self.history = history
+        self.report = report
+        self.save_coordinator = save_coordinator
+        self.load_coordinator = load_coordinator
+        self.checkpointer = checkpointer
+        self.show_progress = show_progress
+        self.step_count = 0
+        self.stages_run: list[str] = []
+        self.fingerprint = dict(fingerprint or {})
+        self.resume: dict[str, Any] | None = None
+        self.resumed_step: int | None = None
+        if checkpointer is not None and (latest := checkpointer.latest()) is not None:
+            self._check_fingerprint(latest.state.get("fingerprint", {}), latest.directory)
+            saved = checkpointer.restore()
+            assert saved is not None
+            self.resume = saved.state
+            self.resumed_step = saved.step
+
+    def _check_fingerprint(self, saved: dict[str, Any], where: Any) -> None:
+        """Refuse a checkpoint of another run (other method, parameters, seed or data), naming what differs."""
+        for key in sorted(set(saved) | set(self.fingerprint)):
+            if saved.get(key) != self.fingerprint.get(key):
+                raise ValueError(
+                    f"{self.name}: the checkpoint in {where} was made with {key} = {_short(saved.get(key))}, this "
+                    f"run has {_short(self.fingerprint.get(key))}: resume with the parameters and data of the "
+                    "checkpointed run (or start from an empty checkpoint directory)"
+                )
+
+    # ------------------------------------------------------------------ running
+    def run(self, stage: Stage) -> None:
+        """Run every epoch of ``stage`` (or what is left of it after a checkpoint)."""
+        if stage.name in self.stages_run:
+            raise ValueError(f"{self.name}: stage {stage.name!r} run twice in one fit")
+        self.stages_run.append(stage.name)
+        if self.resume is not None and self.resume["stage"] != stage.name:
+            return  # the whole stage lies before the checkpoint: its effects are in the restored states
+        first_epoch = int(self.resume["epoch"]) if self.resume is not None else 0
+        for epoch in progress(range(first_epoch, stage.epochs), f"{self.name} {stage.name}", self.show_progress):
+            self._run_epoch(stage, epoch)
+
+    def _run_epoch(self, stage: Stage, epoch: int) -> None:
+        if stage.on_epoch_start is not None:
+            stage.on_epoch_start(epoch)
+        if self.resume is not None:
+            index, sums, epoch_rng, items = self._fast_forward(stage)
+        else:
+            index, sums, epoch_rng = 0, {}, rng_state(stage.rng)
+            items = iter(stage.items(epoch, stage.rng))
+        for item in items:
+            self.transport.new_step()
+            self.step_count += 1
+            for key, (value, weight) in (stage.step(item, stage.rng) or {}).items():
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += float(value)
+                acc[1] += float(weight)
+            index += 1
+            self._maybe_checkpoint(stage, epoch, index, epoch_rng, sums)
+        self.report(stage.name, epoch + 1, {k: s / w if w else s for k, (s, w) in sums.items()})
+
+    def _fast_forward(self, stage: Stage) -> tuple[int, dict[str, list[float]], Any, Iterator[Any]]:
+        """Land on the checkpointed position of this epoch: replay the items before it, restore every state.
+
+        Returns the position, the running sums, the generator state at the epoch's start and the iterator that
+        continues with the first item after the checkpoint.
+        """
+        saved = self.resume
+        assert saved is not None
+        set_rng_state(stage.rng, saved["rng_epoch"])
+        items = iter(stage.items(int(saved["epoch"]), stage.rng))
+        index = int(saved["index"])
+        for done in range(index):
+            if next(items, _END) is _END:
+                raise ValueError(
+                    f"{self.name}: the checkpoint is after item {index} of {stage.name!r} epoch "
+                    f"{int(saved['epoch']) + 1}, but that epoch has only {done} items: resume with the parameters "
+                    "and data of the checkpointed run"
+                )
+        set_rng_state(stage.rng, saved["rng"])  # before the next item is drawn: lazy iterators continue exactly
+        self.history[:] = [dict(row) for row in saved["history"]]
+        self.load_coordinator(saved["coordinator"])
+        if stage.load_state is not None:
+            stage.load_state(saved["stage_state"])
+        self.step_count = int(saved["step"])
+        self.resume = None
+        sums = {k: [float(v[0]), float(v[1])] for k, v in saved["sums"].items()}
+        return index, sums, saved["rng_epoch"], items
+
+    def _maybe_checkpoint(self, stage: Stage, epoch: int, index: int, epoch_rng: Any,
+                          sums: dict[str, list[float]]) -> None:
+        if self.checkpointer is None:
+            return
+
+        def state() -> dict[str, Any]:
+            return {
+                "fingerprint": self.fingerprint, "step": self.step_count, "stage": stage.name, "epoch": epoch,
+                "index": index,
+                "rng_epoch": epoch_rng, "rng": rng_state(stage.rng),
+                "sums": {k: [float(s), float(w)] for k, (s, w) in sums.items()},
+                "history": [dict(row) for row in self.history],
+                "coordinator": self.save_coordinator(),
+                "stage_state": stage.state() if stage.state is not None else {},
+            }
+
+        self.checkpointer.maybe_save(self.step_count, state)
+
+    def finish(self) -> None:
+        """Refuse a checkpoint this run never reached (it came from other parameters or data)."""
+        if self.resume is not None:
+            raise ValueError(
+                f"{self.name}: the checkpoint (after step {self.resumed_step}, stage {self.resume['stage']!r}) "
+                f"was never reached; this run's stages are {self.stages_run}: resume with the parameters and data "
+                "of the checkpointed run"
+            )
+
+
+_END = object()
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
