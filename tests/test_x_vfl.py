@@ -239,16 +239,19 @@ def test_message_audit_finds_no_raw_features_in_training_and_prediction() -> Non
     assert log.crossing() and find_raw_feature_leaks(log, part, data) == []
 
 
-def test_locally_independent_inference_sends_no_message_and_is_h_of_f_k() -> None:
+def test_locally_independent_inference_asks_only_that_party_and_is_h_of_f_k() -> None:
     data = _data()
     log = MessageLog()
     m = _method().fit(data, log=log)
-    n0 = len(log)
     for k in range(3):
+        n0 = len(log)
         out = m.predict_output_local(data, k)
         assert out.shape == (data.n_samples, 3)
         np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-6)
-    assert len(log) == n0  # not a single message
+        new = log.entries[n0:]  # one request to party k and its reply, nothing to or from any other party
+        assert [(e.kind, e.direction, e.receiver if e.direction == "request" else e.sender) for e in new] == [
+            ("predict_local", "request", k), ("predict_local", "reply", k)]
+        assert new[1].names == ("probs",)
     # party 0's prediction is h(f_0(x_0)) with the shared top model; rows it lacks get the label prior
     prog = m.federation_.runtimes[0].program
     view = data.party(0)

@@ -297,6 +297,21 @@ class XVFLParty(PartyProgram):
         return Reply()
 
     # ------------------------------------------------------------------ locally independent inference
+    def on_predict_local(self, req: Request) -> Reply:
+        """Locally independent inference on the rows of ``data`` this party holds: ``probs`` ``(n_rows, C)``.
+
+        ``rows`` must be every row the party holds in ``data`` (in order); ``partial`` flags those with features
+        missing inside the block.  Only this party's data and models are used.
+        """
+        view = self.data(req.meta["data"])
+        rows = req.tensors["rows"].numpy()
+        if not np.array_equal(rows, view.rows):
+            raise ValueError(f"party {self.party}: predict_local covers every row it holds in {req.meta['data']!r} "
+                             f"({view.n_observed}), in order; got {len(rows)} rows")
+        partial = req.tensors["partial"].numpy().astype(bool)
+        probs = self.predict_local(view, partial, req.meta.get("wb"), completion=str(req.meta["completion"]))
+        return Reply({"probs": torch.as_tensor(probs)})
+
     @torch.no_grad()
     def predict_local(self, view: PartyView, partial: np.ndarray, wb: dict[str, Any] | None,
                       completion: str = "self") -> np.ndarray:
@@ -754,38 +769,31 @@ class XVFL(VFLMethod):
         return out
 
     # ------------------------------------------------------------------ locally independent prediction
-    def _local_program(self, party: int) -> XVFLParty:
+    def predict_output_local(self, data: VerticalDataset, party: int) -> np.ndarray:
+        """Locally independent inference: party ``party`` predicts alone, h(f_k(x_k)), with its own copy of h.
+
+        One request goes to that party (its rows of ``data``, in any deployment) and its probabilities come back;
+        no other party takes part.  Returns ``(N, C)``; samples the party does not hold get the training label prior.
+        """
         self._check_fitted()
         K = self.index_.n_parties
         if not 0 <= party < K:
             raise ValueError(f"{self.name}: no party {party}; the model has parties 0..{K - 1}")
-        runtimes = getattr(self.federation_, "runtimes", None)
-        if runtimes is None:
-            raise NotImplementedError(
-                f"{self.name}: locally independent inference runs inside party {party}'s own process "
-                "(XVFLParty.predict_local); this federation does not run the parties in this process"
-            )
-        program = runtimes[party].program
-        if not isinstance(program, XVFLParty):
-            raise RuntimeError(f"party {party} does not run the X-VFL party program")
-        return program
-
-    def predict_output_local(self, data: VerticalDataset, party: int) -> np.ndarray:
-        """Locally independent inference: party ``party`` predicts alone, h(f_k(x_k)), with no message sent.
-
-        Returns ``(N, C)`` probabilities; samples the party does not hold get the training label prior.  Only the
-        party's own view of ``data`` is used.
-        """
-        program = self._local_program(party)
         if data.feature_dims != self.index_.feature_dims:
             raise ValueError(f"data has feature widths {data.feature_dims}, the model {self.index_.feature_dims}")
-        view = data.party(party)
-        partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[view.rows, party]
-        probs = program.predict_local(view, partial, wire_setting(setting_of(data.info)),
-                                      completion=self.params_["local_completion"])
-        assert program.label_prior is not None
-        out = np.tile(program.label_prior.double().numpy(), (data.n_samples, 1))
-        out[view.rows] = probs
+        rows = np.flatnonzero(data.observed[:, party])
+        partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[rows, party]
+        out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))
+        handle = self.federation_.attach(data)
+        try:
+            self.transport.new_step()
+            reply = self.transport.call(party, "predict_local", {"rows": torch.as_tensor(rows),
+                                                                 "partial": torch.as_tensor(partial)},
+                                        data=handle, completion=self.params_["local_completion"],
+                                        wb=wire_setting(setting_of(data.info)))
+        finally:
+            self.federation_.release(handle)
+        out[rows] = reply.tensors["probs"].double().numpy()
         return out
 
     def predict_local(self, data: VerticalDataset, party: int) -> np.ndarray:
