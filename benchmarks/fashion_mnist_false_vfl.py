@@ -73,13 +73,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 def _params(a: argparse.Namespace) -> dict[str, Any]:
     w = a.width
     params: dict[str, Any] = dict(
-        epochs_pretrain=a.epochs_pretrain, lr_pretrain=a.lr_pretrain,
-        encoder_arch=a.encoder_arch, decoder_arch=a.decoder_arch, fusion=a.fusion,
+        pretrain_epochs=a.epochs_pretrain, pretrain_lr=a.lr_pretrain,
+        encoder=a.encoder_arch, decoder=a.decoder_arch, fusion=a.fusion,
         encoder_hidden=[w, w], decoder_hidden=[w, w], global_hidden=[w, w], discriminator_hidden=[w],
         mask_hidden=[w, w],
     )
-    for key, val in (("lr_train", a.lr_train), ("epochs_train", a.epochs_train), ("kappa", a.kappa),
-                     ("n_predict_samples", a.samples)):
+    for key, val in (("lr", a.lr_train), ("epochs", a.epochs_train), ("importance_samples", a.kappa),
+                     ("predict_importance_samples", a.samples)):
         if val is not None:
             params[key] = val
     return params

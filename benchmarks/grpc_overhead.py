@@ -35,9 +35,9 @@ from partialvfl.utils.progress import progress
 def epoch_params(method: str, epochs: int) -> dict[str, Any]:
     """Override the epoch counts of the methods we know (FALSE-VFL has two stages)."""
     if method.startswith("false-vfl"):
-        return {"epochs_pretrain": epochs, "epochs_train": epochs}
+        return {"pretrain_epochs": epochs, "epochs": epochs}
     cls = get_method(method)
-    return {k: epochs for k in cls.default_params() if k in ("epochs", "epochs_train")}
+    return {k: epochs for k in cls.default_params() if k in ("epochs", "epochs")}
 
 
 def samples_per_fit(method: str, train: Any, epochs: int) -> int:

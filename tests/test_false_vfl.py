@@ -27,12 +27,13 @@ from partialvfl.methods._false_vfl_parts import (
     snis_weights,
     split_gaussian,
 )
-from partialvfl.methods.false_vfl import paper_row
+from partialvfl.methods.false_vfl_spec import paper_row
 from partialvfl.methods.training import TrainingLoop
 from partialvfl.nn.stats import log_mean_exp
 
 TINY = dict(d_h=8, d_z=4, encoder_hidden=[32], decoder_hidden=[32], global_hidden=[32], discriminator_hidden=[32],
-            mask_hidden=[16, 16], kappa=4, n_predict_samples=20, batch_pretrain=64, batch_train=32)
+            mask_hidden=[16, 16], importance_samples=4, predict_importance_samples=20, pretrain_batch_size=64,
+            batch_size=32)
 
 
 def _synthetic(n: int = 800, n_test: int = 400, train_missing: str = "mcar:0.2", seed: int = 0):
@@ -51,7 +52,7 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     train, _ = data
-    params = dict(TINY, epochs_pretrain=25, epochs_train=25, lr_pretrain=3e-3, lr_train=3e-3)
+    params = dict(TINY, pretrain_epochs=25, epochs=25, pretrain_lr=3e-3, lr=3e-3)
     return get_method("false-vfl-1")("fast", seed=1, **params).fit(train)
 
 
@@ -193,7 +194,7 @@ def _record_draws(obj, store: list) -> None:
 @pytest.mark.parametrize("variant", [1, 2])
 def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
     train, _ = _synthetic(n=200, n_test=20)
-    params = dict(TINY, epochs_pretrain=0, epochs_train=0, lr_pretrain=0.0, weight_decay_pretrain=0.0)
+    params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0)
     method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train)
     fed = method.federation_
     handle = fed.attach(train, "grad")
@@ -254,7 +255,7 @@ def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
 @pytest.mark.parametrize("variant", [1, 2])
 def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> None:
     train, _ = _synthetic(n=300, n_test=20)
-    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, epochs_pretrain=1, epochs_train=0))
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=0))
     method.fit(train)
     fed = method.federation_
 
@@ -270,7 +271,7 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
     handle = fed.attach(train, "stage2")
     loop = TrainingLoop(fed.transport, name="stage 2 alone", history=[], report=lambda *_: None,
                         save_coordinator=dict, load_coordinator=lambda _: None)
-    method.params_["epochs_train"] = 2
+    method.params_["epochs"] = 2
     loop.run(method._train_stage(train.coordinator_view(), handle))
     after = snapshot()
     for sb, sa in zip(before[0] + [before[1]], after[0] + [after[1]]):
@@ -285,7 +286,7 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
 def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant) -> None:
     train, test = _synthetic(n=120, n_test=30)
     log = MessageLog(keep_payloads=True)
-    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, epochs_pretrain=1, epochs_train=1))
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1))
     method.fit(train, log=log)
     method.predict_proba(test)
     assert log.tensor_names(crossing_only=True) == ALLOWED_TENSORS[variant]
@@ -365,8 +366,8 @@ def test_regression_with_a_gaussian_discriminator() -> None:
         blocks[k][~obs[:, k]] = np.nan
     data = VerticalDataset(blocks, obs, y=y, task=Task.regression())
     train, test = data.subset(np.arange(300)), data.subset(np.arange(300, n))
-    method = get_method("false-vfl-1")("fast", seed=0, **dict(TINY, epochs_pretrain=30, epochs_train=40,
-                                                               lr_pretrain=3e-3, lr_train=5e-3, fusion="poe"))
+    method = get_method("false-vfl-1")("fast", seed=0, **dict(TINY, pretrain_epochs=30, epochs=40,
+                                                               pretrain_lr=3e-3, lr=5e-3, fusion="poe"))
     rmse = method.fit(train).score(test)
     assert rmse < 0.6 * float(np.std(test.y)), rmse
 
@@ -374,19 +375,21 @@ def test_regression_with_a_gaussian_discriminator() -> None:
 def test_bad_options_are_named_and_paper_rows_map_our_datasets() -> None:
     train, _ = _synthetic(n=100, n_test=10)
     with pytest.raises(ValueError, match="fusion"):
-        get_method("false-vfl-1")("fast", fusion="average", **dict(TINY, epochs_pretrain=0)).fit(train)
-    with pytest.raises(ValueError, match="kappa"):
-        get_method("false-vfl-2")("fast", kappa=0).fit(train)
+        get_method("false-vfl-1")("fast", fusion="average", **dict(TINY, pretrain_epochs=0)).fit(train)
+    with pytest.raises(ValueError, match="importance_samples"):
+        get_method("false-vfl-2")("fast", importance_samples=0).fit(train)
     assert paper_row("fashion-mnist:train") == "fashion-mnist"
     assert paper_row("isolet") == "isolet" and paper_row("hapt") == "hapt" and paper_row("digits") == "isolet"
     params = get_method("false-vfl-1")("paper").resolve_params("fashion-mnist")
-    assert (params["d_h"], params["d_z"], params["lr_pretrain"], params["batch_pretrain"]) == (196, 32, 5e-5, 1024)
-    assert (params["kappa"], params["n_predict_samples"], params["epochs_pretrain"]) == (10, 50, 150)
+    assert (params["d_h"], params["d_z"], params["pretrain_lr"], params["pretrain_batch_size"]) == (196, 32, 5e-5,
+                                                                                                     1024)
+    assert (params["importance_samples"], params["predict_importance_samples"], params["pretrain_epochs"]) == (
+        10, 50, 150)
 
 
 def test_variant_two_predicts_from_any_subset_and_round_trips(tmp_path) -> None:
     train, test = _synthetic(n=300, n_test=100, train_missing="mnar:0.7")
-    method = get_method("false-vfl-2")("fast", seed=0, **dict(TINY, epochs_pretrain=5, epochs_train=5))
+    method = get_method("false-vfl-2")("fast", seed=0, **dict(TINY, pretrain_epochs=5, epochs=5))
     method.fit(train)
     proba = method.predict_proba(test)
     method.save(tmp_path)
@@ -423,7 +426,7 @@ def test_checkpointed_fit_resumes_after_a_crash_to_the_uninterrupted_result(vari
 
     train, test = _synthetic(n=300, n_test=100)
     cls = get_method(f"false-vfl-{variant}")
-    params = dict(TINY, epochs_pretrain=2, epochs_train=3, batch_pretrain=64, batch_train=32)
+    params = dict(TINY, pretrain_epochs=2, epochs=3, pretrain_batch_size=64, batch_size=32)
     reference = cls("fast", seed=3, **params).fit(train)
 
     crashing = _crashing_checkpointer(tmp_path, None, every=5, crash_at=crash_at)
@@ -437,6 +440,6 @@ def test_checkpointed_fit_resumes_after_a_crash_to_the_uninterrupted_result(vari
     assert resumed.history_ == reference.history_
     np.testing.assert_allclose(resumed.predict_proba(test), reference.predict_proba(test), rtol=1e-6, atol=1e-7)
 
-    other = cls("fast", seed=3, **dict(params, epochs_pretrain=20))  # a checkpoint of another run is refused
+    other = cls("fast", seed=3, **dict(params, pretrain_epochs=20))  # a checkpoint of another run is refused
     with pytest.raises(ValueError, match="parameters and data of the checkpointed run"):
         other.fit(train, checkpointer=Checkpointer(tmp_path, every=5))

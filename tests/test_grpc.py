@@ -557,8 +557,8 @@ def test_false_vfl_checkpoints_and_resumes_over_grpc(deployment, data, tmp_path,
     from partialvfl.cli import main
 
     def fit_args(out: Path) -> list[str]:
-        tiny = {"epochs_pretrain": 2, "epochs_train": 2, "batch_pretrain": 16, "batch_train": 16, "d_h": 4,
-                "d_z": 2, "kappa": 2, "encoder_hidden": [8], "decoder_hidden": [8], "global_hidden": [8],
+        tiny = {"pretrain_epochs": 2, "epochs": 2, "pretrain_batch_size": 16, "batch_size": 16, "d_h": 4,
+                "d_z": 2, "importance_samples": 2, "encoder_hidden": [8], "decoder_hidden": [8], "global_hidden": [8],
                 "discriminator_hidden": [8], "mask_hidden": [8]}
         params = [a for k, v in tiny.items() for a in ("--param", f"{k}={json.dumps(v)}")]
         return ["fit", "--federation", str(deployment.federation_file), "--method", "false-vfl-2", "--seed", "2",
@@ -625,8 +625,8 @@ def test_false_vfl_federated_matches_in_process(deployment, data, tmp_path) -> N
         cls = get_method("false-vfl-1")
     except ValueError:
         pytest.skip("false-vfl-1 is not in the registry")
-    params = dict(epochs_pretrain=1, epochs_train=1, batch_pretrain=16, batch_train=16, kappa=3,
-                  n_predict_samples=4, d_h=4, d_z=2, encoder_hidden=[8], decoder_hidden=[8], global_hidden=[8],
+    params = dict(pretrain_epochs=1, epochs=1, pretrain_batch_size=16, batch_size=16, importance_samples=3,
+                  predict_importance_samples=4, d_h=4, d_z=2, encoder_hidden=[8], decoder_hidden=[8], global_hidden=[8],
                   discriminator_hidden=[8])
     log = MessageLog(keep_payloads=True)
     fed = _fed(deployment, log=log)

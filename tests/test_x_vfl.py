@@ -25,7 +25,7 @@ from partialvfl.methods.x_vfl import (
     x_vfl_partial_setting,
 )
 
-TINY = dict(embed_dim=8, encoder_hidden=[8], xcom_hidden=[8], top_hidden=[8], epochs=2, batch_size=16)
+TINY = dict(latent_dim=8, encoder_hidden=[8], xcom_hidden=[8], top_hidden=[8], epochs=2, batch_size=16)
 
 
 def _data(n: int = 48, seed: int = 0, missing: bool = True) -> VerticalDataset:
@@ -178,7 +178,7 @@ def test_xcom_inputs_are_the_mean_of_the_other_observed_parties_embeddings() -> 
     # what comes back from a completion is an embedding, never a block in the party's feature space
     for e in log.entries:
         if e.kind == "complete" and e.direction == "reply":
-            assert e.names == ("emb_tilde",) and e.shapes[0][1] == TINY["embed_dim"]
+            assert e.names == ("emb_tilde",) and e.shapes[0][1] == TINY["latent_dim"]
 
 
 @pytest.mark.parametrize("input_grad", [True, False])
@@ -381,6 +381,6 @@ def test_rejects_regression_and_a_single_party() -> None:
 def test_paper_preset_builds_the_papers_sizes() -> None:
     m = get_method("x-vfl")("paper", seed=0, epochs=1).fit(_data(n=24))
     assert m.params_["batch_size"] == 100  # K > 2: the paper's k = 4 batch size
-    assert m.params_["embed_dim"] == 512 and m.params_["lambda1"] == m.params_["lambda2"] == 0.01
+    assert m.params_["latent_dim"] == 512 and m.params_["lambda1"] == m.params_["lambda2"] == 0.01
     assert len([x for x in m.top_ if isinstance(x, nn.Linear)]) == 3  # three-layer FCNN top model (tabular)
     assert get_method("x-vfl").preset_params("paper", "fashion-mnist")["encoder"] == "resnet18"

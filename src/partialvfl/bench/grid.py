@@ -367,21 +367,21 @@ def check_methods(grid: Grid) -> None:
     """Fail early, naming the entry, when a method or preset or override is unknown (imports ``grid.imports``)."""
     import importlib
 
-    from partialvfl.methods.base import get_method
+    from partialvfl.methods.registry import get_method, get_spec
 
     for module in grid.imports:
         importlib.import_module(module)
     for m in grid.methods:
         try:
-            klass = get_method(m.name)
+            spec = get_spec(m.name)  # declared methods are checked without importing them (or torch)
+            space = spec.params if spec is not None else get_method(m.name).param_space()
         except ValueError as e:
             raise GridError(f"{grid.source}: {e}") from None
-        if m.preset not in klass.presets:
+        if m.preset not in space.preset_names:
             raise GridError(f"{grid.source}: method {m.name!r}: unknown preset {m.preset!r}; "
-                            f"choose one of {', '.join(klass.presets)}")
-        known = set(klass.default_params())
+                            f"choose one of {', '.join(space.preset_names)}")
         for d in grid.datasets:
-            unknown = set(m.overrides_for(d.name)) - known
-            if unknown:
-                raise GridError(f"{grid.source}: method {m.name!r}: unknown parameter(s) "
-                                f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+            try:
+                space.validate(m.overrides_for(d.name), owner=f"method {m.name!r}")
+            except ValueError as e:
+                raise GridError(f"{grid.source}: {e}") from None

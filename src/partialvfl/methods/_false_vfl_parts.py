@@ -22,6 +22,7 @@ from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
+from partialvfl.methods.false_vfl_spec import FUSION_RULES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
 from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
 from partialvfl.utils.seeding import torch_generator, torch_seeded
@@ -38,7 +39,6 @@ __all__ = [
     "snis_weights",
 ]
 
-FUSION_RULES = ("mean-precision", "poe")
 
 #: Every tensor name that may cross a party boundary, per variant (row indices, latent posterior parameters,
 #: sampled latents, per-sample log-likelihood scalars and mask terms, and the gradients of those).
@@ -140,9 +140,9 @@ class _PartyModules(nn.Module):
         shape = tuple(int(s) for s in config["feature_shape"])
         d = int(config["feature_dim"])
         d_h = int(config["d_h"])
-        self.encoder = build_encoder(shape, 2 * d_h, arch=config["encoder_arch"],
+        self.encoder = build_encoder(shape, 2 * d_h, arch=config["encoder"],
                                      hidden=tuple(config["encoder_hidden"]), width=int(config["resnet_width"]))
-        self.decoder = build_decoder(d_h, shape, arch=config["decoder_arch"], hidden=tuple(config["decoder_hidden"]))
+        self.decoder = build_decoder(d_h, shape, arch=config["decoder"], hidden=tuple(config["decoder_hidden"]))
         self.decoder_logvar = nn.Parameter(torch.zeros(d))
         self.indicator = MLP(d, tuple(config["mask_hidden"]), 1) if int(config["variant"]) == 2 else None
 
@@ -170,8 +170,8 @@ class FalseVFLParty(PartyProgram):
             self.net = _PartyModules(config)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=float(config["lr_pretrain"]),
-                                          weight_decay=float(config["weight_decay_pretrain"]))
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=float(config["pretrain_lr"]),
+                                          weight_decay=float(config["pretrain_weight_decay"]))
         self._enc: dict[str, Any] = {}
         self._dec: dict[str, Any] = {}
 

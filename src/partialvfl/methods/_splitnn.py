@@ -39,49 +39,7 @@ from partialvfl.nn.blocks import MLP, build_encoder
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
 
-__all__ = ["PAPER_TABLES", "SplitNNMethod", "SplitParty", "dataset_key", "fit_best_of_pretraining", "fuse"]
-
-# ---------------------------------------------------------------------- hyperparameter tables
-#: The FALSE-VFL paper's Tables 6 (Vanilla VFL), 7 (LASER-VFL) and 8 (PlugVFL): fine-tuning optimiser Adam,
-#: pretraining (SimSiam) optimiser SGD; weight decay 1e-4 (fine-tuning) and 3e-5 (pretraining) everywhere.
-#: (lr, batch, epochs) per dataset; pretraining (lr, batch, epochs) is shared by the three methods.
-PAPER_TABLES: dict[str, dict[str, tuple[float, int, int]]] = {
-    "vanilla-vfl": {"isolet": (5e-4, 32, 500), "hapt": (5e-3, 64, 100), "fashion-mnist": (1e-4, 128, 150),
-                    "modelnet10": (1e-4, 128, 100)},
-    "laser-vfl": {"isolet": (5e-5, 64, 200), "hapt": (1e-3, 128, 100), "fashion-mnist": (1e-4, 128, 100),
-                  "modelnet10": (5e-4, 128, 10)},
-    "plug-vfl": {"isolet": (5e-5, 32, 100), "hapt": (5e-4, 64, 100), "fashion-mnist": (1e-4, 128, 150),
-                 "modelnet10": (1e-4, 128, 50)},
-}
-PAPER_PRETRAIN: dict[str, tuple[float, int, int]] = {
-    "isolet": (0.025, 512, 100), "hapt": (0.02, 512, 150), "fashion-mnist": (0.02, 1024, 100),
-    "modelnet10": (0.025, 1024, 50),
-}
-PAPER_LATENT = {"isolet": 128, "hapt": 128, "fashion-mnist": 196, "modelnet10": 256}
-PAPER_IMAGE = {"fashion-mnist", "modelnet10"}
-
-#: LASER-VFL's released code (configs/task_config.yaml, spec/laser-vfl.md section 4.3) for the datasets we have:
-#: (optimizer, lr, weight decay, momentum, epochs, batch, cosine schedule) by method family and dataset.  HAPT's
-#: LASER values are those for training p_miss 0.0/0.1.
-LASER_CODE: dict[str, dict[str, tuple[str, float, float, float, int, int, bool]]] = {
-    "laser": {"hapt": ("sgd", 0.03, 1e-4, 0.8, 100, 128, False),
-              "cifar10": ("sgd", 0.1, 0.008, 0.5, 100, 1024, True),
-              "cifar100": ("sgd", 0.15, 0.007, 0.5, 150, 1024, True)},
-    "decoupled": {"hapt": ("sgd", 0.05, 1e-4, 0.8, 100, 128, False),
-                  "cifar10": ("sgd", 0.1, 0.01, 0.5, 100, 1024, True),
-                  "cifar100": ("sgd", 0.15, 0.004, 0.5, 150, 1024, True)},
-    "plug": {"hapt": ("sgd", 0.05, 1e-4, 0.8, 100, 128, False),
-             "cifar10": ("sgd", 0.1, 0.008, 0.5, 100, 1024, True),
-             "cifar100": ("sgd", 0.15, 0.004, 0.5, 150, 1024, True)},
-}
-
-
-def dataset_key(dataset: str | None) -> str:
-    """Normalise a dataset name as it reaches ``preset_params`` (``"digits:train"`` -> ``"digits"``)."""
-    if not dataset:
-        return ""
-    return str(dataset).split(":")[0].strip().lower().replace("_", "-")
-
+__all__ = ["SplitNNMethod", "SplitParty", "fit_best_of_pretraining", "fuse"]
 
 # ---------------------------------------------------------------------- party side
 @register_program
@@ -221,73 +179,6 @@ class SplitNNMethod(VFLMethod):
     """
 
     party_program = "splitnn/party"
-    presets = ("fast", "paper", "laser-paper")
-    #: the method family in LASER-VFL's code (``laser``, ``decoupled``, ``ensemble`` -> ``decoupled``, ``plug``)
-    laser_family = "decoupled"
-    #: whether the FALSE-VFL paper pretrains this method with SimSiam (its protocol, Appendix D.1)
-    paper_pretrains = False
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {
-            "latent_dim": 64,
-            "encoder": "auto",
-            "encoder_hidden": [128, 128],
-            "resnet_width": 64,
-            "head_hidden": [],
-            "optimizer": "adam",
-            "lr": 1e-3,
-            "weight_decay": 1e-4,
-            "momentum": 0.9,
-            "epochs": 50,
-            "batch_size": 64,
-            "lr_schedule": "none",
-            "eta_min_ratio": 0.02,
-            "pretrain": False,
-            "pretrain_epochs": 50,
-            "pretrain_batch_size": 512,
-            "pretrain_lr": 0.02,
-            "pretrain_weight_decay": 3e-5,
-            "pretrain_momentum": 0.9,
-            "pretrain_optimizer": "sgd",
-            "pretrain_corruption": 0.3,
-            "pretrain_noise": 0.05,
-            "predict_batch_size": 4096,
-        }
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        ds = dataset_key(dataset)
-        if preset == "fast":
-            return {"latent_dim": 32, "encoder_hidden": [64], "lr": 3e-3, "epochs": 30, "batch_size": 64,
-                    "pretrain_epochs": 15, "pretrain_batch_size": 256, "pretrain_lr": 0.05}
-        if preset == "paper":
-            table = PAPER_TABLES.get(cls.name, PAPER_TABLES["vanilla-vfl"])
-            key = ds if ds in table else "hapt"
-            lr, bs, ep = table[key]
-            plr, pbs, pep = PAPER_PRETRAIN[key]
-            return {
-                "optimizer": "adam", "lr": lr, "batch_size": bs, "epochs": ep, "weight_decay": 1e-4,
-                "latent_dim": PAPER_LATENT[key], "encoder": "resnet18" if ds in PAPER_IMAGE else "auto",
-                "encoder_hidden": [256, 256], "pretrain": cls.paper_pretrains,
-                "pretrain_optimizer": "sgd", "pretrain_lr": plr, "pretrain_batch_size": pbs,
-                "pretrain_epochs": pep, "pretrain_weight_decay": 3e-5,
-            }
-        if preset == "laser-paper":
-            family = LASER_CODE[cls.laser_family]
-            key = ds if ds in family else "hapt"
-            opt, lr, wd, mom, ep, bs, cosine = family[key]
-            out: dict[str, Any] = {
-                "optimizer": opt, "lr": lr, "weight_decay": wd, "momentum": mom, "epochs": ep, "batch_size": bs,
-                "lr_schedule": "cosine" if cosine else "none", "eta_min_ratio": 0.02, "pretrain": False,
-                "head_hidden": [],
-            }
-            if key == "hapt":
-                out.update(latent_dim=128, encoder="mlp", encoder_hidden=[128, 128])
-            else:
-                out.update(latent_dim=1024, encoder="resnet18", resnet_width=32 if key == "cifar10" else 64)
-            return out
-        return {}
 
     # ------------------------------------------------------------------ hooks
     def _model_names(self, party: int) -> list[str]:
@@ -542,7 +433,7 @@ def fit_best_of_pretraining(method: type[VFLMethod] | str, train: VerticalDatase
     from partialvfl.methods.evaluation import evaluate
 
     cls = get_method(method) if isinstance(method, str) else method
-    if "pretrain" not in cls.default_params():
+    if "pretrain" not in cls.param_space().names:
         raise ValueError(f"{cls.name} has no 'pretrain' option")
     params.pop("pretrain", None)
     if isinstance(select_on, VerticalDataset):

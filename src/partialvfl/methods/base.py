@@ -8,8 +8,8 @@ the same method runs in one process (the default, :class:`LocalFederation`) or a
 What subclasses implement:
 
 * ``name`` (registry key), ``party_program`` (the registered program name);
-* ``default_params()`` and ``preset_params(preset, dataset)``: every tunable with its default, and the ``fast`` /
-  ``paper`` presets (per dataset where the paper differs per dataset);
+* ``params``: the declared :class:`~partialvfl.methods.params.ParamSpace` (defaults, types, ranges, help, presets
+  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``);
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
   build its modules, e.g. ``feature_dim``/``feature_shape`` from ``self.index_``);
 * ``_fit(view, handle, loop)``: training, with the training data attached at the parties under ``handle``; every
@@ -40,6 +40,8 @@ import torch
 from partialvfl.data.dataset import CoordinatorView, Task, VerticalDataset
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
+from partialvfl.methods.params import ParamSpace, inferred_space
+from partialvfl.methods.registry import METHODS, get_method, method_names, register_method
 from partialvfl.methods.training import EpochCallback, TrainingLoop
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
@@ -52,46 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "method_names", "register_method"]
 
 FORMAT_VERSION = 1
-
-METHODS: dict[str, type[VFLMethod]] = {}
-
-# Modules of this package that are not methods; every other module is imported on the first registry lookup (so
-# `import partialvfl` stays light and a new method needs no edit here).
-_NOT_METHOD_MODULES = {"base", "evaluation"}
-
-
-def register_method(cls: type[VFLMethod]) -> type[VFLMethod]:
-    """Class decorator: make a method available by name (CLI ``--method NAME``, bench grids)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no registry name")
-    if cls.name in METHODS and METHODS[cls.name] is not cls:
-        raise ValueError(f"method {cls.name!r} registered twice")
-    METHODS[cls.name] = cls
-    return cls
-
-
-def _import_methods() -> None:
-    import importlib
-    import pkgutil
-
-    import partialvfl.methods as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in _NOT_METHOD_MODULES and not info.name.startswith("_"):
-            importlib.import_module(f"partialvfl.methods.{info.name}")
-
-
-def method_names() -> list[str]:
-    _import_methods()
-    return sorted(METHODS)
-
-
-def get_method(name: str) -> type[VFLMethod]:
-    _import_methods()
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}") from None
 
 
 @dataclass(frozen=True)
@@ -129,45 +91,56 @@ class VFLMethod(ABC):
 
     name: ClassVar[str] = ""
     party_program: ClassVar[str] = ""
+    #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
+    params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.params is not None:
+            cls.presets = cls.params.preset_names
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False, **params: Any) -> None:
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
-        unknown = set(params) - set(self.default_params())
-        if unknown:
-            raise ValueError(
-                f"{self.name}: unknown parameter(s) {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(sorted(self.default_params()))}"
-            )
         self.preset = preset
         self.seed = int(seed)
         self.progress = progress
-        self.overrides = dict(params)
+        self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ parameters
     @classmethod
-    @abstractmethod
+    def param_space(cls) -> ParamSpace:
+        """The declared parameters (or, for a method without a declaration, its defaults with names checked)."""
+        if cls.params is not None:
+            return cls.params
+        legacy = cls.preset_params.__func__ is not VFLMethod.preset_params.__func__  # type: ignore[attr-defined]
+        return inferred_space(cls.default_params(), {
+            p: (lambda ds, p=p: cls.preset_params(p, ds or None)) if legacy else (lambda ds: {}) for p in cls.presets})
+
+    @classmethod
     def default_params(cls) -> dict[str, Any]:
         """Every tunable of the method with its default."""
+        if cls.params is None:
+            raise NotImplementedError(f"{cls.__name__} declares no parameters (params) and lists no defaults")
+        return cls.params.defaults()
 
     @classmethod
     def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
         """Overrides the preset applies on top of the defaults (may depend on the dataset)."""
-        return {}
+        return cls.param_space().preset(preset, dataset, owner=cls.name) if cls.params is not None else {}
 
     @classmethod
     def epoch_param_names(cls) -> list[str]:
         """The parameters that count training epochs (what the CLI's ``--epochs N`` sets, all of them)."""
-        return [k for k in cls.default_params()
-                if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
+        if cls.params is not None:
+            return cls.params.epoch_names()
+        return [k for k in cls.default_params() if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
 
     def resolve_params(self, dataset: str | None) -> dict[str, Any]:
-        params = dict(self.default_params())
-        params.update(self.preset_params(self.preset, dataset))
-        params.update(self.overrides)
-        return params
+        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated)."""
+        return self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name)
 
     def get_params(self) -> dict[str, Any]:
         return {"preset": self.preset, "seed": self.seed, **self.overrides}
@@ -380,9 +353,10 @@ class VFLMethod(ABC):
         klass = get_method(meta["method"]) if cls is VFLMethod or not cls.name else cls
         if klass.name != meta["method"]:
             raise ValueError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
-        obj = klass(meta["preset"], seed=meta["seed"], **meta["overrides"])
+        space = klass.param_space()
+        obj = klass(meta["preset"], seed=meta["seed"], **space.renamed(meta["overrides"]))
         obj.index_ = IndexInfo.from_dict(meta["index"])
-        obj.params_ = meta["params"]
+        obj.params_ = {**space.defaults(), **space.renamed(meta["params"])}
         obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
         obj.data_info_ = meta.get("data_info", {})
         obj.history_ = meta.get("history", [])

@@ -10,7 +10,6 @@ its observed set.  Memory, compute and communication grow as 2^K - 1, so K is ca
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any
 
 import numpy as np
 import torch
@@ -20,10 +19,11 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods._splitnn import SplitNNMethod
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = ["Combinatorial", "subset_name"]
 
-DEFAULT_MAX_PARTIES = 6
+
 
 
 def subset_name(subset: tuple[int, ...]) -> str:
@@ -36,18 +36,7 @@ class Combinatorial(SplitNNMethod):
     """2^K - 1 independent split networks, the exact-observed-set one used at inference."""
 
     name = "combinatorial"
-    laser_family = "decoupled"
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {**super().default_params(), "fusion": "concat", "max_parties": DEFAULT_MAX_PARTIES}
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        out = super().preset_params(preset, dataset)
-        if preset == "laser-paper":
-            out.update(fusion="mean")
-        return out
+    params = SPACES["combinatorial"]
 
     def _subsets(self) -> list[tuple[int, ...]]:
         k = self.index_.n_parties

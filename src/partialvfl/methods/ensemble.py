@@ -21,6 +21,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods._splitnn import SplitNNMethod
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = ["Ensemble", "majority_vote"]
 
@@ -38,7 +39,7 @@ class Ensemble(SplitNNMethod):
     """Per-party local predictors (heads at the active party), majority vote with seeded random tie-break."""
 
     name = "ensemble"
-    laser_family = "decoupled"
+    params = SPACES["ensemble"]
 
     def _build_heads(self) -> nn.ModuleDict:
         d = int(self.params_["latent_dim"])

@@ -31,7 +31,6 @@ import torch
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.federation.messages import Request
 from partialvfl.methods._false_vfl_parts import (
-    FUSION_RULES,
     FalseVFLParty,
     as_rows,
     fuse_posteriors,
@@ -41,35 +40,13 @@ from partialvfl.methods._false_vfl_parts import (
     snis_weights,
 )
 from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.false_vfl_spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
 
-__all__ = ["FalseVFL1", "FalseVFL2", "PAPER_ROWS", "paper_row"]
-
-#: Table 10 of the paper (pretraining = stage 1, training = stage 2); kappa = 10, L = 50 everywhere.
-PAPER_ROWS: dict[str, dict[str, Any]] = {
-    "isolet": dict(lr_train=2e-4, lr_pretrain=5e-4, batch_train=128, batch_pretrain=512, epochs_train=300,
-                   epochs_pretrain=300, d_h=128, d_z=64),
-    "hapt": dict(lr_train=2e-4, lr_pretrain=2e-3, batch_train=128, batch_pretrain=512, epochs_train=300,
-                 epochs_pretrain=500, d_h=128, d_z=64),
-    "fashion-mnist": dict(lr_train=2e-4, lr_pretrain=5e-5, batch_train=128, batch_pretrain=1024, epochs_train=200,
-                          epochs_pretrain=150, d_h=196, d_z=32),
-    "modelnet10": dict(lr_train=2e-4, lr_pretrain=1e-4, batch_train=128, batch_pretrain=1024, epochs_train=200,
-                       epochs_pretrain=300, d_h=256, d_z=64),
-}
-#: Our datasets without a Table 10 row use the closest one: image sources the FashionMNIST row, tabular ones the
-#: Isolet row (8 parties, 500 labels, the smaller of the two tabular rows).
-PAPER_ROW_OF = {"mnist-5k": "fashion-mnist"}
-
-
-def paper_row(dataset: str | None) -> str:
-    """The Table 10 row the ``paper`` preset uses for ``dataset`` (a source name, possibly ``name:train``)."""
-    key = (dataset or "").split(":")[0].strip().lower()
-    key = PAPER_ROW_OF.get(key, key)
-    return key if key in PAPER_ROWS else "isolet"
-
+__all__ = ["FalseVFL1", "FalseVFL2"]
 
 @dataclass
 class _Pass:
@@ -99,72 +76,12 @@ class _FalseVFL(VFLMethod):
 
     party_program: ClassVar[str] = FalseVFLParty.program_name
     variant: ClassVar[int] = 1
-
-    # ------------------------------------------------------------------ parameters
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {
-            "d_h": 32,
-            "d_z": 16,
-            "encoder_arch": "auto",  # auto: mlp for tabular blocks, cnn for image pieces; or mlp | cnn | resnet18
-            "decoder_arch": "auto",  # auto: mlp for tabular blocks, deconv (transposed CNN) for image pieces
-            "encoder_hidden": [128, 128],
-            "decoder_hidden": [128, 128],
-            "global_hidden": [128, 128],  # gamma_s, theta_s: 3-layer MLPs (Table 5)
-            "discriminator_hidden": [128],  # phi: 2-layer MLP (Table 5)
-            "mask_hidden": [64, 64],  # psi_k: 3-layer MLP (Table 5), II only
-            "resnet_width": 64,
-            "epochs_pretrain": 30,
-            "epochs_train": 30,
-            "lr_pretrain": 1e-3,
-            "lr_train": 1e-3,
-            "batch_pretrain": 128,
-            "batch_train": 64,
-            "weight_decay_pretrain": 1e-4,
-            "weight_decay_train": 1e-4,
-            "kappa": 10,
-            "n_predict_samples": 50,  # L
-            "predict_batch": 256,
-            "fusion": "mean-precision",  # eq. 1; or "poe"
-            "encoder_logvar_range": [-8.0, 6.0],  # clamp of every latent log-variance (h and z)
-            "decoder_logvar_range": [-5.0, 3.0],  # clamp of the decoders' learned per-feature log-variances
-        }
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        if preset == "fast":
-            return {"d_h": 16, "d_z": 8, "epochs_pretrain": 80, "epochs_train": 40, "lr_pretrain": 2e-3,
-                    "lr_train": 2e-3, "batch_pretrain": 128, "batch_train": 64, "kappa": 10,
-                    "n_predict_samples": 50}
-        row = dict(PAPER_ROWS[paper_row(dataset)])
-        width = 256  # the paper gives no MLP widths; 256 throughout (docs/false-vfl.md)
-        row.update(encoder_hidden=[width, width], decoder_hidden=[width, width], global_hidden=[width, width],
-                   discriminator_hidden=[width], mask_hidden=[width, width], weight_decay_pretrain=1e-4,
-                   weight_decay_train=1e-4, kappa=10, n_predict_samples=50)
-        return row
-
-    def _check_params(self) -> None:
-        p = self.params_
-        for name in ("d_h", "d_z", "kappa", "n_predict_samples", "batch_pretrain", "batch_train", "predict_batch"):
-            if int(p[name]) < 1:
-                raise ValueError(f"{self.name}: parameter {name} must be >= 1, got {p[name]!r}")
-        for name in ("epochs_pretrain", "epochs_train"):
-            if int(p[name]) < 0:
-                raise ValueError(f"{self.name}: parameter {name} must be >= 0, got {p[name]!r}")
-        for name in ("lr_pretrain", "lr_train", "weight_decay_pretrain", "weight_decay_train"):
-            if float(p[name]) < 0:
-                raise ValueError(f"{self.name}: parameter {name} must be >= 0, got {p[name]!r}")
-        if p["fusion"] not in FUSION_RULES:
-            raise ValueError(f"{self.name}: unknown fusion {p['fusion']!r}; choose one of {', '.join(FUSION_RULES)}")
-        for name in ("encoder_logvar_range", "decoder_logvar_range"):
-            lo, hi = (float(v) for v in p[name])
-            if not lo < hi:
-                raise ValueError(f"{self.name}: parameter {name} must be [low, high] with low < high, got {p[name]}")
+    params: ClassVar = PARAMS
 
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_
-        keys = ("d_h", "encoder_arch", "decoder_arch", "encoder_hidden", "decoder_hidden", "mask_hidden",
-                "resnet_width", "lr_pretrain", "weight_decay_pretrain", "encoder_logvar_range",
+        keys = ("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
+                "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
                 "decoder_logvar_range")
         cfg = {k: p[k] for k in keys}
         cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
@@ -279,7 +196,8 @@ class _FalseVFL(VFLMethod):
         """One stage-1 step: maximise the IWAE bound of the batch; returns (sum of per-sample bounds, count)."""
         p = self.params_
         transport = self.transport
-        st = self._forward(view, handle, rows, int(p["kappa"]), train=True, noise_seed=noise_seed, new_step=False)
+        st = self._forward(view, handle, rows, int(p["importance_samples"]), train=True, noise_seed=noise_seed,
+                           new_step=False)
         keep = torch.as_tensor(st.keep)
         n_keep = int(keep.sum())
         if n_keep == 0:
@@ -331,7 +249,6 @@ class _FalseVFL(VFLMethod):
 
     # ------------------------------------------------------------------ stages
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
-        self._check_params()
         if not self.index_.task.is_classification:
             y = view.y[view.labeled].astype(np.float64)
             self.y_mean_, self.y_std_ = float(y.mean()), float(y.std() or 1.0)
@@ -359,7 +276,7 @@ class _FalseVFL(VFLMethod):
         p = self.params_
         optimizer = torch.optim.Adam(
             list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()),
-            lr=float(p["lr_pretrain"]), weight_decay=float(p["weight_decay_pretrain"]),
+            lr=float(p["pretrain_lr"]), weight_decay=float(p["pretrain_weight_decay"]),
         )
 
         def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics:
@@ -368,9 +285,9 @@ class _FalseVFL(VFLMethod):
             s, n = self._pretrain_step(view, handle, item[0], item[1], optimizer)
             return {"bound": (s, n), "loss": (-s, n)}
 
-        return Stage("pretrain", int(p["epochs_pretrain"]),
+        return Stage("pretrain", int(p["pretrain_epochs"]),
                      self._epoch_batches("pretrain", np.flatnonzero(view.observed.any(axis=1)),
-                                         int(p["batch_pretrain"])),
+                                         int(p["pretrain_batch_size"])),
                      step, numpy_rng(self.seed, "false-vfl", "pretrain"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
@@ -378,8 +295,8 @@ class _FalseVFL(VFLMethod):
     def _train_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
         p = self.params_
-        optimizer = torch.optim.Adam(self.discriminator_.parameters(), lr=float(p["lr_train"]),
-                                     weight_decay=float(p["weight_decay_train"]))
+        optimizer = torch.optim.Adam(self.discriminator_.parameters(), lr=float(p["lr"]),
+                                     weight_decay=float(p["weight_decay"]))
         y_all = self._target_tensor(view)
 
         def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics | None:
@@ -388,7 +305,7 @@ class _FalseVFL(VFLMethod):
             self.global_decoder_.eval()
             self.discriminator_.train()
             with torch.no_grad():
-                st = self._forward(view, handle, rows, int(p["kappa"]), train=False, noise_seed=noise_seed,
+                st = self._forward(view, handle, rows, int(p["importance_samples"]), train=False, noise_seed=noise_seed,
                                    new_step=False)
             keep = torch.as_tensor(st.keep)
             if not keep.any():
@@ -403,9 +320,9 @@ class _FalseVFL(VFLMethod):
             n = int(keep.sum())
             return {"bound": (float(bound_y.detach().sum()), n), "loss": (float((bound_x - bound_y).detach().sum()), n)}
 
-        return Stage("train", int(p["epochs_train"]),
+        return Stage("train", int(p["epochs"]),
                      self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
-                                         int(p["batch_train"])),
+                                         int(p["batch_size"])),
                      step, numpy_rng(self.seed, "false-vfl", "train"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
@@ -419,7 +336,7 @@ class _FalseVFL(VFLMethod):
     # ------------------------------------------------------------------ prediction
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         p = self.params_
-        n_samples, bs = int(p["n_predict_samples"]), int(p["predict_batch"])
+        n_samples, bs = int(p["predict_importance_samples"]), int(p["predict_batch_size"])
         classification = self.index_.task.is_classification
         out = []
         self.discriminator_.eval()

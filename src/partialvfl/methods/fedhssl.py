@@ -46,21 +46,13 @@ from partialvfl.federation.party import PartyProgram, PartyRuntime, register_pro
 from partialvfl.methods._simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
+from partialvfl.methods.x_vfl_spec import FEDHSSL_PARAMS
 from partialvfl.nn.blocks import MLP, ResNet18, build_encoder, image_shape
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import numpy_rng, torch_generator, torch_seeded
 
 __all__ = ["FedHSSL", "FedHSSLParty", "average_state_dicts", "split_encoder"]
 
-#: The FALSE-VFL paper's Table 9 (FedHSSL): fine-tuning (optimizer, lr, batch, epochs, weight decay), pretraining
-#: (optimizer, lr, batch, epochs, weight decay), latent dimension, per dataset.
-PAPER_TABLE9: dict[str, dict[str, Any]] = {
-    "isolet": {"ft": ("adam", 2e-3, 64, 300, 1e-4), "pt": ("sgd", 0.025, 512, 150, 3e-5), "latent": 128},
-    "hapt": {"ft": ("adam", 5e-4, 64, 500, 1e-4), "pt": ("adam", 0.025, 512, 100, 1e-5), "latent": 128},
-    "fashion-mnist": {"ft": ("adam", 1e-4, 128, 100, 1e-4), "pt": ("sgd", 0.02, 1024, 150, 3e-5), "latent": 196},
-    "modelnet10": {"ft": ("adam", 5e-4, 128, 100, 1e-4), "pt": ("sgd", 0.025, 1024, 150, 3e-5), "latent": 256},
-}
-_IMAGE = {"fashion-mnist", "modelnet10"}
 
 
 # ---------------------------------------------------------------------- networks
@@ -311,72 +303,13 @@ class FedHSSLParty(PartyProgram):
 
 
 # ---------------------------------------------------------------------- coordinator side
-def _dataset_key(dataset: str | None) -> str:
-    return "" if not dataset else str(dataset).split(":")[0].strip().lower().replace("_", "-")
-
-
 @register_method
 class FedHSSL(VFLMethod):
     """FedHSSL at the active party: drives pretraining (cross-party SSL, local SSL, PMA) and fine-tuning."""
 
     name = "fedhssl"
     party_program = "fedhssl/party"
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {
-            "latent_dim": 64,
-            "encoder": "auto",
-            "encoder_hidden": [128, 128],
-            "resnet_width": 64,
-            "pool": "mean",
-            "pool_ratio": 0.5,
-            "head_hidden": [],
-            "pretrain": True,
-            "pretrain_epochs": 20,
-            "local_epochs": 1,
-            "pretrain_batch_size": 512,
-            "pretrain_optimizer": "sgd",
-            "pretrain_lr": 0.025,
-            "pretrain_weight_decay": 3e-5,
-            "pretrain_momentum": 0.9,
-            "cross_pairs": "active",
-            "local_weight": 1.0,
-            "guidance_weight": 0.5,
-            "aggregate": "top+head",
-            "proj_dim": 128,
-            "proj_hidden": 128,
-            "pred_hidden": 32,
-            "corruption": 0.3,
-            "noise": 0.05,
-            "optimizer": "adam",
-            "lr": 1e-3,
-            "weight_decay": 1e-4,
-            "momentum": 0.9,
-            "epochs": 50,
-            "batch_size": 64,
-            "predict_batch_size": 4096,
-        }
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        if preset == "fast":
-            return {"latent_dim": 32, "encoder_hidden": [64, 64], "pretrain_epochs": 8, "pretrain_batch_size": 256,
-                    "pretrain_lr": 0.05, "proj_dim": 32, "proj_hidden": 64, "pred_hidden": 16, "lr": 3e-3,
-                    "epochs": 30, "batch_size": 32}
-        if preset == "paper":
-            ds = _dataset_key(dataset)
-            key = ds if ds in PAPER_TABLE9 else "hapt"
-            t = PAPER_TABLE9[key]
-            fo, flr, fbs, fep, fwd = t["ft"]
-            po, plr, pbs, pep, pwd = t["pt"]
-            return {
-                "latent_dim": t["latent"], "encoder": "resnet18" if ds in _IMAGE else "mlp",
-                "encoder_hidden": [256, 256], "optimizer": fo, "lr": flr, "batch_size": fbs, "epochs": fep,
-                "weight_decay": fwd, "pretrain": True, "pretrain_optimizer": po, "pretrain_lr": plr,
-                "pretrain_batch_size": pbs, "pretrain_epochs": pep, "pretrain_weight_decay": pwd,
-            }
-        return {}
+    params = FEDHSSL_PARAMS
 
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_
@@ -408,18 +341,10 @@ class FedHSSL(VFLMethod):
             return MLP(self.index_.n_parties * self.rep_dim, [int(h) for h in self.params_["head_hidden"]],
                        self.index_.task.n_classes)
 
-    def _check_params(self) -> None:
-        p = self.params_
-        for key, allowed in {"pool": ("mean", "concat"), "cross_pairs": ("active", "all"),
-                             "aggregate": ("top", "top+head")}.items():
-            if p[key] not in allowed:
-                raise ValueError(f"{self.name}: {key} must be one of {', '.join(allowed)}, got {p[key]!r}")
-
     # ------------------------------------------------------------------ training
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
-        self._check_params()
         aligned = view.observed.all(axis=1)
         rows = np.flatnonzero(aligned & view.labeled)
         if rows.size == 0:
@@ -472,7 +397,7 @@ class FedHSSL(VFLMethod):
         p = self.params_
         K = view.n_parties
         bs = int(p["pretrain_batch_size"])
-        augment = {"corruption": float(p["corruption"]), "noise": float(p["noise"])}
+        augment = {"corruption": float(p["pretrain_corruption"]), "noise": float(p["pretrain_noise"])}
 
         def items(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray | None]:
             if aligned.size >= 2:

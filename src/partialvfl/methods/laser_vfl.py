@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from itertools import combinations
 from math import comb
-from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods._splitnn import SplitNNMethod
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = [
     "LaserVFL",
@@ -151,12 +151,7 @@ class LaserVFL(SplitNNMethod):
     """LASER-VFL: one f_k per party, mean aggregation, task-sampled training, exact-observed-set inference."""
 
     name = "laser-vfl"
-    laser_family = "laser"
-    paper_pretrains = True
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {**super().default_params(), "heads": "single", "batching": "pattern"}
+    params = SPACES["laser-vfl"]
 
     def _check_options(self) -> None:
         if self.params_["heads"] not in ("single", "per-party"):

@@ -18,6 +18,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods._splitnn import SplitNNMethod
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = ["Local"]
 
@@ -27,7 +28,7 @@ class Local(SplitNNMethod):
     """The active party's own predictor; other samples fall back to the label prior."""
 
     name = "local"
-    laser_family = "decoupled"
+    params = SPACES["local"]
 
     def _model_names(self, party: int) -> list[str]:
         return ["f"] if party == self.index_.active_party else []

@@ -13,8 +13,6 @@ left with no party after dropout are skipped for that step.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -23,6 +21,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods._splitnn import SplitNNMethod, fuse
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = ["PlugVFL", "plug_dropout"]
 
@@ -52,19 +51,7 @@ class PlugVFL(SplitNNMethod):
     """Concatenation fusion, zero representations for absent parties, passive-party dropout in training."""
 
     name = "plug-vfl"
-    laser_family = "plug"
-    paper_pretrains = True
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {**super().default_params(), "p_drop": 0.5, "dropout_unit": "batch", "fusion": "concat"}
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        out = super().preset_params(preset, dataset)
-        if preset == "laser-paper":
-            out.update(p_drop=0.0)
-        return out
+    params = SPACES["plug-vfl"]
 
     def _build_heads(self) -> nn.ModuleDict:
         return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})

@@ -15,8 +15,6 @@ At inference a sample may miss parties (option ``missing``):
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -25,6 +23,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods._splitnn import SplitNNMethod, fuse
 from partialvfl.methods.base import register_method
+from partialvfl.methods.splitnn_spec import SPACES
 
 __all__ = ["VanillaVFL"]
 
@@ -34,19 +33,7 @@ class VanillaVFL(SplitNNMethod):
     """Standard split-network VFL on the fully aligned labelled samples."""
 
     name = "vanilla-vfl"
-    laser_family = "decoupled"
-    paper_pretrains = True
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {**super().default_params(), "fusion": "concat", "missing": "zero"}
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        out = super().preset_params(preset, dataset)
-        if preset == "laser-paper":
-            out.update(fusion="mean", missing="random")
-        return out
+    params = SPACES["vanilla-vfl"]
 
     def _build_heads(self) -> nn.ModuleDict:
         if self.params_["missing"] not in ("zero", "random"):

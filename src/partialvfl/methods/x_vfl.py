@@ -83,6 +83,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
+from partialvfl.methods.x_vfl_spec import XVFL_PARAMS
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import numpy_rng, torch_seeded
@@ -97,8 +98,6 @@ __all__ = [
     "x_vfl_partial_setting",
 ]
 
-#: Datasets the paper preset treats as images (ResNet bottom models, 2048-dim embeddings, six-layer top model).
-_IMAGE_DATASETS = {"fashion-mnist", "modelnet10", "cifar10", "cifar100", "tinyimagenet", "utkface"}
 
 
 # ---------------------------------------------------------------------- optimisation (SGD-type or PAGE-type)
@@ -369,69 +368,13 @@ class _TrainContext:
     labels: torch.Tensor
 
 
-def _dataset_key(dataset: str | None) -> str:
-    return "" if not dataset else str(dataset).split(":")[0].strip().lower().replace("_", "-")
-
-
 @register_method
 class XVFL(VFLMethod):
     """X-VFL at the active party: top model h, the per-sample loss terms, DS-Align, SGD- or PAGE-type training."""
 
     name = "x-vfl"
     party_program = "x-vfl/party"
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return {
-            "embed_dim": 64,
-            "encoder": "auto",
-            "encoder_hidden": [128],
-            "resnet_width": 64,
-            "xcom": "auto",
-            "xcom_hidden": [128],
-            "top_hidden": [64],
-            "lambda1": 0.01,
-            "lambda2": 0.01,
-            "ds_align_space": "probs",
-            "ds_align_detach": False,
-            "xcom_input_grad": True,
-            "use_unaligned": True,
-            "optimizer": "adam",
-            "lr": 1e-3,
-            "weight_decay": 0.0,
-            "momentum": 0.9,
-            "epochs": 40,
-            "batch_size": 64,
-            "estimator": "sgd",
-            "page_prob": None,
-            "page_small_batch": None,
-            "inference": "complete",
-            "local_completion": "self",
-            "predict_batch_size": 4096,
-        }
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        if preset == "fast":
-            return {"embed_dim": 32, "encoder_hidden": [64], "xcom_hidden": [64], "top_hidden": [32],
-                    "lr": 3e-3, "epochs": 30, "batch_size": 64}
-        if preset == "paper":
-            # Appendix B: tabular: three-layer FCNN bottom and top models, 512-dim embeddings; images: ResNet bottom
-            # models, 2048-dim embeddings, six-layer FCNN top model; batch 50 (2 parties) / 100 (4 parties);
-            # lambda1 = lambda2 = 0.01 (the values fixed for k = 4, Appendix D.2).  Optimiser, learning rate and
-            # epochs are not given: SGD with momentum 0.9, lr 0.01, 100 epochs.
-            image = _dataset_key(dataset) in _IMAGE_DATASETS
-            return {
-                "embed_dim": 2048 if image else 512,
-                "encoder": "resnet18" if image else "mlp",
-                "encoder_hidden": [512, 512],
-                "xcom_hidden": [512, 512],
-                "top_hidden": [512] * 5 if image else [512, 512],
-                "lambda1": 0.01, "lambda2": 0.01,
-                "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "epochs": 100,
-                "batch_size": None,
-            }
-        return {}
+    params = XVFL_PARAMS
 
     # ------------------------------------------------------------------ parameters
     def _batch_size(self) -> int:
@@ -441,26 +384,12 @@ class XVFL(VFLMethod):
             self.params_["batch_size"] = bs
         return int(bs)
 
-    def _check_params(self) -> None:
-        p = self.params_
-        choices = {"ds_align_space": ("probs", "logits"), "estimator": ("sgd", "page"),
-                   "inference": ("complete", "available"), "local_completion": ("self", "none"),
-                   "optimizer": ("adam", "sgd")}
-        for key, allowed in choices.items():
-            if p[key] not in allowed:
-                raise ValueError(f"{self.name}: {key} must be one of {', '.join(allowed)}, got {p[key]!r}")
-        for key in ("lambda1", "lambda2"):
-            if float(p[key]) < 0:
-                raise ValueError(f"{self.name}: {key} must be >= 0, got {p[key]}")
-        if p["page_prob"] is not None and not 0.0 < float(p["page_prob"]) <= 1.0:
-            raise ValueError(f"{self.name}: page_prob must lie in (0, 1], got {p['page_prob']}")
-
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_
         return {
             "feature_dim": int(self.index_.feature_dims[party]),
             "feature_shape": list(self.index_.feature_shapes[party]),
-            "embed_dim": int(p["embed_dim"]),
+            "embed_dim": int(p["latent_dim"]),
             "encoder": p["encoder"],
             "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
             "resnet_width": int(p["resnet_width"]),
@@ -477,7 +406,7 @@ class XVFL(VFLMethod):
 
     def _build_top(self) -> nn.Module:
         with torch_seeded(self.seed, "x-vfl", "top"):
-            return MLP(int(self.params_["embed_dim"]), [int(h) for h in self.params_["top_hidden"]], self.n_classes)
+            return MLP(int(self.params_["latent_dim"]), [int(h) for h in self.params_["top_hidden"]], self.n_classes)
 
     # ------------------------------------------------------------------ fitting
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
@@ -485,7 +414,6 @@ class XVFL(VFLMethod):
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
         if view.n_parties < 2:
             raise ValueError(f"{self.name}: cross completion needs at least 2 parties, got {view.n_parties}")
-        self._check_params()
         p = self.params_
         info = self.data_info_
         ctx = _TrainContext(view, handle, incomplete_matrix(view.ids, view.n_parties, info),
@@ -576,7 +504,7 @@ class XVFL(VFLMethod):
                version: str, wb: dict[str, Any] | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Round: E_k from every party k for the rows flagged in ``use[:, k]``; returns (B, K, D) and the leaves."""
         n, k_parties = use.shape
-        d = int(self.params_["embed_dim"])
+        d = int(self.params_["latent_dim"])
         reqs = {}
         for k in range(k_parties):
             sel = use[:, k]

@@ -1,0 +1,258 @@
+"""Declared method parameters: one place for each parameter's default, type, range, choices, help and presets.
+
+A method declares a :class:`ParamSpace` (a tuple of :class:`Param` plus its presets); the estimator, the CLI
+(``--param``, ``--epochs``, ``partialvfl methods``) and the grid validator all read it.  Resolving a preset for a
+dataset gives a validated, plain ``dict`` (JSON-able values); a wrong name, type or value is refused with the
+parameter's name.  Old names stay accepted as aliases (mapped to the current name, with a warning).
+
+This module does not import torch, so listing methods and validating grids stays fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KINDS", "Param", "ParamSpace", "PresetFn", "dataset_key", "inferred_space"]
+
+#: Value kinds: ``int``, ``float``, ``bool``, ``str`` (with ``choices``), ``ints`` (a list of positive ints, e.g.
+#: hidden widths), ``range`` (a pair ``[low, high]`` of floats with low < high) and ``any`` (taken as given: for
+#: methods that list only their defaults, e.g. plugins).
+KINDS = ("int", "float", "bool", "str", "ints", "range", "any")
+
+#: A preset: the overrides it applies on top of the defaults, as a function of the dataset key ('' if none).
+PresetFn = Callable[[str], Mapping[str, Any]]
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable: its default, kind, help text and constraints.
+
+    ``low``/``high`` bound numbers (inclusive); ``optional`` admits ``None`` (meaning "derive it", said in the
+    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets.
+    """
+
+    name: str
+    default: Any
+    kind: str
+    help: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    optional: bool = False
+    aliases: tuple[str, ...] = ()
+    epochs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"parameter {self.name}: unknown kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        self.check(self.default, "the default")
+
+    def describe(self) -> str:
+        """A one-line description of the accepted values."""
+        if self.choices is not None:
+            what = " | ".join(str(c) for c in self.choices)
+        else:
+            what = {"int": "integer", "float": "number", "bool": "true | false", "str": "text",
+                    "ints": "list of positive integers", "range": "[low, high]", "any": "any value"}[self.kind]
+            if self.low is not None or self.high is not None:
+                lo = "-inf" if self.low is None else f"{self.low:g}"
+                hi = "inf" if self.high is None else f"{self.high:g}"
+                what += f" in [{lo}, {hi}]"
+        return what + (" or null" if self.optional else "")
+
+    def check(self, value: Any, where: str = "") -> Any:
+        """``value`` converted to this parameter's kind, or a ``ValueError`` naming the parameter."""
+        if value is None:
+            if self.optional:
+                return None
+            raise ValueError(f"parameter {self.name} must be {self.describe()}, got null{where and ' (' + where + ')'}")
+        try:
+            out = _convert(self.kind, value)
+        except (TypeError, ValueError):
+            raise ValueError(f"parameter {self.name} must be {self.describe()}, got {value!r}") from None
+        if self.choices is not None and out not in self.choices:
+            close = difflib.get_close_matches(str(out), [str(c) for c in self.choices], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"parameter {self.name} must be one of {', '.join(map(str, self.choices))}, got "
+                             f"{value!r}{hint}")
+        numbers = out if self.kind in ("ints", "range") else [out] if self.kind in ("int", "float") else []
+        for v in numbers:
+            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+                raise ValueError(f"parameter {self.name} must be {self.describe()}, got {value!r}")
+        return out
+
+
+def _convert(kind: str, value: Any) -> Any:
+    if kind == "any":
+        return value
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError
+    if kind == "int":
+        return _int(value)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise TypeError
+        out = float(value)
+        if not math.isfinite(out):
+            raise ValueError
+        return out
+    if kind == "str":
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    if kind == "ints":
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise TypeError
+        out = [_int(v) for v in value]
+        if any(v < 1 for v in out):
+            raise ValueError
+        return out
+    # range
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError
+    pair = [float(v) for v in value]
+    if len(pair) != 2 or not pair[0] < pair[1] or not all(math.isfinite(v) for v in pair):
+        raise ValueError
+    return pair
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError
+
+
+@dataclass(frozen=True)
+class ParamSpace:
+    """A method's parameters and presets.
+
+    ``presets`` maps each preset name to a :data:`PresetFn` (overrides for a dataset key); ``dataset_presets``
+    names the presets whose values depend on the dataset (listed per dataset by ``partialvfl methods``).
+    """
+
+    params: tuple[Param, ...]
+    presets: Mapping[str, PresetFn] = field(default_factory=dict)
+    dataset_presets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for p in self.params:
+            for n in (p.name, *p.aliases):
+                if n in seen:
+                    raise ValueError(f"parameter name {n!r} declared twice ({seen[n]} and {p.name})")
+                seen[n] = p.name
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    @property
+    def preset_names(self) -> tuple[str, ...]:
+        return tuple(self.presets)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: _copy(p.default) for p in self.params}
+
+    def epoch_names(self) -> list[str]:
+        """The epoch counts ``--epochs N`` sets."""
+        return [p.name for p in self.params if p.epochs]
+
+    def extend(self, *params: Param, replace: Mapping[str, Any] | None = None,
+               presets: Mapping[str, PresetFn] | None = None, dataset_presets: tuple[str, ...] | None = None
+               ) -> ParamSpace:
+        """A new space with ``params`` added, defaults in ``replace`` changed, and presets replaced."""
+        base = [p if not replace or p.name not in replace else
+                Param(**{**p.__dict__, "default": replace[p.name]}) for p in self.params]
+        return ParamSpace(tuple(base) + params, dict(presets if presets is not None else self.presets),
+                          self.dataset_presets if dataset_presets is None else dataset_presets)
+
+    # ------------------------------------------------------------------ names and values
+    def canonical(self, name: str, owner: str = "") -> str:
+        """The current name of ``name`` (itself, or the parameter it is an alias of); unknown names are refused."""
+        key = str(name).strip().replace("-", "_")
+        for p in self.params:
+            if key == p.name:
+                return p.name
+            if key in p.aliases:
+                warnings.warn(f"{owner + ': ' if owner else ''}parameter {name!r} is now called {p.name!r}",
+                              DeprecationWarning, stacklevel=3)
+                return p.name
+        close = difflib.get_close_matches(key, self.names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{owner + ': ' if owner else ''}unknown parameter {name!r}{hint} (known: "
+                         f"{', '.join(self.names)})")
+
+    def renamed(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` under current names, silently (stored models and checkpoints written before a rename)."""
+        current = {a: p.name for p in self.params for a in (p.name, *p.aliases)}
+        return {current.get(k, k): v for k, v in values.items()}
+
+    def validate(self, values: Mapping[str, Any], owner: str = "") -> dict[str, Any]:
+        """``values`` with current names and converted values; every problem is named."""
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            key = self.canonical(name, owner)
+            try:
+                out[key] = self.param(key).check(value)
+            except ValueError as e:
+                raise ValueError(f"{owner + ': ' if owner else ''}{e}") from None
+        return out
+
+    def preset(self, preset: str, dataset: str | None = None, owner: str = "") -> dict[str, Any]:
+        """The overrides preset ``preset`` applies for ``dataset`` (validated)."""
+        if preset not in self.presets:
+            raise ValueError(f"{owner + ': ' if owner else ''}unknown preset {preset!r}; choose one of "
+                             f"{', '.join(self.presets)}")
+        return self.validate(self.presets[preset](dataset_key(dataset)), owner)
+
+    def resolve(self, preset: str, dataset: str | None = None, overrides: Mapping[str, Any] | None = None,
+                owner: str = "") -> dict[str, Any]:
+        """Defaults, then the preset's values for ``dataset``, then ``overrides``: every parameter, validated."""
+        out = self.defaults()
+        out.update(self.preset(preset, dataset, owner))
+        out.update(self.validate(overrides or {}, owner))
+        return out
+
+
+def dataset_key(dataset: str | None) -> str:
+    """A dataset name as presets see it: ``"Fashion_MNIST:train"`` -> ``"fashion-mnist"`` (``''`` for none)."""
+    if not dataset:
+        return ""
+    return str(dataset).split(":")[0].strip().lower().replace("_", "-")
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list | tuple) else value
+
+
+def inferred_space(defaults: Mapping[str, Any], presets: Mapping[str, PresetFn]) -> ParamSpace:
+    """A space for a method that only lists its defaults (a plugin or test method): names checked, values as given."""
+    return ParamSpace(tuple(Param(name, default, "any", "(undeclared)", optional=True)
+                            for name, default in defaults.items()), dict(presets))

@@ -1,0 +1,152 @@
+"""X-VFL and FedHSSL: declared parameters and presets (torch-free; implementations ``x_vfl.py``, ``fedhssl.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from partialvfl.methods.params import Param, ParamSpace
+from partialvfl.methods.registry import MethodSpec, register_spec
+
+__all__ = ["FEDHSSL_PARAMS", "PAPER_TABLE9", "XVFL_PARAMS"]
+
+ENCODERS = ("auto", "mlp", "cnn", "resnet18")
+OPTIMIZERS = ("adam", "sgd")
+
+# ---------------------------------------------------------------------- X-VFL
+#: Datasets the paper preset treats as images (ResNet bottom models, 2048-dim embeddings, six-layer top model).
+X_VFL_IMAGE = {"fashion-mnist", "modelnet10", "cifar10", "cifar100", "tinyimagenet", "utkface"}
+
+
+def _xvfl_fast(dataset: str) -> dict[str, Any]:
+    return {"latent_dim": 32, "encoder_hidden": [64], "xcom_hidden": [64], "top_hidden": [32], "lr": 3e-3,
+            "epochs": 30, "batch_size": 64}
+
+
+def _xvfl_paper(dataset: str) -> dict[str, Any]:
+    # Appendix B: tabular: three-layer FCNN bottom and top models, 512-dim embeddings; images: ResNet bottom models,
+    # 2048-dim embeddings, six-layer FCNN top model; batch 50 (2 parties) / 100 (4 parties); lambda1 = lambda2 =
+    # 0.01 (the values fixed for k = 4, Appendix D.2).  Optimiser, learning rate and epochs are not given: SGD with
+    # momentum 0.9, lr 0.01, 100 epochs.
+    image = dataset in X_VFL_IMAGE
+    return {
+        "latent_dim": 2048 if image else 512, "encoder": "resnet18" if image else "mlp",
+        "encoder_hidden": [512, 512], "xcom_hidden": [512, 512], "top_hidden": [512] * 5 if image else [512, 512],
+        "lambda1": 0.01, "lambda2": 0.01, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0,
+        "epochs": 100, "batch_size": None,
+    }
+
+
+XVFL_PARAMS = ParamSpace((
+    Param("latent_dim", 64, "int", "width of each party's embedding E_k = f_k(x_k)", low=1, aliases=("embed_dim",)),
+    Param("encoder", "auto", "str", "bottom models f_k: auto (mlp for tabular blocks, cnn for image pieces), mlp, "
+          "cnn or resnet18", choices=ENCODERS),
+    Param("encoder_hidden", [128], "ints", "hidden widths of MLP bottom models"),
+    Param("resnet_width", 64, "int", "base width of resnet18 bottom models", low=1),
+    Param("xcom", "auto", "str", "completers XCom_k: auto (mlp for tabular blocks, deconv for image pieces), mlp "
+          "or deconv", choices=("auto", "mlp", "deconv")),
+    Param("xcom_hidden", [128], "ints", "hidden widths of MLP completers"),
+    Param("top_hidden", [64], "ints", "hidden widths of the top model h"),
+    Param("lambda1", 0.01, "float", "weight of DS-Align 1 (completed vs own embedding, Eq. 30)", low=0),
+    Param("lambda2", 0.01, "float", "weight of DS-Align 2 (single vs joint decision, Eq. 31)", low=0),
+    Param("ds_align_space", "probs", "str", "DS-Align compares softmax probabilities or logits",
+          choices=("probs", "logits")),
+    Param("ds_align_detach", False, "bool", "stop the DS-Align gradient on the target side"),
+    Param("xcom_input_grad", True, "bool", "the loss gradient reaches the parties whose embeddings fed an XCom "
+          "input (the exact gradient)"),
+    Param("use_unaligned", True, "bool", "train on non-aligned labelled samples too (not only fully aligned)"),
+    Param("optimizer", "adam", "str", "optimiser of every holder", choices=OPTIMIZERS),
+    Param("lr", 1e-3, "float", "learning rate", low=0),
+    Param("weight_decay", 0.0, "float", "weight decay", low=0),
+    Param("momentum", 0.9, "float", "SGD momentum", low=0, high=1),
+    Param("epochs", 40, "int", "training epochs", low=0, epochs=True),
+    Param("batch_size", 64, "int", "batch size (null: the paper's 50 with two parties, 100 with more)", low=1,
+          optional=True),
+    Param("estimator", "sgd", "str", "sgd (a step per mini-batch) or page (the PAGE-type estimator, Eq. 10)",
+          choices=("sgd", "page")),
+    Param("page_prob", None, "float", "PAGE: probability of a fresh batch (null: b'/(b + b'))", low=1e-9, high=1,
+          optional=True),
+    Param("page_small_batch", None, "int", "PAGE: size b' of the correction batches (null: floor(sqrt(b)))", low=1,
+          optional=True),
+    Param("inference", "complete", "str", "collaborative prediction completes missing blocks with XCom, or uses "
+          "the available parties only", choices=("complete", "available")),
+    Param("local_completion", "self", "str", "a party predicting alone completes features missing inside its "
+          "block from its own embedding, or not", choices=("self", "none")),
+    Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+), presets={"fast": _xvfl_fast, "paper": _xvfl_paper}, dataset_presets=("paper",))
+
+# ---------------------------------------------------------------------- FedHSSL
+#: The FALSE-VFL paper's Table 9 (FedHSSL): fine-tuning (optimizer, lr, batch, epochs, weight decay), pretraining
+#: (optimizer, lr, batch, epochs, weight decay), latent dimension, per dataset.
+PAPER_TABLE9: dict[str, dict[str, Any]] = {
+    "isolet": {"ft": ("adam", 2e-3, 64, 300, 1e-4), "pt": ("sgd", 0.025, 512, 150, 3e-5), "latent": 128},
+    "hapt": {"ft": ("adam", 5e-4, 64, 500, 1e-4), "pt": ("adam", 0.025, 512, 100, 1e-5), "latent": 128},
+    "fashion-mnist": {"ft": ("adam", 1e-4, 128, 100, 1e-4), "pt": ("sgd", 0.02, 1024, 150, 3e-5), "latent": 196},
+    "modelnet10": {"ft": ("adam", 5e-4, 128, 100, 1e-4), "pt": ("sgd", 0.025, 1024, 150, 3e-5), "latent": 256},
+}
+FEDHSSL_IMAGE = {"fashion-mnist", "modelnet10"}
+
+
+def _fedhssl_fast(dataset: str) -> dict[str, Any]:
+    return {"latent_dim": 32, "encoder_hidden": [64, 64], "pretrain_epochs": 8, "pretrain_batch_size": 256,
+            "pretrain_lr": 0.05, "proj_dim": 32, "proj_hidden": 64, "pred_hidden": 16, "lr": 3e-3, "epochs": 30,
+            "batch_size": 32}
+
+
+def _fedhssl_paper(dataset: str) -> dict[str, Any]:
+    t = PAPER_TABLE9[dataset if dataset in PAPER_TABLE9 else "hapt"]
+    fo, flr, fbs, fep, fwd = t["ft"]
+    po, plr, pbs, pep, pwd = t["pt"]
+    return {
+        "latent_dim": t["latent"], "encoder": "resnet18" if dataset in FEDHSSL_IMAGE else "mlp",
+        "encoder_hidden": [256, 256], "optimizer": fo, "lr": flr, "batch_size": fbs, "epochs": fep,
+        "weight_decay": fwd, "pretrain": True, "pretrain_optimizer": po, "pretrain_lr": plr,
+        "pretrain_batch_size": pbs, "pretrain_epochs": pep, "pretrain_weight_decay": pwd,
+    }
+
+
+FEDHSSL_PARAMS = ParamSpace((
+    Param("latent_dim", 64, "int", "width of each party's encoders' output", low=1),
+    Param("encoder", "auto", "str", "party encoders: auto (mlp for tabular blocks, cnn for image pieces), mlp, cnn "
+          "or resnet18", choices=ENCODERS),
+    Param("encoder_hidden", [128, 128], "ints", "hidden widths of MLP encoders (the local model splits after the "
+          "first)"),
+    Param("resnet_width", 64, "int", "base width of resnet18 encoders", low=1),
+    Param("pool", "mean", "str", "party representation: weighted mean or concatenation of the cross-party and "
+          "local encoders", choices=("mean", "concat")),
+    Param("pool_ratio", 0.5, "float", "weight of the cross-party encoder in the mean pool", low=0, high=1),
+    Param("head_hidden", [], "ints", "hidden widths of the classifier at the active party ([] = linear)"),
+    Param("pretrain", True, "bool", "hybrid self-supervised pretraining before fine-tuning (false: labelled data "
+          "only)"),
+    Param("pretrain_epochs", 20, "int", "pretraining epochs (cross-party SSL, local SSL, aggregation)", low=0,
+          epochs=True),
+    Param("local_epochs", 1, "int", "local SimSiam epochs per pretraining epoch", low=0),
+    Param("pretrain_batch_size", 512, "int", "pretraining batch size", low=2),
+    Param("pretrain_optimizer", "sgd", "str", "pretraining optimiser", choices=OPTIMIZERS),
+    Param("pretrain_lr", 0.025, "float", "pretraining learning rate", low=0),
+    Param("pretrain_weight_decay", 3e-5, "float", "pretraining weight decay", low=0),
+    Param("pretrain_momentum", 0.9, "float", "pretraining SGD momentum", low=0, high=1),
+    Param("cross_pairs", "active", "str", "cross-party SSL pairs: active (each party with the active party) or all",
+          choices=("active", "all")),
+    Param("local_weight", 1.0, "float", "weight of the local SimSiam loss", low=0),
+    Param("guidance_weight", 0.5, "float", "weight of the cross-party guidance of local SSL", low=0),
+    Param("aggregate", "top+head", "str", "what partial model aggregation averages: the local top encoders, or "
+          "those with their SimSiam heads", choices=("top", "top+head")),
+    Param("proj_dim", 128, "int", "SimSiam projection width", low=1),
+    Param("proj_hidden", 128, "int", "SimSiam projector hidden width", low=1),
+    Param("pred_hidden", 32, "int", "SimSiam predictor hidden width", low=1),
+    Param("pretrain_corruption", 0.3, "float", "tabular augmentation: share of entries replaced from the party's "
+          "own marginals", low=0, high=1, aliases=("corruption",)),
+    Param("pretrain_noise", 0.05, "float", "augmentation: Gaussian noise scale", low=0, aliases=("noise",)),
+    Param("optimizer", "adam", "str", "fine-tuning optimiser", choices=OPTIMIZERS),
+    Param("lr", 1e-3, "float", "fine-tuning learning rate", low=0),
+    Param("weight_decay", 1e-4, "float", "fine-tuning weight decay", low=0),
+    Param("momentum", 0.9, "float", "fine-tuning SGD momentum", low=0, high=1),
+    Param("epochs", 50, "int", "fine-tuning epochs", low=0, epochs=True),
+    Param("batch_size", 64, "int", "fine-tuning batch size", low=1),
+    Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+), presets={"fast": _fedhssl_fast, "paper": _fedhssl_paper}, dataset_presets=("paper",))
+
+register_spec(MethodSpec("x-vfl", "X-VFL: cross completion of missing blocks, decision-subspace alignment, "
+                         "locally independent inference", "partialvfl.methods.x_vfl:XVFL", XVFL_PARAMS))
+register_spec(MethodSpec("fedhssl", "FedHSSL: cross-party and local SimSiam, aggregation of local top encoders, "
+                         "fine-tuning on aligned labels", "partialvfl.methods.fedhssl:FedHSSL", FEDHSSL_PARAMS))
