@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from partialvfl.bench.cell import variant_of
 from partialvfl.bench.grid import GridError, load_grid, parse_grid, shipped_grids
 from partialvfl.bench.paper_results import PAPER_RATIOS, PAPER_RESULTS, paper_accuracy, paper_ratio
 from partialvfl.bench.report import (
@@ -26,7 +27,7 @@ from partialvfl.bench.report import (
     robustness_ratios,
     write_report,
 )
-from partialvfl.bench.runner import run_grid, variant_of
+from partialvfl.bench.runner import run_grid
 from partialvfl.bench.store import ResultStore
 
 REPO_SRC = Path(__file__).resolve().parents[1] / "src"
@@ -265,7 +266,7 @@ def test_run_records_results_failures_and_skips(tmp_path: Path, dummy_dir: Path)
 
 def test_other_test_mechanisms_reuse_the_protocol_test_set(tmp_path: Path) -> None:
     """The runner's shortcut (train side under mcar0) gives exactly make_protocol's test set."""
-    from partialvfl.bench.runner import _test_set
+    from partialvfl.bench.cell import _test_set
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.data.sources import load_source
 
