@@ -39,7 +39,7 @@ from partialvfl.federation.messages import MessageLog
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
 
-__all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "method_names", "register_method"]
+__all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "load_all", "method_names", "register_method"]
 
 FORMAT_VERSION = 1
 
@@ -60,24 +60,39 @@ def register_method(cls: type[VFLMethod]) -> type[VFLMethod]:
     return cls
 
 
-def _import_methods() -> None:
+def load_all(*, skip_broken: bool = False) -> list[str]:
+    """Import every method module of this package, which registers each method here and its party program with
+    :func:`~partialvfl.federation.party.register_program`: the one discovery of methods and their programs (the
+    registry lookups below, and the ``party serve`` command before a party serves).
+
+    ``skip_broken``: log a module that fails to import and go on (a party keeps serving the other methods) instead of
+    raising; returns the modules that failed.
+    """
     import importlib
+    import logging
     import pkgutil
 
-    import partialvfl.methods as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
+    failed = []
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):  # not `import partialvfl.methods`: no cycle
         if info.name not in _NOT_METHOD_MODULES and not info.name.startswith("_"):
-            importlib.import_module(f"partialvfl.methods.{info.name}")
+            name = f"{__package__}.{info.name}"
+            try:
+                importlib.import_module(name)
+            except Exception as e:
+                if not skip_broken:
+                    raise
+                logging.getLogger(__package__).warning("could not import %s: %s", name, e)
+                failed.append(name)
+    return failed
 
 
 def method_names() -> list[str]:
-    _import_methods()
+    load_all()
     return sorted(METHODS)
 
 
 def get_method(name: str) -> type[VFLMethod]:
-    _import_methods()
+    load_all()
     try:
         return METHODS[name]
     except KeyError:
