@@ -286,7 +286,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_di
     store = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dummy_dir), str(REPO_SRC)]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "partialvfl.bench", "bench", "--config", str(grid), "--store", str(store),
+        [sys.executable, "-m", "partialvfl", "bench", "--config", str(grid), "--store", str(store),
          "--workers", "1", "--quiet"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -479,7 +479,7 @@ def test_smoke_grid_end_to_end_in_parallel(tmp_path: Path) -> None:
 
 
 def test_cli_bench_and_report(tmp_path: Path, dummy_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from partialvfl.bench.cli import main
+    from partialvfl.cli import main
 
     grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
     assert main(["bench", "--config", str(grid), "--store", str(tmp_path / "s"), "--workers", "1", "--quiet"]) == 0
