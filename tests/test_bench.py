@@ -492,10 +492,17 @@ def test_cli_bench_and_report(tmp_path: Path, dummy_dir: Path, capsys: pytest.Ca
 
 @pytest.mark.slow
 def test_ray_executor_on_a_local_instance(tmp_path: Path, dummy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ray", reason="ray is not installed (pip install 'partialvfl[ray]')")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dummy_dir), str(REPO_SRC)]))
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'partialvfl[ray]')")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dummy_dir), str(REPO_SRC)]))  # the workers' imports
     grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
-    summary = run_grid(grid, tmp_path / "store", executor="ray", progress=False)
+    # Ray runs its workers at niceness 15 (its `worker_niceness`): beside two CPU-bound processes they got a few
+    # percent of a core and this test ran past pytest's 600 s timeout.  Here: normal priority, one CPU (one worker,
+    # one torch import, the two fits in turn), no dashboard.  run_on_ray joins this instance and leaves it running.
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
+    try:
+        summary = run_grid(grid, tmp_path / "store", executor="ray", progress=False)
+    finally:
+        ray.shutdown()
     assert summary.ok and len(summary.done) == 2, summary.text()
     with ResultStore(tmp_path / "store") as s:
         assert s.count("done") == 6
