@@ -34,12 +34,13 @@ def run_party_serve(args: argparse.Namespace) -> int:
     party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT."""
     import logging
 
-    from partialvfl.federation.grpc_party import run
+    from partialvfl.federation.grpc_party import load_party_config, run
     from partialvfl.methods import load_all
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = load_party_config(args.config)  # a bad file fails before the methods are imported
     load_all(skip_broken=True)
-    return run(args.config)
+    return run(cfg)
 
 
 def run_certs_init(args: argparse.Namespace) -> int:

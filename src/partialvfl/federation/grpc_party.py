@@ -447,9 +447,9 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     return server, port, handler
 
 
-def run(config: str | Path) -> int:
+def run(config: str | Path | PartyConfig) -> int:
     """Serve until SIGTERM/SIGINT (the caller has registered the programs to run and configured logging)."""
-    cfg = load_party_config(config)
+    cfg = config if isinstance(config, PartyConfig) else load_party_config(config)
     server, port, _ = serve(cfg)
     print(f"party {cfg.name} listening on port {port}", flush=True)
     stop = threading.Event()
