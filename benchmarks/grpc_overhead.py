@@ -1,6 +1,6 @@
 """What the gRPC wire costs: the same method trained and used in process and across real party processes.
 
-``digits`` split over K parties (default 4), each party a separate ``partialvfl.federation.grpc_party`` process on
+``digits`` split over K parties (default 4), each party a separate ``partialvfl party serve`` process on
 127.0.0.1 with mutual TLS, plus this process as the coordinator.  Reports, for training and for prediction:
 wall time in process vs federated and their ratio (the fastest of interleaved repeats, after one warm-up fit on
 each side, since the first use of an optimiser imports lazily for seconds in every process), and bytes that crossed

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from partialvfl.bench.cell import variant_of
 from partialvfl.bench.grid import GridError, load_grid, parse_grid, shipped_grids
 from partialvfl.bench.paper_results import PAPER_RATIOS, PAPER_RESULTS, paper_accuracy, paper_ratio
 from partialvfl.bench.report import (
@@ -26,7 +27,7 @@ from partialvfl.bench.report import (
     robustness_ratios,
     write_report,
 )
-from partialvfl.bench.runner import run_grid, variant_of
+from partialvfl.bench.runner import run_grid
 from partialvfl.bench.store import ResultStore
 
 REPO_SRC = Path(__file__).resolve().parents[1] / "src"
@@ -270,7 +271,7 @@ def test_run_records_results_failures_and_skips(tmp_path: Path, dummy_dir: Path)
 
 def test_other_test_mechanisms_reuse_the_protocol_test_set(tmp_path: Path) -> None:
     """The runner's shortcut (train side under mcar0) gives exactly make_protocol's test set."""
-    from partialvfl.bench.runner import _test_set
+    from partialvfl.bench.cell import _test_set
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.data.sources import load_source
 
@@ -290,7 +291,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_di
     store = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dummy_dir), str(REPO_SRC)]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "partialvfl.bench", "bench", "--config", str(grid), "--store", str(store),
+        [sys.executable, "-m", "partialvfl", "bench", "--config", str(grid), "--store", str(store),
          "--workers", "1", "--quiet"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -483,7 +484,7 @@ def test_smoke_grid_end_to_end_in_parallel(tmp_path: Path) -> None:
 
 
 def test_cli_bench_and_report(tmp_path: Path, dummy_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from partialvfl.bench.cli import main
+    from partialvfl.cli import main
 
     grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
     assert main(["bench", "--config", str(grid), "--store", str(tmp_path / "s"), "--workers", "1", "--quiet"]) == 0
@@ -496,10 +497,17 @@ def test_cli_bench_and_report(tmp_path: Path, dummy_dir: Path, capsys: pytest.Ca
 
 @pytest.mark.slow
 def test_ray_executor_on_a_local_instance(tmp_path: Path, dummy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ray", reason="ray is not installed (pip install 'partialvfl[ray]')")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dummy_dir), str(REPO_SRC)]))
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'partialvfl[ray]')")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dummy_dir), str(REPO_SRC)]))  # the workers' imports
     grid = _grid_file(tmp_path / "g.toml", seeds="[0]")
-    summary = run_grid(grid, tmp_path / "store", executor="ray", progress=False)
+    # Ray runs its workers at niceness 15 (its `worker_niceness`): beside two CPU-bound processes they got a few
+    # percent of a core and this test ran past pytest's 600 s timeout.  Here: normal priority, one CPU (one worker,
+    # one torch import, the two fits in turn), no dashboard.  run_on_ray joins this instance and leaves it running.
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
+    try:
+        summary = run_grid(grid, tmp_path / "store", executor="ray", progress=False)
+    finally:
+        ray.shutdown()
     assert summary.ok and len(summary.done) == 2, summary.text()
     with ResultStore(tmp_path / "store") as s:
         assert s.count("done") == 6

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -58,3 +61,85 @@ def test_fit_then_evaluate_remembers_the_protocol(tmp_path, capsys: pytest.Captu
     assert sum(v["n"] for v in res["by_observed_parties"].values()) == 150
     assert main(["evaluate", "--model", str(out), "--test-missing", "mcar:0.5", "--seed", "4"]) == 2
     assert "seed 3" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- light help
+HEAVY = ("torch", "grpc")
+
+
+def _help_argvs() -> list[list[str]]:
+    """``[]`` and every command and sub-command of the parser (``party serve``, ``certs init``...)."""
+    import argparse
+
+    from partialvfl.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+        out = [prefix]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out += walk(sub, [*prefix, name])
+        return out
+
+    return walk(build_parser(), [])
+
+
+def test_partialvfl_help_imports_neither_torch_nor_grpc() -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "partialvfl", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fit" in proc.stdout and "party" in proc.stdout
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "partialvfl.cli" in imported  # the timing lines are there
+    heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
+    assert not heavy, f"partialvfl --help imported {heavy[:5]}"
+
+
+def test_every_command_help_imports_neither_torch_nor_grpc() -> None:
+    argvs = _help_argvs()
+    assert ["party", "serve"] in argvs and ["certs", "init"] in argvs and ["fit"] in argvs
+    code = textwrap.dedent(f"""
+        import contextlib, io, sys
+        from partialvfl.cli import main
+        for argv in {argvs!r}:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+                main([*argv, "--help"])
+        print(sorted({{m.split(".")[0] for m in sys.modules}} & {set(HEAVY)!r}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", f"a command's --help imported {proc.stdout.strip()}"
+
+
+# ---------------------------------------------------------------------- --param and --epochs
+def test_one_param_parser_dashes_read_as_underscores() -> None:
+    from partialvfl.cli.params import parse_params
+
+    got = parse_params(["batch-train=16", " d_h = 4 ", "fusion=poe", 'encoder_arch="mlp"', "hidden=[8, 8]",
+                        "pretrain=false"])
+    assert got == {"batch_train": 16, "d_h": 4, "fusion": "poe", "encoder_arch": "mlp", "hidden": [8, 8],
+                   "pretrain": False}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_params(["epochs"])
+
+
+def test_epochs_sets_every_epoch_count_pretraining_included() -> None:
+    import argparse
+
+    from partialvfl.cli.params import epoch_params, method_from_args
+
+    args = argparse.Namespace(method="fedhssl", preset="fast", seed=1, quiet=True, epochs=2,
+                              param=["pretrain-epochs=7", "lr=0.5"])
+    model = method_from_args(args)  # what fit runs, in process and with --federation
+    assert model.overrides == {"pretrain_epochs": 2, "epochs": 2, "lr": 0.5} and model.seed == 1
+    assert model.resolve_params(None)["local_epochs"] == 1  # local passes per pretraining epoch: left alone
+
+    class NoEpochs:
+        name = "no-epochs"
+
+        @classmethod
+        def epoch_param_names(cls) -> list[str]:
+            return []
+
+    with pytest.raises(ValueError, match="no epoch parameter"):
+        epoch_params(NoEpochs, 3)

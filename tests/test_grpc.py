@@ -691,9 +691,9 @@ def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -
 def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN001
     from cryptography import x509
 
-    from partialvfl.federation import grpc_cli
+    from partialvfl.cli import main
 
-    assert grpc_cli.main(["certs", "init", str(tmp_path), "--parties", "bank", "shop"]) == 0
+    assert main(["certs", "init", str(tmp_path), "--parties", "bank", "shop"]) == 0
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
     cert = x509.load_pem_x509_certificate((tmp_path / "shop.pem").read_bytes())
     cert.verify_directly_issued_by(ca)

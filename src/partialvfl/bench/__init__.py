@@ -2,10 +2,12 @@
 
 * :mod:`.grid`: grid files (TOML) and their expansion into cells (one fit each);
 * :mod:`.store`: the SQLite results store;
+* :mod:`.cell`: one fit of a grid and its evaluation on every test mechanism (what every executor runs);
 * :mod:`.runner`: runs a grid, resumable and parallel (:mod:`.ray_executor` for Ray clusters);
 * :mod:`.report`: tables in the FALSE-VFL paper's layout, gap summaries, robustness ratios, figures;
-* :mod:`.paper_results`: the paper's Tables 12-18, for comparison;
-* :mod:`.cli`: the ``bench`` and ``report`` commands.
+* :mod:`.paper_results`: the paper's Tables 12-18, for comparison.
+
+The ``bench`` and ``report`` commands are in :mod:`partialvfl.cli.bench`.
 """
 
 from partialvfl.bench.grid import Grid, load_grid

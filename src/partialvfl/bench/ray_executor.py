@@ -1,7 +1,7 @@
 """Run a grid's cells on a Ray cluster (optional: ``pip install 'partialvfl[ray]'``).
 
 Each cell is one Ray task (``num_cpus=threads``, torch threads set to match) running the same
-:func:`~partialvfl.bench.runner.run_cell` as the local executors; results come back to this process, which alone
+:func:`~partialvfl.bench.cell.run_cell` as the local executors; results come back to this process, which alone
 writes the store.  ``address`` is the cluster to join (``ray://host:10001`` or ``host:6379``); ``None`` starts or
 joins a local instance.  Every node needs partialvfl, the grid's ``imports`` and the datasets (``data_dir``) at the
 same paths.
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from partialvfl.bench.cell import CellResult, run_cell
 from partialvfl.bench.grid import Cell, Grid
 
 __all__ = ["run_on_ray"]
@@ -32,8 +33,6 @@ def _ray() -> Any:
 def _remote_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int) -> Any:
     import torch
 
-    from partialvfl.bench.runner import run_cell
-
     torch.set_num_threads(threads)
     return run_cell(cell, grid_name, version, imports)
 
@@ -48,7 +47,7 @@ def run_on_ray(
     status: Callable[[str, str], None] | None = None,  # noqa: ARG001 - Ray tasks report no epochs back
     shutdown: bool | None = None,
 ) -> Iterator[Any]:
-    """Submit every cell as a Ray task and yield each :class:`~partialvfl.bench.runner.CellResult` as it lands."""
+    """Submit every cell as a Ray task and yield each :class:`~partialvfl.bench.cell.CellResult` as it lands."""
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -67,8 +66,6 @@ def run_on_ray(
                 try:
                     yield ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - a lost task is a failed cell
-                    from partialvfl.bench.runner import CellResult
-
                     yield CellResult(cell.key, cell.describe(), [], f"ray task failed: {e}")
             if not ready:
                 time.sleep(0.05)

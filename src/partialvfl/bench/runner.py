@@ -3,6 +3,7 @@
 * Resumable: a cell whose rows are all ``done`` in the store is skipped (``force=True`` recomputes it); a cell is
   written in one transaction when it finishes, so a run killed at any moment loses at most the fits in flight and
   never leaves half a cell or a duplicate.  Failed cells are retried on the next run.
+* Each fit is :func:`~partialvfl.bench.cell.run_cell` (:mod:`.cell`), whatever runs it.
 * Parallel by default: a process pool (``spawn``) of ``workers`` processes, each with
   ``torch.set_num_threads(max(1, cores // workers))`` so the workers do not oversubscribe the cores; ``workers=1``
   runs in this process.  ``executor="ray"`` runs the same cells on a Ray cluster (:mod:`.ray_executor`).
@@ -13,37 +14,22 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
-import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from partialvfl.bench.grid import Cell, DatasetSpec, Grid, check_methods, load_grid
-from partialvfl.bench.store import ResultStore, code_version, now_utc
+from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
+from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid
+from partialvfl.bench.store import ResultStore, code_version
 
-__all__ = ["CellResult", "RunSummary", "available_cores", "run_cell", "run_grid", "variant_of"]
-
-Notify = Callable[[str, str], None]
-
-
-@dataclass
-class CellResult:
-    """What one fit produced: its store rows (one per test mechanism), or the error that stopped it."""
-
-    cell_key: str
-    description: str
-    rows: list[dict[str, Any]]
-    error: str | None = None
-    seconds: float = 0.0
+__all__ = ["RunSummary", "available_cores", "run_grid"]
 
 
 @dataclass
@@ -83,153 +69,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def variant_of(params: dict[str, Any]) -> str | None:
-    """``'labelled-only'`` when a fitted model's parameters say it did not pretrain on unlabelled data."""
-    if "pretrain" not in params:
-        return None
-    value = params["pretrain"]
-    if isinstance(value, str):
-        return "labelled-only" if value.strip().lower() in ("", "none", "off", "no", "false") else None
-    return None if value else "labelled-only"
-
-
-# ---------------------------------------------------------------------- one cell (runs in a worker)
-_IMPORTED: set[str] = set()
-
-
-def _import_modules(modules: Sequence[str]) -> None:
-    for m in modules:
-        if m not in _IMPORTED:
-            importlib.import_module(m)
-            _IMPORTED.add(m)
-
-
-_SOURCES: dict[tuple[str, str | None, str], Any] = {}
-
-
-def _source(spec: DatasetSpec) -> Any:
-    """The raw dataset, loaded once per process (the last few are kept)."""
-    from partialvfl.data.sources import load_source
-
-    key = spec.source_key()
-    if key not in _SOURCES:
-        if len(_SOURCES) >= 3:
-            _SOURCES.pop(next(iter(_SOURCES)))
-        _SOURCES[key] = load_source(spec.name, spec.data_dir, **spec.options)
-    return _SOURCES[key]
-
-
-def _test_set(config: Any, mechanism: str, source: Any) -> Any:
-    """The test set of ``config`` under another test mechanism.
-
-    The protocol draws the test mask from its own seeded stage, so it depends only on (seed, test mechanism, test
-    samples): the training side is rebuilt under the cheap ``mcar0`` and thrown away.
-    """
-    from partialvfl.data.protocol import make_protocol
-
-    return make_protocol(replace(config, train_missing="mcar0", test_missing=mechanism), source)[1]
-
-
-def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None) -> list[dict[str, Any]]:
-    from partialvfl.data.protocol import ProtocolConfig, make_protocol
-    from partialvfl.federation.messages import MessageLog
-    from partialvfl.methods.base import get_method
-    from partialvfl.methods.evaluation import evaluate
-
-    started = now_utc()
-    source = _source(cell.dataset)
-    config = ProtocolConfig(
-        **cell.dataset.protocol_kwargs(), train_missing=cell.train_mechanism,
-        test_missing=cell.test_mechanisms[0], seed=cell.seed,
-    )
-    train, first_test = make_protocol(config, source)
-    model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **cell.overrides)
-
-    def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
-        if notify is not None:
-            notify(cell.key, f"{stage} epoch {epoch}")
-
-    log = MessageLog(keep_entries=False)
-    t0 = time.perf_counter()
-    model.fit(train, log=log, on_epoch=on_epoch)
-    fit_seconds = float(getattr(model, "fit_seconds_", None) or time.perf_counter() - t0)
-    n_bytes = log.total_bytes()
-    params = dict(getattr(model, "params_", {}))
-    base = {
-        "cell_hash": cell.key,
-        "grid": grid_name,
-        "code_version": version,
-        "method": cell.method.name,
-        "label": cell.method.display,
-        "preset": cell.method.preset,
-        "overrides": cell.overrides,
-        "params": params,
-        "variant": variant_of(params),
-        "dataset": cell.dataset.name,
-        "dataset_config": cell.dataset.key(),
-        "parties": cell.dataset.parties,
-        "labels": cell.dataset.labels,
-        "aligned": cell.dataset.aligned,
-        "train_mechanism": cell.train_mechanism,
-        "seed": cell.seed,
-        "fit_seconds": fit_seconds,
-        "bytes_communicated": n_bytes,
-        "hostname": socket.gethostname(),
-        "started_at": started,
-        "status": "done",
-    }
-    rows = []
-    for i, mech in enumerate(cell.test_mechanisms):
-        if notify is not None:
-            notify(cell.key, f"evaluating {mech}")
-        test = first_test if i == 0 else _test_set(config, mech, source)
-        res = evaluate(model, test)
-        metric = "accuracy" if "accuracy" in res else "rmse"
-        rows.append({
-            **base,
-            "config_hash": cell.row_key(mech),
-            "test_mechanism": mech,
-            "metric": metric,
-            "accuracy": res.get("accuracy"),
-            "rmse": res.get("rmse"),
-            "by_observed": res.get("by_observed_parties", {}),
-            "n_test": res.get("n_samples"),
-            "predict_seconds": res.get("predict_seconds"),
-            "finished_at": now_utc(),
-        })
-    return rows
-
-
-def failed_rows(cell: Cell, grid_name: str, version: str, error: str, started: str) -> list[dict[str, Any]]:
-    """The store rows that record a failed fit (one per test mechanism, status ``failed``)."""
-    return [{
-        "config_hash": cell.row_key(mech), "cell_hash": cell.key, "grid": grid_name, "code_version": version,
-        "method": cell.method.name, "label": cell.method.display, "preset": cell.method.preset,
-        "overrides": cell.overrides, "dataset": cell.dataset.name, "dataset_config": cell.dataset.key(),
-        "parties": cell.dataset.parties, "labels": cell.dataset.labels, "aligned": cell.dataset.aligned,
-        "train_mechanism": cell.train_mechanism, "test_mechanism": mech, "seed": cell.seed,
-        "hostname": socket.gethostname(), "started_at": started, "finished_at": now_utc(), "status": "failed",
-        "error": error,
-    } for mech in cell.test_mechanisms]
-
-
-def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = (),
-             notify: Notify | None = None) -> CellResult:
-    """Fit one cell and evaluate it on every test mechanism; an exception becomes ``failed`` rows, never a raise."""
-    t0 = time.perf_counter()
-    started = now_utc()
-    if notify is not None:
-        notify(cell.key, "started")
-    try:
-        _import_modules(imports)
-        rows = _fit_and_evaluate(cell, grid_name, version, notify)
-        error = None
-    except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error
-        error = "".join(traceback.format_exception(e))[-4000:]
-        rows = failed_rows(cell, grid_name, version, error, started)
-    return CellResult(cell.key, cell.describe(), rows, error, time.perf_counter() - t0)
-
-
 # ---------------------------------------------------------------------- local executors
 _QUEUE: Any = None
 
@@ -252,7 +91,7 @@ def _init_worker(threads: int, imports: Sequence[str], queue: Any) -> None:
     with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(1)
     _QUEUE = queue
-    _import_modules(imports)
+    import_modules(imports)
 
 
 def _worker_run(cell: Cell, grid_name: str, version: str, imports: Sequence[str]) -> CellResult:

@@ -186,7 +186,7 @@ identity = {_q(name)}
             cfg = self._write_party_config(k, self.ports.get(k, 0))
             out = open(self.dir / f"party-{k}.log", "ab")  # noqa: SIM115 - owned by the process
             self.procs[k] = subprocess.Popen(
-                [sys.executable, "-m", "partialvfl.federation.grpc_cli", "party", "serve", "--config", str(cfg)],
+                [sys.executable, "-m", "partialvfl", "party", "serve", "--config", str(cfg)],
                 stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True,
             )
             out.close()

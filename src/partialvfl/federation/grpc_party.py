@@ -24,16 +24,13 @@ own state directory: a party's model state stays on its own disk.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import os
-import pkgutil
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -59,7 +56,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyRuntime
 from partialvfl.utils.tomlfile import read_toml
 
-__all__ = ["PartyConfig", "PartyServer", "PartyTable", "load_party_config", "main", "serve"]
+__all__ = ["PartyConfig", "PartyServer", "PartyTable", "import_plugins", "load_party_config", "run", "serve"]
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
@@ -406,28 +403,28 @@ def generic_handler(fn: Callable[[bytes, grpc.ServicerContext], bytes]) -> grpc.
     return grpc.method_handlers_generic_handler(SERVICE_NAME, {method: grpc.unary_unary_rpc_method_handler(fn)})
 
 
-def import_programs(plugins: Sequence[str] = ()) -> list[str]:
-    """Register every method's party program (and the given plugin modules); returns modules that failed."""
-    import partialvfl.methods as pkg
-
+def import_plugins(cfg: PartyConfig) -> None:
+    """Import the party's plugin modules (party programs outside the package), naming any that fails."""
     failed = []
-    names = [f"partialvfl.methods.{i.name}" for i in pkgutil.iter_modules(pkg.__path__)
-             if i.name not in ("base", "evaluation") and not i.name.startswith("_")]
-    for name in [*names, *plugins]:
+    for name in cfg.plugins:
         try:
             importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - one broken method must not stop a party from serving the others
+        except Exception as e:  # noqa: BLE001 - report every broken plugin at once
             log.warning("could not import %s: %s", name, e)
             failed.append(name)
-    return failed
+    if failed:
+        raise ImportError(f"party {cfg.name!r}: plugin module(s) {failed} failed")
 
 
 def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
-    """Start the party's server (not blocking); returns the server, its bound port and the handler."""
+    """Start the party's server (not blocking); returns the server, its bound port and the handler.
+
+    The party runs the programs registered in :data:`~partialvfl.federation.party.PROGRAMS` when a ``setup``
+    arrives: those its caller registered before (``partialvfl party serve`` registers every method's) and those of
+    the plugin modules in ``cfg.plugins``, imported here.
+    """
     torch.set_num_threads(max(1, cfg.threads))
-    failed = import_programs(cfg.plugins)
-    if any(p in failed for p in cfg.plugins):
-        raise ImportError(f"party {cfg.name!r}: plugin module(s) {[p for p in cfg.plugins if p in failed]} failed")
+    import_plugins(cfg)
     handler = PartyServer(cfg)
     ca, cert, key = cfg.tls.read()
     creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
@@ -450,10 +447,9 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     return server, port, handler
 
 
-def run(config: str | Path) -> int:
-    """Serve until SIGTERM/SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = load_party_config(config)
+def run(config: str | Path | PartyConfig) -> int:
+    """Serve until SIGTERM/SIGINT (the caller has registered the programs to run and configured logging)."""
+    cfg = config if isinstance(config, PartyConfig) else load_party_config(config)
     server, port, _ = serve(cfg)
     print(f"party {cfg.name} listening on port {port}", flush=True)
     stop = threading.Event()
@@ -468,15 +464,3 @@ def run(config: str | Path) -> int:
     log.info("party %d (%s) stopping", cfg.index, cfg.name)
     server.stop(grace=1.0).wait()
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m partialvfl.federation.grpc_party",
-                                 description="Serve one party of a federation over gRPC with mutual TLS.")
-    ap.add_argument("--config", required=True, help="the party's TOML configuration file")
-    args = ap.parse_args(argv)
-    return run(args.config)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

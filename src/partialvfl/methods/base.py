@@ -41,7 +41,7 @@ from partialvfl.data.dataset import CoordinatorView, Task, VerticalDataset
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.methods.params import ParamSpace, inferred_space
-from partialvfl.methods.registry import METHODS, get_method, method_names, register_method
+from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
 from partialvfl.methods.training import EpochCallback, TrainingLoop
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.checkpoint import Checkpointer
 
-__all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "method_names", "register_method"]
+__all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "load_all", "method_names", "register_method"]
 
 FORMAT_VERSION = 1
 

@@ -12,14 +12,16 @@ method asked for.  A method defined elsewhere (a plugin, a test) can also regist
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from partialvfl.methods.params import ParamSpace
 
-if TYPE_CHECKING:
-    from partialvfl.methods.base import VFLMethod
+#: a method class (a :class:`~partialvfl.methods.base.VFLMethod` subclass; not imported here, which would be a cycle)
+VFLMethod = Any
 
 __all__ = ["METHODS", "SPECS", "MethodSpec", "get_method", "get_spec", "load_all", "load_specs", "method_names",
            "register_method", "register_spec"]
@@ -59,9 +61,8 @@ def register_method(cls: type[VFLMethod]) -> type[VFLMethod]:
 
 
 def _modules() -> list[str]:
-    import partialvfl.methods as pkg
-
-    return [info.name for info in pkgutil.walk_packages(pkg.__path__, prefix="partialvfl.methods.")]
+    # the package's folder, not ``import partialvfl.methods``: no import cycle with the package's face
+    return [info.name for info in pkgutil.walk_packages([str(Path(__file__).parent)], prefix=f"{__package__}.")]
 
 
 def load_specs() -> dict[str, MethodSpec]:
@@ -76,10 +77,24 @@ def load_specs() -> dict[str, MethodSpec]:
     return SPECS
 
 
-def load_all() -> None:
-    """Import every method's implementation (which registers its class and its party program)."""
+def load_all(*, skip_broken: bool = False) -> list[str]:
+    """Import every method's implementation, which registers its class and its party program (what ``party
+    serve`` needs before a party serves).
+
+    ``skip_broken``: log an implementation that fails to import and go on (a party keeps serving the other methods)
+    instead of raising; returns the names of the methods that failed.
+    """
+    failed = []
     for spec in load_specs().values():
-        _implementation(spec)
+        try:
+            _implementation(spec)
+        except Exception as e:
+            if not skip_broken:
+                raise
+            logging.getLogger(__package__).warning("could not import method %s (%s): %s", spec.name,
+                                                   spec.implementation, e)
+            failed.append(spec.name)
+    return failed
 
 
 def _implementation(spec: MethodSpec) -> type[VFLMethod]:

@@ -1,7 +1,4 @@
-"""The ``bench`` and ``report`` commands; :func:`add_commands` plugs them into the ``partialvfl`` CLI.
-
-Standalone: ``python -m partialvfl.bench bench --config smoke --store runs/smoke`` (same options).
-"""
+"""Experiments: ``bench`` (run a grid into a results store) and ``report`` (tables and figures from a store)."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_commands", "main"]
+__all__ = ["add_commands"]
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -45,7 +42,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: Any) -> None:
-    """Add ``bench`` and ``report`` to an ``argparse`` sub-parser collection."""
+    """Add ``bench`` and ``report`` to the ``partialvfl`` sub-parsers."""
     p = subparsers.add_parser(
         "bench", help="run an experiment grid into a results store (resumable, parallel)",
         description="Run a grid (datasets x methods x training mechanisms x seeds, each fit evaluated on every "
@@ -73,10 +70,3 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--out", required=True, help="directory to write the report to")
     r.add_argument("--no-figures", action="store_true", help="skip the plots (no matplotlib needed)")
     r.set_defaults(func=_report)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m partialvfl.bench")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))

@@ -1,0 +1,47 @@
+"""The ``partialvfl`` command: datasets, describe, methods, fit, evaluate, bench, report, party servers, certificates.
+
+Run ``partialvfl COMMAND --help`` for each command's options.  This package is the top layer: nothing else in
+``partialvfl`` imports it, and it imports the layers below only inside the commands, so ``--help`` stays light (no
+torch, no gRPC).
+
+* :mod:`.data_commands`: ``datasets``, ``describe``, ``methods``;
+* :mod:`.fit`: ``fit`` (in process or ``--federation``), ``evaluate``, ``predict``;
+* :mod:`.bench`: ``bench``, ``report``;
+* :mod:`.deploy`: ``party serve``, ``certs init``;
+* :mod:`.params`: ``--param`` and ``--epochs`` (one parser, one rule); :mod:`.common`: the protocol options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from partialvfl.cli import bench, data_commands, deploy, fit
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="partialvfl",
+        description="Vertical federated learning on partially aligned, partially labelled data.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_commands.add_commands(sub)
+    fit.add_commands(sub)
+    bench.add_commands(sub)
+    deploy.add_commands(sub)
+    fit.add_predict_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
+        return 2

@@ -1,0 +1,7 @@
+"""``python -m partialvfl.cli ...``: the ``partialvfl`` command."""
+
+import sys
+
+from partialvfl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""Running a deployment: ``party serve`` (one institution's server) and ``certs init`` (development certificates)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_commands", "run_certs_init", "run_party_serve"]
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``party serve`` and ``certs init`` to the ``partialvfl`` sub-parsers."""
+    party = sub.add_parser("party", help="run a party of a federation")
+    psub = party.add_subparsers(dest="party_command", required=True)
+    serve = psub.add_parser("serve", help="serve this party over gRPC with mutual TLS until stopped")
+    serve.add_argument("--config", required=True, help="the party's TOML configuration file")
+    serve.set_defaults(func=run_party_serve)
+
+    certs = sub.add_parser("certs", help="development certificates for a federation")
+    csub = certs.add_subparsers(dest="certs_command", required=True)
+    init = csub.add_parser("init", help="make a development CA, one certificate per party and the HMAC key")
+    init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key and hmac.key")
+    init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
+    init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
+    init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
+                      help="extra DNS names / IPs in every certificate (default: %(default)s)")
+    init.add_argument("--no-hmac-key", action="store_true", help="do not write hmac.key")
+    init.set_defaults(func=run_certs_init)
+
+
+def run_party_serve(args: argparse.Namespace) -> int:
+    """Register every method's party program (a broken method is logged, the others are served), then serve the
+    party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT."""
+    import logging
+
+    from partialvfl.federation.grpc_party import load_party_config, run
+    from partialvfl.methods import load_all
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = load_party_config(args.config)  # a bad file fails before the methods are imported
+    load_all(skip_broken=True)
+    return run(cfg)
+
+
+def run_certs_init(args: argparse.Namespace) -> int:
+    from partialvfl.federation.alignment import write_key
+    from partialvfl.federation.certs import init_dev_pki
+
+    names = [*args.parties, args.coordinator]
+    made = init_dev_pki(args.directory, names, hosts=args.hosts)
+    d = Path(args.directory)
+    print(f"development CA: {d / 'ca.pem'} (key {d / 'ca.key'}: keep it away from the parties)")
+    for name, (cert, key) in made.items():
+        print(f"  {name}: {cert}, {key}")
+    if not args.no_hmac_key:
+        print(f"HMAC key for ID hashing (give it to every party and the coordinator): {write_key(d / 'hmac.key')}")
+    return 0
