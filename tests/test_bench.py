@@ -39,13 +39,15 @@ DUMMY_MODULE = textwrap.dedent('''
     import numpy as np
     import torch
 
-    from partialvfl.federation import PartyProgram, Reply, register_program
+    from partialvfl.federation import MessageSpec, PartyProgram, Reply, TensorSpec, register_program
     from partialvfl.methods.base import VFLMethod, register_method
 
 
     @register_program
     class _EchoParty(PartyProgram):
         program_name = "test/bench-echo"
+        messages = {"echo": MessageSpec(request=[TensorSpec("x", "float32", ("N",))],
+                                        reply=[TensorSpec("x", "float32", ("N",))])}
 
         def on_echo(self, request):
             return Reply({"x": request.tensors["x"] * 2})

@@ -61,7 +61,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -71,6 +71,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, PartyView, VerticalDataset
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
 from partialvfl.utils.seeding import numpy_rng, torch_seeded
@@ -290,6 +291,27 @@ class XVFLParty(PartyProgram):
     """
 
     program_name = "x-vfl/party"
+    messages: ClassVar[Messages] = {
+        "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
+                                      TensorSpec("partial", "bool", ("B",), optional=True)],
+                             reply=[TensorSpec("emb", "float32", ("B", "embed_dim"))],
+                             meta=["data"], optional_meta=["train", "version", "wb"]),
+        "complete": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
+                                         TensorSpec("partial", "bool", ("B",), optional=True),
+                                         TensorSpec("inputs", "float32", ("B", "embed_dim"))],
+                                reply=[TensorSpec("emb_tilde", "float32", ("B", "embed_dim"))],
+                                meta=["data"], optional_meta=["train", "version", "wb", "input_grad"]),
+        "backward_complete": MessageSpec(
+            request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
+            reply=[TensorSpec("grad_inputs", "float32", ("B", "embed_dim"), optional=True)],
+            optional_meta=["version"]),
+        "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
+                                optional_meta=["version"]),
+        "step": MessageSpec(meta=["mode"]),
+        "share_top": MessageSpec(request=[TensorSpec("top.*", "float32"),
+                                          TensorSpec("label_prior", "float64", ("C",))],
+                                 meta=["top_hidden", "n_classes"]),
+    }
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
