@@ -179,6 +179,12 @@ class _Exchange:
                     matched[name] = (s, groups)
                     break
         unexpected = sorted(n for n in tensors if n not in matched)
+        if unexpected:
+            name = unexpected[0]
+            excluded = [s for s in self.all_specs(direction) if s.match(name) is not None and s not in specs]
+            why = f" (only when {_when(excluded[0])})" if excluded else ""
+            declared = ", ".join(s.name for s in specs) or "none"
+            raise self.fail(direction, f"unexpected tensor {name!r}{why}; declared: {declared}", name)
         for s in specs:
             hits = [g for n, (m, g) in matched.items() if m is s]
             if s.optional:
@@ -187,12 +193,6 @@ class _Exchange:
                 raise self.fail(direction, f"missing tensor {s.name!r} ({s.describe()})", s.name)
             if s.is_pattern:
                 self._check_family(direction, s, hits)
-        if unexpected:
-            name = unexpected[0]
-            excluded = [s for s in self.all_specs(direction) if s.match(name) is not None and s not in specs]
-            why = f" (only when {_when(excluded[0])})" if excluded else ""
-            declared = ", ".join(s.name for s in specs) or "none"
-            raise self.fail(direction, f"unexpected tensor {name!r}{why}; declared: {declared}", name)
         for name in sorted(matched, key=lambda n: (specs.index(matched[n][0]), n)):  # in declaration order
             s, groups = matched[name]
             self._check_tensor(direction, name, tensors[name], s, groups)
@@ -311,7 +311,7 @@ def _kind_markdown(kind: str, spec: MessageSpec) -> list[str]:
         lines += [spec.doc, ""]
     rows = [(d, t) for d, side in (("request", spec.request), ("reply", spec.reply)) for t in side]
     if rows:
-        lines += ["| | tensor | dtype | shape | |", "|---|---|---|---|---|"]
+        lines += ["| | tensor | dtype | shape | notes |", "|---|---|---|---|---|"]
         for d, t in rows:
             notes = ", ".join(n for n in ("optional" if t.optional else "", f"when {_when(t)}" if t.when else "") if n)
             lines.append(f"| {d} | `{t.name}` | {'/'.join(t.dtype)} | {_shape(t)} | {notes} |")
@@ -343,6 +343,6 @@ def messages_markdown(sections: Sequence[tuple[str, str, Messages]]) -> str:
         lines += [f"## {title}", ""]
         if description:
             lines += [description, ""]
-        for kind in sorted(msgs):
+        for kind in msgs:  # declaration order: the order of a protocol
             lines += _kind_markdown(kind, msgs[kind])
     return "\n".join(lines).rstrip() + "\n"
