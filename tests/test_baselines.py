@@ -410,7 +410,7 @@ def test_methods_run_over_grpc_exactly_as_in_process(tmp_path) -> None:  # noqa:
     from partialvfl.federation.grpc_local import LocalDeployment
 
     data = _data()
-    dep = LocalDeployment(tmp_path / "grpc", data, deadline=20.0)
+    dep = LocalDeployment(tmp_path / "grpc", data, deadline=600.0, start_timeout=600.0)  # no timeout under test
     dep.start()
     try:
         for name, extra in [("laser-vfl", {"pretrain": True}), ("combinatorial", {})]:

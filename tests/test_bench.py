@@ -33,14 +33,19 @@ from partialvfl.bench.store import ResultStore
 REPO_SRC = Path(__file__).resolve().parents[1] / "src"
 
 # A method that trains nothing (sleeps ``sleep`` seconds, optionally fails) and predicts seeded noise; it talks to
-# party 0 once so the store has bytes to count.  Written to a file so a subprocess can import it too.
+# party 0 once so the store has bytes to count.  Written to a file so a subprocess can import it too.  With
+# BENCH_DUMMY_STALL set to "DIR:N", the fits after the first N (counted by files in DIR) block until the process is
+# killed, so a test can kill a grid mid-way without racing the clock.
 DUMMY_MODULE = textwrap.dedent('''
+    import os
     import time
+    import uuid
+    from pathlib import Path
 
     import numpy as np
     import torch
 
-    from partialvfl.federation import PartyProgram, Reply, register_program
+    from partialvfl.federation import MessageSpec, PartyProgram, Reply, TensorSpec, register_program
     from partialvfl.methods.base import VFLMethod, register_method
     from partialvfl.methods.training import Stage
 
@@ -48,6 +53,8 @@ DUMMY_MODULE = textwrap.dedent('''
     @register_program
     class _EchoParty(PartyProgram):
         program_name = "test/bench-echo"
+        messages = {"echo": MessageSpec(request=[TensorSpec("x", "float32", ("N",))],
+                                        reply=[TensorSpec("x", "float32", ("N",))])}
 
         def on_echo(self, request):
             return Reply({"x": request.tensors["x"] * 2})
@@ -69,6 +76,11 @@ DUMMY_MODULE = textwrap.dedent('''
             if self.params_["fail"]:
                 raise RuntimeError("dummy failure on purpose")
             time.sleep(self.params_["sleep"])
+            if os.environ.get("BENCH_DUMMY_STALL"):
+                folder, n = os.environ["BENCH_DUMMY_STALL"].rsplit(":", 1)
+                (Path(folder) / uuid.uuid4().hex).touch()
+                if len(os.listdir(folder)) > int(n):
+                    time.sleep(3600)  # until killed
 
             def step(item, rng):
                 self.transport.call(0, "echo", {"x": torch.zeros(25)})
@@ -287,18 +299,20 @@ def test_other_test_mechanisms_reuse_the_protocol_test_set(tmp_path: Path) -> No
 
 
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_dir: Path) -> None:
-    grid = _grid_file(tmp_path / "g.toml", sleep=0.4, seeds="[0, 1, 2]")  # 6 fits of >= 0.4 s
+    grid = _grid_file(tmp_path / "g.toml", seeds="[0, 1, 2]")  # 6 fits
     store = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dummy_dir), str(REPO_SRC)]), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "fits").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dummy_dir), str(REPO_SRC)]), "OMP_NUM_THREADS": "1",
+           "BENCH_DUMMY_STALL": f"{tmp_path / 'fits'}:2"}  # the third fit blocks: the kill comes mid-grid
     proc = subprocess.Popen(
         [sys.executable, "-m", "partialvfl", "bench", "--config", str(grid), "--store", str(store),
          "--workers", "1", "--quiet"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     db = store / "results.sqlite"
-    deadline = time.time() + 60
+    deadline = time.time() + 600  # patience for a loaded machine; the stalled third fit makes it no race
     n_before = 0
-    while time.time() < deadline:
+    while time.time() < deadline and proc.poll() is None:
         if db.exists():
             try:
                 n_before = sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0]

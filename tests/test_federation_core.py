@@ -10,10 +10,12 @@ from partialvfl import Task, VerticalDataset
 from partialvfl.federation import (
     LocalFederation,
     MessageLog,
+    MessageSpec,
     PartyProgram,
     PartyUnavailable,
     Reply,
     Request,
+    TensorSpec,
     find_raw_feature_leaks,
     register_program,
 )
@@ -33,6 +35,12 @@ class _LinearParty(PartyProgram):
     """A toy party: one linear map; forward sends embeddings, backward receives their gradient."""
 
     program_name = "test/linear"
+    messages = {
+        "forward": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                               reply=[TensorSpec("embedding", "float32", ("B", 2))], meta=["data"]),
+        "leak": MessageSpec(reply=[TensorSpec("oops", "float32", ("N", "feature_dim"))], meta=["data"]),
+        "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", 2))]),
+    }
 
     def __init__(self, runtime, config, seed):  # noqa: ANN001
         super().__init__(runtime, config, seed)

@@ -2,6 +2,9 @@
 
 The party processes import this module as a plugin (``PYTHONPATH`` = this folder) for the toy split-learning program
 below, so these tests do not depend on any method's progress.
+
+No test depends on the machine's speed: every call gets a generous deadline (:data:`PATIENCE`), except the one call
+of the deadline test, whose slow party blocks until the test lets it go.
 """
 
 from __future__ import annotations
@@ -23,7 +26,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partialvfl import Task, VerticalDataset
-from partialvfl.federation import LocalFederation, MessageLog, PartyProgram, Reply, Request, register_program
+from partialvfl.federation import (
+    LocalFederation,
+    MessageError,
+    MessageLog,
+    MessageSpec,
+    PartyProgram,
+    Reply,
+    Request,
+    TensorSpec,
+    register_program,
+    tensor_names,
+)
 from partialvfl.federation.alignment import hash_ids, load_key, observed_from_hashes, positions_in
 from partialvfl.federation.audit import find_raw_feature_leaks
 from partialvfl.federation.certs import init_dev_pki, issue_certificate
@@ -31,6 +45,7 @@ from partialvfl.federation.checkpoint import Checkpointer, rng_state, set_rng_st
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.grpc_federation import GrpcFederation, load_federation_config
 from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc_party import SERVER_MESSAGES
 from partialvfl.federation.grpc_transport import (
     CALL_METHOD,
     GrpcTransport,
@@ -46,6 +61,7 @@ from partialvfl.methods.training import Stage
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = 4
+PATIENCE = 300.0  # seconds: the deadline of every call whose timing is not under test (a loaded machine is slow)
 
 
 # ---------------------------------------------------------------------- toy split learning (party and coordinator)
@@ -54,7 +70,13 @@ class ToySplitParty(PartyProgram):
     """Party half of a split network: a linear encoder trained by SGD with momentum from the gradients it gets."""
 
     program_name = "test/grpc-split"
-    wire_schema = {"forward": {"rows": ("int64", 1)}, "backward": {"grad": ("float32", 2)}, "leak": {}, "weights": {}}
+    messages = {
+        "forward": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                               reply=[TensorSpec("embedding", "float32", ("B", "hidden"))], meta=["data"]),
+        "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "hidden"))]),
+        "leak": MessageSpec(reply=[TensorSpec("oops", "float32", ("N", "feature_dim"))], meta=["data"]),
+        "weights": MessageSpec(reply=[TensorSpec("w", "float32", ("feature_dim", "hidden"))]),
+    }
 
     def __init__(self, runtime, config, seed):  # noqa: ANN001
         super().__init__(runtime, config, seed)
@@ -62,13 +84,13 @@ class ToySplitParty(PartyProgram):
         self.w = (0.3 * torch.randn(config["feature_dim"], config["hidden"], generator=g)).requires_grad_()
         self.opt = torch.optim.SGD([self.w], lr=0.05, momentum=0.9)
         self._out: torch.Tensor | None = None
-        self.delay = float(config.get("delay", 0.0))
+        self.gate = Path(config["gate"]) if config.get("gate") else None  # forward waits until this file exists
 
     def on_forward(self, req: Request) -> Reply:
         view = self.data(req.meta["data"])
         x = torch.as_tensor(view.features[view.position_of_rows(req.tensors["rows"].numpy())])
-        if self.delay:
-            time.sleep(self.delay)
+        if self.gate is not None:
+            _wait_for(self.gate)
         self._out = x @ self.w
         return Reply({"embedding": self._out})
 
@@ -95,6 +117,13 @@ class ToySplitParty(PartyProgram):
         with torch.no_grad():
             self.w.copy_(state["w"])
         self.opt.load_state_dict(state["opt"])
+
+
+def _wait_for(path: Path, limit: float = 600.0) -> None:
+    """Block until ``path`` exists (the test opens the gate), at most ``limit`` seconds."""
+    t0 = time.monotonic()
+    while not path.exists() and time.monotonic() - t0 < limit:
+        time.sleep(0.01)
 
 
 def toy_configs(dims, **extra) -> list[dict[str, Any]]:  # noqa: ANN001
@@ -188,6 +217,59 @@ def make_data(n: int = 48, seed: int = 0) -> VerticalDataset:
                            party_names=["bank", "shop", "telco"])
 
 
+# ---------------------------------------------------------------------- typed messages
+@register_program
+class TypedParty(PartyProgram):
+    """For the message checks: ``pair`` is well declared; ``buggy`` answers with the reply ``meta['bug']`` asks for."""
+
+    program_name = "test/grpc-typed"
+    messages = {
+        "pair": MessageSpec(request=[TensorSpec("x", "float32", ("B", "feature_dim")),
+                                     TensorSpec("rows", "int64", ("B",)),
+                                     TensorSpec("w", "float32", ("B",), optional=True)],
+                            reply=[TensorSpec("y", "float32", ("B", 2))], meta=["data"], optional_meta=["scale"]),
+        "buggy": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                             reply=[TensorSpec("y", "float32", ("B", 2))], meta=["bug"]),
+    }
+
+    def on_pair(self, req: Request) -> Reply:
+        return Reply({"y": torch.zeros(len(req.tensors["rows"]), 2)})
+
+    def on_buggy(self, req: Request) -> Reply:
+        b = len(req.tensors["rows"])
+        y = torch.zeros(b, 2)
+        return Reply({"dtype": {"y": y.double()}, "rank": {"y": y[:, 0]}, "size": {"y": torch.zeros(b + 1, 2)},
+                      "missing": {}, "extra": {"y": y, "x": y}}[req.meta["bug"]])
+
+
+def _typed_request(**change: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A well-formed ``pair`` request for party 0 (3 features), with tensors replaced (``None``: left out)."""
+    tensors = {"x": torch.zeros(4, 3), "rows": torch.arange(4)}
+    for k, v in change.items():
+        if v is None:
+            tensors.pop(k)
+        else:
+            tensors[k] = v
+    return tensors, {"data": "train"}
+
+
+#: malformed requests: (kind, tensors, meta, what the error says)
+BAD_REQUESTS: dict[str, tuple[str, dict[str, torch.Tensor], dict[str, Any], str]] = {
+    "wrong dtype": ("pair", *_typed_request(rows=torch.zeros(4)), "tensor 'rows' must be int64, got float32"),
+    "wrong rank": ("pair", *_typed_request(x=torch.zeros(4)), "tensor 'x' must have rank 2"),
+    "mismatched dimension": ("pair", *_typed_request(rows=torch.arange(3)),
+                             "tensor 'rows' dimension 0 (B) is 3, but B = 4 from tensor 'x'"),
+    "config dimension": ("pair", *_typed_request(x=torch.zeros(4, 5)),
+                         "tensor 'x' dimension 1 (feature_dim) is 5, but feature_dim = 3 from the program's config"),
+    "missing tensor": ("pair", *_typed_request(x=None), "missing tensor 'x'"),
+    "unexpected tensor": ("pair", *_typed_request(z=torch.zeros(4)), "unexpected tensor 'z'"),
+    "missing meta key": ("pair", _typed_request()[0], {}, "missing meta key 'data'"),
+    "unknown meta key": ("pair", _typed_request()[0], {"data": "train", "colour": "red"},
+                         "unknown meta key 'colour'"),
+    "unknown kind": ("no-such-kind", {}, {}, "unknown message kind"),
+}
+
+
 # ---------------------------------------------------------------------- a toy method, for the CLI path
 class ToySplitMethod(VFLMethod):
     """The toy split network behind the estimator contract (exercises fit/predict/save/load/resume over gRPC).
@@ -255,7 +337,7 @@ def data() -> VerticalDataset:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, data):  # noqa: ANN001, ANN201
     dep = LocalDeployment(tmp_path_factory.mktemp("grpc"), data, plugins=["test_grpc"], pythonpath=[HERE],
-                          deadline=5.0, max_message_mb=1.0)
+                          deadline=PATIENCE, max_message_mb=1.0, start_timeout=600.0)
     try:
         dep.start()
         yield dep
@@ -368,7 +450,8 @@ def test_federated_training_matches_in_process_and_leaks_nothing(deployment, dat
         assert find_raw_feature_leaks(log, data) == []
         crossing = log.crossing()
         assert crossing and {e.kind for e in crossing} >= {"forward", "backward"}
-        assert {n for e in crossing for n in e.names} <= {"rows", "embedding", "grad", "hashes", "w"}
+        allowed = tensor_names(ToySplitParty, kinds=["forward", "backward", "weights"]) | tensor_names(SERVER_MESSAGES)
+        assert {n for e in crossing for n in e.names} <= allowed
         fed.transport.new_step()
         fed.call(0, "leak", data="train")  # a positive control: the audit sees a raw row when one crosses
         assert find_raw_feature_leaks(log, data)
@@ -411,14 +494,15 @@ def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_
     rogue = tmp_path / "rogue"
     init_dev_pki(rogue, ["coordinator"])  # right name, wrong CA
     t = GrpcTransport(cfg.parties, cfg.active_party, TlsFiles(cfg.tls.ca, rogue / "coordinator.pem",
-                                                              rogue / "coordinator.key"), deadline=3)
+                                                              rogue / "coordinator.key"), deadline=PATIENCE)
     with pytest.raises(PartyUnavailable):
         t.call(0, "hello")
     t.close()
     issue_certificate(tmp_path / "intruder", "intruder", ca_cert=deployment.certs / "ca.pem",
                       ca_key=deployment.certs / "ca.key")  # right CA, identity not on the allowlist
     t = GrpcTransport(cfg.parties, cfg.active_party, TlsFiles(cfg.tls.ca, tmp_path / "intruder" / "intruder.pem",
-                                                              tmp_path / "intruder" / "intruder.key"), deadline=3)
+                                                              tmp_path / "intruder" / "intruder.key"),
+                      deadline=PATIENCE)
     with pytest.raises(PartyError) as err:
         t.call(0, "hello")
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "allowlist" in err.value.details
@@ -475,32 +559,87 @@ def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(dep
 
 def _status(call: Any, payload: bytes) -> grpc.StatusCode:
     try:
-        call(payload, timeout=5)
+        call(payload, timeout=PATIENCE)
     except grpc.RpcError as e:
         assert e.details()  # every refusal says why
         return e.code()
     return grpc.StatusCode.OK
 
 
-def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data) -> None:  # noqa: ANN001
+@pytest.fixture
+def typed(deployment, data):  # noqa: ANN001, ANN201
+    """The typed-message program at every party, in process and in the party processes."""
+    configs = [{"feature_dim": int(d)} for d in data.feature_dims]
+    local = LocalFederation.for_dataset(data)
+    local.setup("test/grpc-typed", configs, seed=0)
+    remote = _fed(deployment)
+    remote.setup("test/grpc-typed", configs, seed=0)
+    yield local, remote
+    remote.close()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -> None:  # noqa: ANN001
+    local, remote = typed
+    kind, tensors, meta, says = BAD_REQUESTS[case]
+    local.transport.new_step()
+    with pytest.raises(MessageError) as here:
+        local.call(0, kind, tensors, **meta)
+    assert says in str(here.value) and str(here.value).startswith("party 0 ('bank'), program 'test/grpc-typed'")
+    assert here.value.direction == ("request" if case != "unknown kind" else None)
+    remote.transport.new_step()
+    with pytest.raises(PartyError) as there:
+        remote.call(0, kind, tensors, **meta)
+    code = grpc.StatusCode.UNIMPLEMENTED if case == "unknown kind" else grpc.StatusCode.INVALID_ARGUMENT
+    assert there.value.code == code and there.value.details == str(here.value)
+    # the server keeps serving; a refused request was not served, so the same kind may follow in the same round
+    good, good_meta = _typed_request()
+    assert remote.call(0, "pair", good, **good_meta).tensors["y"].shape == (4, 2)
+
+
+@pytest.mark.parametrize("bug", ["dtype", "rank", "size", "missing", "extra"])
+def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:  # noqa: ANN001
+    local, remote = typed
+    local.transport.new_step()
+    with pytest.raises(MessageError) as here:
+        local.call(0, "buggy", {"rows": torch.arange(3)}, bug=bug)
+    assert here.value.direction == "reply" and "kind 'buggy', reply: " in str(here.value)
+    remote.transport.new_step()
+    with pytest.raises(PartyError) as there:
+        remote.call(0, "buggy", {"rows": torch.arange(3)}, bug=bug)
+    assert there.value.code == grpc.StatusCode.INTERNAL and there.value.details == str(here.value)
+    remote.transport.new_step()
+    assert remote.call(0, "ping").meta["name"] == "bank"
+
+
+def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data, tmp_path) -> None:  # noqa: ANN001
+    """Party 0 blocks in ``forward`` until the test opens its gate, so it is late by construction, not by a margin;
+    the short deadline applies to that one call only, and the warmed-up parties 1 and 2 have ample time."""
+    gate = tmp_path / "gate"
     fed = _fed(deployment)
     try:
         h = fed.attach(data, "train")
         configs = toy_configs(data.feature_dims)
-        configs[0]["delay"] = 1.5
+        configs[0]["gate"] = str(gate)
         fed.setup("test/grpc-split", configs, seed=0)
-        fed.grpc_transport.deadline = 0.5
         rows = np.flatnonzero(data.observed.all(axis=1))[:6]
+        fed.transport.new_step()  # warm up the other two at the generous deadline
+        fed.transport.call_many({k: Request("forward", {"rows": torch.as_tensor(rows)}, {"data": h}) for k in (1, 2)})
         fed.transport.new_step()
-        t0 = time.monotonic()
-        total, embs = toy_forward(fed, h, data.observed, rows)
-        assert time.monotonic() - t0 < 1.4 and set(embs) == {1, 2} and total.shape == (6, HIDDEN)
+        fed.grpc_transport.deadline = 10.0
+        try:
+            total, embs = toy_forward(fed, h, data.observed, rows)
+        finally:
+            fed.grpc_transport.deadline = PATIENCE
+        assert not gate.exists()  # the call returned while party 0 was still blocked: nobody waited for it
+        assert set(embs) == {1, 2} and total.shape == (6, HIDDEN)
         step, party, reason = fed.transport.failures[-1]
         assert (step, party) == (fed.transport.step, 0) and "DEADLINE_EXCEEDED" in reason
-        fed.grpc_transport.deadline = 5.0
+        gate.touch()
         fed.transport.new_step()
         assert fed.call(0, "ping").meta["name"] == "bank"  # the slow party finished late and keeps serving
     finally:
+        gate.touch()  # never leave party 0 blocked for the next tests
         fed.close()
 
 
@@ -509,7 +648,7 @@ def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployme
         code = ("import sys, test_grpc; sys.exit(test_grpc._coordinator_main(sys.argv[1:]))")
         args = [sys.executable, "-c", code, str(deployment.federation_file), str(tmp_path / "ck"), str(out),
                 str(crash_at or 0)]
-        return subprocess.run(args, env=deployment.env(), timeout=60, capture_output=True).returncode
+        return subprocess.run(args, env=deployment.env(), timeout=1200, capture_output=True).returncode
 
     assert coordinator(tmp_path / "a.json", crash_at=8) == -signal.SIGKILL
     assert (tmp_path / "ck" / "LATEST").exists() and json.loads((tmp_path / "ck" / "LATEST").read_text())["step"] == 6

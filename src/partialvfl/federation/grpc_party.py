@@ -10,11 +10,13 @@ and answers the coordinator over mutual TLS.  Before a request reaches the runti
 3. the message belongs to the current coordinator session, its sequence number is new, its step is not older
    than the last one and its ``(step, round, kind)`` was not served yet -> else ``FAILED_PRECONDITION`` (stale)
    or ``ALREADY_EXISTS`` (replay);
-4. the kind is known (built-in or a handler of the program) -> else ``UNIMPLEMENTED``, and its tensors match the
-   kind's schema (built-ins, and a program's optional ``wire_schema``) -> else ``INVALID_ARGUMENT``.
+4. the kind is declared (a built-in or one of the program's ``messages``) -> else ``UNIMPLEMENTED``
+   (``FAILED_PRECONDITION`` before any setup), and its tensors and metadata match the declaration -> else
+   ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.schema`).
 
 A handler that raises on bad input (``ValueError``, ``KeyError``, shape errors...) becomes ``INVALID_ARGUMENT``
-with the party's message.  Every refusal is logged and the server keeps serving.
+with the party's message; a reply that does not match its declaration (the program's own bug) ``INTERNAL``.  Every
+refusal is logged and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``): ``hello`` (open a
 coordinator session), ``ids`` (the party's IDs as HMAC hashes), ``attach`` (hold the rows at the given positions
@@ -53,7 +55,8 @@ from partialvfl.federation.grpc_transport import (
     encode_reply,
 )
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyRuntime
+from partialvfl.federation.party import NotSetUp, PartyRuntime
+from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
 from partialvfl.utils.tomlfile import read_toml
 
 __all__ = ["PartyConfig", "PartyServer", "PartyTable", "import_plugins", "load_party_config", "run", "serve"]
@@ -61,12 +64,21 @@ __all__ = ["PartyConfig", "PartyServer", "PartyTable", "import_plugins", "load_p
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
 
-# (dtype name, ndim) of every tensor of the server's built-in kinds
-_BUILTIN_SCHEMAS: dict[str, dict[str, tuple[str, int]]] = {
-    "hello": {}, "ids": {}, "release": {}, "ping": {}, "setup": {}, "save": {}, "load": {}, "forget": {},
-    "attach": {"hashes": ("uint8", 2), "rows": ("int64", 1)},
+#: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
+SERVER_MESSAGES: dict[str, MessageSpec] = {
+    "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count and feature "
+                             "shape as metadata."),
+    "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))],
+                       doc="The party's IDs as HMAC-SHA256 hashes."),
+    "attach": MessageSpec(
+        request=[TensorSpec("hashes", "uint8", ("R", 32)), TensorSpec("rows", "int64", ("R",)),
+                 TensorSpec("labels", ("int64", "float64"), ("N",), optional=True),
+                 TensorSpec("labeled", "bool", ("N",), optional=True)],
+        meta=["handle", "n_samples"],
+        doc="Hold the rows with these hashed IDs at these positions of the shared order (of `n_samples`) under "
+            "`handle`; the active party also gets the labels."),
+    "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
 }
-_ATTACH_OPTIONAL = {"labels": (("int64", "float64"), 1), "labeled": (("bool",), 1)}
 
 
 class Refused(Exception):
@@ -197,37 +209,15 @@ class PartyTable:
 
 
 # ---------------------------------------------------------------------- the server
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def _check_schema(kind: str, tensors: dict[str, torch.Tensor], schema: dict[str, Any],
-                  optional: dict[str, Any] | None = None) -> None:
-    optional = optional or {}
-    missing = [n for n in schema if n not in tensors]
-    extra = [n for n in tensors if n not in schema and n not in optional]
-    if missing or extra:
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"{kind!r} expects tensors {sorted(schema)} (optional {sorted(optional)}), got {sorted(tensors)}"
-                      + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
-    for name, t in tensors.items():
-        dtypes, ndim = schema.get(name) or optional[name]
-        dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
-        if _dtype_name(t) not in dtypes:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{kind!r} tensor {name!r} must be {'/'.join(dtypes)}, got {_dtype_name(t)}")
-        if ndim is not None and t.dim() != ndim:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{kind!r} tensor {name!r} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-
-
 class PartyServer:
-    """The party's request handler: authentication, replay checks, schema checks, then the runtime."""
+    """The party's request handler: authentication, replay checks, then the runtime (declarations, handlers)."""
 
     def __init__(self, cfg: PartyConfig, key: bytes | None = None) -> None:
         self.cfg = cfg
         self.table = PartyTable(cfg, key if key is not None else load_key(cfg.hmac_key_file))
-        self.runtime = PartyRuntime(cfg.index, cfg.name)
+        handlers = {"hello": self._hello, "ids": self._ids, "attach": self._attach, "release": self._release}
+        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
+                                    builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()})
         self.state_dir = cfg.state_dir.resolve()
         self._lock = threading.Lock()
         self.session: str | None = None
@@ -278,23 +268,6 @@ class PartyServer:
         self.last_seq, self.last_step = wire.seq, wire.step
         self.served.add((wire.step, wire.round, wire.request.kind))
 
-    def _check_kind(self, request: Request) -> None:
-        kind = request.kind
-        if kind in _BUILTIN_SCHEMAS:
-            _check_schema(kind, request.tensors, _BUILTIN_SCHEMAS[kind],
-                          _ATTACH_OPTIONAL if kind == "attach" else None)
-            return
-        program = self.runtime.program
-        if program is None:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"party {self.cfg.name!r} got {kind!r} before any setup")
-        if getattr(program, f"on_{kind.replace('-', '_')}", None) is None:
-            raise Refused(grpc.StatusCode.UNIMPLEMENTED,
-                          f"party program {program.program_name!r} has no message kind {kind!r}")
-        schema = (getattr(program, "wire_schema", None) or {}).get(kind)
-        if schema is not None:
-            _check_schema(kind, request.tensors, schema)
-
     def _state_path(self, rel: Any) -> str:
         if not isinstance(rel, str) or not rel:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "save/load/forget need meta 'dir', a relative path")
@@ -305,7 +278,7 @@ class PartyServer:
         return str(self.state_dir.joinpath(*pp.parts))
 
     # -- built-ins
-    def _hello(self) -> Reply:
+    def _hello(self, req: Request) -> Reply:
         t = self.table
         return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
                            "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape)})
@@ -315,10 +288,7 @@ class PartyServer:
         n = req.meta.get("n_samples")
         if not isinstance(handle, str) or not handle or not isinstance(n, int) or n < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach needs meta 'handle' (str) and 'n_samples' (int)")
-        hashes, rows = req.tensors["hashes"], req.tensors["rows"].numpy()
-        if hashes.shape[1:] != (32,) or hashes.shape[0] != rows.shape[0]:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"attach: hashes {tuple(hashes.shape)} and rows {tuple(rows.shape)} do not match")
+        hashes, rows = req.tensors["hashes"], req.tensors["rows"].numpy()  # shapes: declared in SERVER_MESSAGES
         if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         local = np.empty(rows.size, dtype=np.int64)
@@ -345,20 +315,12 @@ class PartyServer:
         self.runtime.attach(handle, view)
         return Reply(meta={"n_rows": int(rows.size)})
 
-    def dispatch(self, request: Request) -> Reply:
-        kind = request.kind
-        if kind == "hello":
-            return self._hello()
-        if kind == "ids":
-            return Reply({"hashes": torch.from_numpy(self.table.hashes.copy())})
-        if kind == "attach":
-            return self._attach(request)
-        if kind == "release":
-            self.runtime.release(str(request.meta.get("handle", "")))
-            return Reply()
-        if kind in ("save", "load", "forget"):
-            request = Request(kind, request.tensors, {**request.meta, "dir": self._state_path(request.meta.get("dir"))})
-        return self.runtime.handle(request)
+    def _ids(self, req: Request) -> Reply:
+        return Reply({"hashes": torch.from_numpy(self.table.hashes.copy())})
+
+    def _release(self, req: Request) -> Reply:
+        self.runtime.release(str(req.meta["handle"]))
+        return Reply()
 
     # -- the gRPC entry point
     def handle_bytes(self, data: bytes, context: grpc.ServicerContext) -> bytes:
@@ -373,12 +335,17 @@ class PartyServer:
             with self._lock:
                 t0 = time.perf_counter()
                 self._check_fresh(wire)
-                self._check_kind(wire.request)
-                self._commit(wire)
                 try:
-                    reply = self.dispatch(wire.request)
+                    reply = self.runtime.handle(wire.request, accepted=lambda: self._commit(wire))
                 except Refused:
                     raise
+                except UnknownKindError as e:
+                    raise Refused(grpc.StatusCode.UNIMPLEMENTED, str(e)) from None
+                except MessageError as e:  # the same text as in process; a bad reply is the party's own bug
+                    code = grpc.StatusCode.INVALID_ARGUMENT if e.direction == "request" else grpc.StatusCode.INTERNAL
+                    raise Refused(code, str(e)) from None
+                except NotSetUp as e:
+                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
                 except (ValueError, KeyError, TypeError, IndexError, RuntimeError, FileNotFoundError) as e:
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None

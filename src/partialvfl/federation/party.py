@@ -6,14 +6,18 @@ use.  Every method is written as a :class:`PartyProgram` (party-local steps, one
 kind) plus coordinator code that talks to the programs through a Transport; the same programs serve in-process and
 behind a gRPC server.
 
-Built-in message kinds handled by the runtime itself: ``setup`` (build the program named in ``meta['program']``
-with ``meta['config']`` and ``meta['seed']``), ``save``/``load`` (the program's state file in ``meta['dir']``,
-``party-<k>.pt``), ``ping``.
+Built-in message kinds handled by the runtime itself (:data:`RUNTIME_MESSAGES`): ``setup`` (build the program
+named in ``meta['program']`` with ``meta['config']`` and ``meta['seed']``), ``save``/``load``/``forget`` (the
+program's state file in ``meta['dir']``, ``party-<k>.pt``), ``ping``.  A server adds its own built-ins.
+
+Every message is checked against its declaration (:mod:`partialvfl.federation.schema`) in :meth:`PartyRuntime.handle`,
+the one path of both transports: the request before the handler runs, the reply after.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,19 +25,56 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
 
-__all__ = ["PROGRAMS", "PartyProgram", "PartyRuntime", "register_program", "state_file"]
+__all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "register_program",
+           "state_file"]
 
 PROGRAMS: dict[str, type[PartyProgram]] = {}
 
+#: The runtime's own message kinds.
+RUNTIME_MESSAGES: dict[str, MessageSpec] = {
+    "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
+    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config"],
+                         doc="Build the named party program with this config and seed."),
+    "save": MessageSpec(meta=["dir"], doc="Save the program's state (`party-<k>.pt` in `dir`)."),
+    "load": MessageSpec(meta=["dir"], doc="Restore the program's state saved in `dir`."),
+    "forget": MessageSpec(meta=["dir"], doc="Delete the state saved in `dir` (a pruned checkpoint)."),
+}
+
+Handler = Callable[[Request], Reply]
+
+
+class NotSetUp(RuntimeError):
+    """A program's message kind arrived before any ``setup`` (e.g. at a party restarted since)."""
+
+
+def _handler_kinds(cls: type) -> set[str]:
+    return {name.removeprefix("on_") for name in dir(cls) if name.startswith("on_") and callable(getattr(cls, name))}
+
 
 def register_program(cls: type[PartyProgram]) -> type[PartyProgram]:
-    """Class decorator: make a party program constructible by name in a ``setup`` request."""
+    """Class decorator: make a party program constructible by name in a ``setup`` request.
+
+    The program must declare every kind it answers in ``messages`` (and answer every kind it declares).
+    """
     name = cls.program_name
     if not name:
         raise ValueError(f"{cls.__name__} has no program_name")
     if name in PROGRAMS and PROGRAMS[name] is not cls:
         raise ValueError(f"party program {name!r} registered twice")
+    declared = dict(cls.messages)
+    if not declared:
+        raise ValueError(f"party program {name!r} declares no messages (class attribute `messages`)")
+    handlers = _handler_kinds(cls)
+    for kind in declared:
+        if kind in RUNTIME_MESSAGES:
+            raise ValueError(f"party program {name!r} declares the runtime's built-in kind {kind!r}")
+        if kind.replace("-", "_") not in handlers:
+            raise ValueError(f"party program {name!r} declares kind {kind!r} but has no on_{kind.replace('-', '_')}")
+    undeclared = sorted(h for h in handlers if h not in {k.replace("-", "_") for k in declared})
+    if undeclared:
+        raise ValueError(f"party program {name!r} answers undeclared kind(s) {undeclared}: declare them in `messages`")
     PROGRAMS[name] = cls
     return cls
 
@@ -50,6 +91,8 @@ class PartyProgram:
     """
 
     program_name: ClassVar[str] = ""
+    #: kind -> declaration of its request and reply (see :mod:`partialvfl.federation.schema`)
+    messages: ClassVar[Messages] = {}
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         self.runtime = runtime
@@ -78,13 +121,26 @@ class PartyProgram:
 
 
 class PartyRuntime:
-    """One party: its data views (its own block only) and its program."""
+    """One party: its data views (its own block only), its program, and the message kinds it answers.
 
-    def __init__(self, index: int, name: str) -> None:
+    ``builtins`` adds kinds a server answers itself (``{kind: (declaration, handler)}``); ``resolve_dir`` maps the
+    ``dir`` of ``save``/``load``/``forget`` to a path (a server keeps states inside its own state directory).
+    """
+
+    def __init__(self, index: int, name: str, *, builtins: Mapping[str, tuple[MessageSpec, Handler]] | None = None,
+                 resolve_dir: Callable[[Any], str | Path] = Path) -> None:
         self.index = index
         self.name = name
         self._data: dict[str, PartyView] = {}
         self.program: PartyProgram | None = None
+        self.resolve_dir = resolve_dir
+        own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "save": self._save,
+                                   "load": self._load, "forget": self._forget}
+        self.builtins: dict[str, tuple[MessageSpec, Handler]] = {k: (RUNTIME_MESSAGES[k], h) for k, h in own.items()}
+        for kind, entry in (builtins or {}).items():
+            if kind in self.builtins:
+                raise ValueError(f"built-in kind {kind!r} is the runtime's own")
+            self.builtins[kind] = entry
 
     def attach(self, handle: str, view: PartyView) -> None:
         """Give this party a dataset view under ``handle`` (in-process: the party's own slice of that dataset)."""
@@ -103,36 +159,81 @@ class PartyRuntime:
                 f"party {self.index} ({self.name!r}) has no data attached as {handle!r}; has {sorted(self._data)}"
             ) from None
 
-    def handle(self, request: Request) -> Reply:
+    # ------------------------------------------------------------------ dispatch
+    def _declaration(self, kind: str) -> tuple[MessageSpec, Handler, str, dict[str, Any]]:
+        """(declaration, handler, who answers, config for the checks) of ``kind``."""
+        party = f"party {self.index} ({self.name!r})"
+        if kind in self.builtins:
+            spec, fn = self.builtins[kind]
+            return spec, fn, f"{party}, built-in", {}
+        program = self.program
+        if program is None:
+            raise NotSetUp(f"{party} got {kind!r} before any setup")
+        where = f"{party}, program {program.program_name!r}"
+        spec = program.messages.get(kind)
+        if spec is None:
+            raise UnknownKindError(where, kind, None, "unknown message kind; the program answers "
+                                   f"{', '.join(sorted(program.messages))}")
+        return spec, program.handle, where, program.config
+
+    def handle(self, request: Request, accepted: Callable[[], None] | None = None) -> Reply:
+        """Check ``request`` against its kind's declaration, answer it, check the reply; the transports' one path.
+
+        ``accepted`` is called once the request passed its checks, before the handler runs (a server records the
+        message as served then).  Raises :class:`~partialvfl.federation.schema.MessageError` for a message that
+        does not match (``UnknownKindError`` for an undeclared kind) and :class:`NotSetUp` before ``setup``.
+        """
         kind = request.kind
-        if kind == "ping":
-            return Reply(meta={"party": self.index, "name": self.name})
-        if kind == "setup":
-            name = request.meta["program"]
-            if name not in PROGRAMS:
-                raise ValueError(f"unknown party program {name!r}; known: {sorted(PROGRAMS)}")
-            self.program = PROGRAMS[name](self, dict(request.meta.get("config", {})), int(request.meta["seed"]))
-            return Reply(meta={"ok": True})
+        spec, fn, where, config = self._declaration(kind)
+        check_request(spec, request.tensors, request.meta, where=where, kind=kind, config=config)
+        if accepted is not None:
+            accepted()
+        reply = fn(request)
+        check_reply(spec, request.tensors, reply.tensors, where=where, kind=kind, config=config)
+        return reply
+
+    # ------------------------------------------------------------------ built-ins
+    def _ping(self, request: Request) -> Reply:
+        return Reply(meta={"party": self.index, "name": self.name})
+
+    def _setup(self, request: Request) -> Reply:
+        name = request.meta["program"]
+        if name not in PROGRAMS:
+            raise ValueError(f"unknown party program {name!r}; known: {sorted(PROGRAMS)}")
+        shadowed = sorted(set(PROGRAMS[name].messages) & set(self.builtins))
+        if shadowed:
+            raise ValueError(f"party program {name!r} declares this party's built-in kind(s) {shadowed}")
+        self.program = PROGRAMS[name](self, dict(request.meta.get("config", {})), int(request.meta["seed"]))
+        return Reply(meta={"ok": True})
+
+    def _program(self, kind: str) -> PartyProgram:
         if self.program is None:
-            raise RuntimeError(f"party {self.index} ({self.name!r}) got {kind!r} before any setup")
-        if kind == "save":
-            path = state_file(request.meta["dir"], self.index)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"program": self.program.program_name, "state": self.program.state_dict()}, path)
-            return Reply(meta={"path": str(path)})
-        if kind == "forget":  # delete a state saved earlier (a pruned checkpoint)
-            path = state_file(request.meta["dir"], self.index)
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # other parties' files may share the directory (in process)
-                path.parent.rmdir()
-            return Reply(meta={"ok": True})
-        if kind == "load":
-            path = state_file(request.meta["dir"], self.index)
-            if not path.exists():
-                raise FileNotFoundError(f"party {self.index} ({self.name!r}): no state file at {path}")
-            saved = torch.load(path, weights_only=True)
-            if saved["program"] != self.program.program_name:
-                raise ValueError(f"{path} holds a {saved['program']!r} state, not {self.program.program_name!r}")
-            self.program.load_state_dict(saved["state"])
-            return Reply(meta={"ok": True})
-        return self.program.handle(request)
+            raise NotSetUp(f"party {self.index} ({self.name!r}) got {kind!r} before any setup")
+        return self.program
+
+    def _save(self, request: Request) -> Reply:
+        program = self._program("save")
+        path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"program": program.program_name, "state": program.state_dict()}, path)
+        return Reply(meta={"path": str(path)})
+
+    def _forget(self, request: Request) -> Reply:
+        """Delete a state saved earlier (a pruned checkpoint)."""
+        self._program("forget")
+        path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # other parties' files may share the directory (in process)
+            path.parent.rmdir()
+        return Reply(meta={"ok": True})
+
+    def _load(self, request: Request) -> Reply:
+        program = self._program("load")
+        path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
+        if not path.exists():
+            raise FileNotFoundError(f"party {self.index} ({self.name!r}): no state file at {path}")
+        saved = torch.load(path, weights_only=True)
+        if saved["program"] != program.program_name:
+            raise ValueError(f"{path} holds a {saved['program']!r} state, not {program.program_name!r}")
+        program.load_state_dict(saved["state"])
+        return Reply(meta={"ok": True})

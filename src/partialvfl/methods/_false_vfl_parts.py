@@ -14,7 +14,7 @@ Shapes follow ``[samples, batch, dim]``; everything is computed in log space.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.methods.false_vfl_spec import FUSION_RULES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
 from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
@@ -39,13 +40,6 @@ __all__ = [
     "snis_weights",
 ]
 
-
-#: Every tensor name that may cross a party boundary, per variant (row indices, latent posterior parameters,
-#: sampled latents, per-sample log-likelihood scalars and mask terms, and the gradients of those).
-ALLOWED_TENSORS: dict[int, frozenset[str]] = {
-    1: frozenset({"rows", "mu", "logvar", "h", "loglik", "grad_loglik", "grad_h", "grad_mu", "grad_logvar"}),
-}
-ALLOWED_TENSORS[2] = ALLOWED_TENSORS[1] | {"h_mis", "mask_loglik", "grad_mask_loglik", "grad_h_mis"}
 
 
 # ---------------------------------------------------------------------- formulas
@@ -162,6 +156,27 @@ class FalseVFLParty(PartyProgram):
     """
 
     program_name = "false-vfl/party"
+    # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples
+    messages: ClassVar[Messages] = {
+        "encode": MessageSpec(
+            request=[TensorSpec("rows", "int64", ("B",))],
+            reply=[TensorSpec("mu", "float32", ("B", "d_h")), TensorSpec("logvar", "float32", ("B", "d_h"))],
+            meta=["data"], optional_meta=["train"]),
+        "decode": MessageSpec(
+            request=[TensorSpec("h", "float32", ("S", "B", "d_h"), optional=True),
+                     TensorSpec("h_mis", "float32", ("S", "M", "d_h"), optional=True, when={"variant": 2})],
+            reply=[TensorSpec("loglik", "float32", ("S", "B"), optional=True),
+                   TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when={"variant": 2})],
+            optional_meta=["train", "noise_seed"]),
+        "decode_grad": MessageSpec(
+            request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
+                     TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when={"variant": 2})],
+            reply=[TensorSpec("grad_h", "float32", ("S", "B", "d_h"), optional=True),
+                   TensorSpec("grad_h_mis", "float32", ("S", "M", "d_h"), optional=True, when={"variant": 2})]),
+        "update": MessageSpec(
+            request=[TensorSpec("grad_mu", "float32", ("B", "d_h"), optional=True),
+                     TensorSpec("grad_logvar", "float32", ("B", "d_h"), optional=True)]),
+    }
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -275,6 +290,11 @@ class FalseVFLParty(PartyProgram):
         self.net.load_state_dict(state["net"])
         if "optimizer" in state:  # models saved before optimiser states were kept load without one
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+#: Every tensor name that may cross a party boundary, per variant (row indices, latent posterior parameters,
+#: sampled latents, per-sample log-likelihood scalars and mask terms, and the gradients of those).
+ALLOWED_TENSORS: dict[int, frozenset[str]] = {v: tensor_names(FalseVFLParty, {"variant": v}) for v in (1, 2)}
 
 
 def as_rows(rows: np.ndarray) -> torch.Tensor:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
 from partialvfl.methods._simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
@@ -47,6 +48,14 @@ class SplitParty(PartyProgram):
     """A party's representation models f_k (one per name in ``config['models']``), trained by split learning."""
 
     program_name = "splitnn/party"
+    messages: ClassVar[Messages] = {
+        "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
+                             reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
+                             meta=["data"], optional_meta=["train"]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
+        "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"]),
+        "set_lr": MessageSpec(meta=["lr"]),
+    }
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

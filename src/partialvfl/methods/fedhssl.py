@@ -33,7 +33,7 @@ i.e. its representation is r_k(0), which that party computes once per prediction
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
 from partialvfl.methods._simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
@@ -135,6 +136,23 @@ class FedHSSLParty(PartyProgram):
     """
 
     program_name = "fedhssl/party"
+    # P: SimSiam projection width, J: partners, R: representation width (latent_dim, or twice it with pool=concat)
+    messages: ClassVar[Messages] = {
+        "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"]),
+        "cross_update": MessageSpec(request=[TensorSpec("targets", "float32", ("B", "J", "P"))]),
+        "local_ssl": MessageSpec(meta=["data", "epochs", "batch_size", "local_weight", "guidance_weight", "augment"]),
+        "get_top": MessageSpec(reply=[TensorSpec("top.*", ("float32", "int64")),
+                                      TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
+                               meta=["aggregate"]),
+        "set_top": MessageSpec(request=[TensorSpec("top.*", ("float32", "int64")),
+                                        TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
+                               meta=["aggregate"]),
+        "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))]),
+        "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))]),
+    }
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

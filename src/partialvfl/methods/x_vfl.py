@@ -62,7 +62,7 @@ import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -81,6 +81,7 @@ from partialvfl.data.within_block import (
 )
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.methods.x_vfl_spec import XVFL_PARAMS
@@ -176,6 +177,31 @@ class XVFLParty(PartyProgram):
     """
 
     program_name = "x-vfl/party"
+    messages: ClassVar[Messages] = {
+        "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
+                                      TensorSpec("partial", "bool", ("B",), optional=True)],
+                             reply=[TensorSpec("emb", "float32", ("B", "embed_dim"))],
+                             meta=["data"], optional_meta=["train", "version", "wb"]),
+        "complete": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
+                                         TensorSpec("partial", "bool", ("B",), optional=True),
+                                         TensorSpec("inputs", "float32", ("B", "embed_dim"))],
+                                reply=[TensorSpec("emb_tilde", "float32", ("B", "embed_dim"))],
+                                meta=["data"], optional_meta=["train", "version", "wb", "input_grad"]),
+        "backward_complete": MessageSpec(
+            request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
+            reply=[TensorSpec("grad_inputs", "float32", ("B", "embed_dim"), optional=True)],
+            optional_meta=["version"]),
+        "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
+                                optional_meta=["version"]),
+        "step": MessageSpec(meta=["mode"]),
+        "share_top": MessageSpec(request=[TensorSpec("top.*", "float32"),
+                                          TensorSpec("label_prior", "float64", ("C",))],
+                                 meta=["top_hidden", "n_classes"]),
+        "predict_local": MessageSpec(request=[TensorSpec("rows", "int64", ("N",)),
+                                              TensorSpec("partial", "bool", ("N",))],
+                                     reply=[TensorSpec("probs", "float64", ("N", "C"))],
+                                     meta=["data", "completion"], optional_meta=["wb"]),
+    }
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -1,0 +1,348 @@
+"""Typed messages: what a party program accepts and answers, per message kind, checked on every exchange.
+
+A party program declares, for every kind it answers, the request and reply tensors and the metadata keys::
+
+    class FalseVFLParty(PartyProgram):
+        messages: ClassVar[Messages] = {
+            "encode": MessageSpec(
+                request=[TensorSpec("rows", "int64", ("B",))],
+                reply=[TensorSpec("mu", "float32", ("B", "d_h")), TensorSpec("logvar", "float32", ("B", "d_h"))],
+                meta=["data"], optional_meta=["train"]),
+        }
+
+A shape is a tuple of dimensions (``None``: any rank).  A dimension is a fixed size (``32``), a *symbol* (``"B"``)
+or a sum of symbols (``"B+M"``).  A symbol takes its size from the first tensor of the exchange that has it (request
+first, then reply) and every other occurrence must match; a symbol naming an integer key of the program's config
+(``d_h``, ``feature_dim``, ...) must equal that value; a sum is checked once all its symbols are known.
+
+A tensor name may be a pattern: ``rows:{model}`` matches ``rows:f``, ``rows:g``... and its symbols are scoped per
+placeholder value (``rows:f`` and ``emb:f`` share a ``B``, ``rows:g`` and ``emb:g`` another); ``top.*`` matches any
+name that starts with ``top.``.  A required reply pattern whose placeholder appears in the request must answer every
+value the request used (``rows:f`` -> ``emb:f``).  ``when={"variant": 2}`` admits a tensor only if the program's
+config has those values.  The transports' stamps ``step`` and ``round`` are always accepted as metadata.
+
+:func:`check_request` / :func:`check_reply` raise :class:`MessageError`, naming the program, the kind, the
+direction and the tensor; :meth:`~partialvfl.federation.party.PartyRuntime.handle` calls them for every message,
+in process and behind the gRPC server alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "DTYPES", "STAMPS", "MessageError", "MessageSpec", "Messages", "TensorSpec", "UnknownKindError",
+    "check_reply", "check_request", "messages_markdown", "tensor_names",
+]
+
+#: dtype names a declaration may use (those the wire carries)
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool")
+#: metadata keys every request may carry: the transports stamp them
+STAMPS = ("step", "round")
+Direction = Literal["request", "reply"]
+Dim = int | str
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
+_SYMBOL = re.compile(r"^[A-Za-z_]\w*$")
+
+
+class MessageError(ValueError):
+    """A request or reply that does not match its kind's declaration (the same text in process and on the wire)."""
+
+    def __init__(self, where: str, kind: str, direction: Direction | None, detail: str,
+                 tensor: str | None = None) -> None:
+        head = f"{where}, kind {kind!r}" + (f", {direction}" if direction else "")
+        super().__init__(f"{head}: {detail}")
+        self.where = where
+        self.kind = kind
+        self.direction = direction
+        self.tensor = tensor
+        self.detail = detail
+
+
+class UnknownKindError(MessageError):
+    """A message kind that neither the runtime nor the program declares."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a message: its name (or name pattern), dtype(s), shape, and whether it may be left out."""
+
+    name: str
+    dtype: str | tuple[str, ...]
+    shape: tuple[Dim, ...] | None = None
+    optional: bool = False
+    when: tuple[tuple[str, Any], ...] | Mapping[str, Any] = ()
+    _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        dtypes = (self.dtype,) if isinstance(self.dtype, str) else tuple(self.dtype)
+        bad = [d for d in dtypes if d not in DTYPES]
+        if bad or not dtypes:
+            raise ValueError(f"tensor {self.name!r}: dtype {bad or dtypes} is not one of {', '.join(DTYPES)}")
+        object.__setattr__(self, "dtype", dtypes)
+        if self.shape is not None:
+            object.__setattr__(self, "shape", tuple(self.shape))
+            for d in self.shape:
+                terms = d.split("+") if isinstance(d, str) else []
+                if not (isinstance(d, int) and d >= 0) and not (terms and all(_SYMBOL.match(t) for t in terms)):
+                    raise ValueError(f"tensor {self.name!r}: dimension {d!r} is neither a size nor a symbol")
+        when = self.when.items() if isinstance(self.when, Mapping) else self.when
+        object.__setattr__(self, "when", tuple(sorted(when)))
+        if "{" in self.name or "*" in self.name:
+            parts = re.split(r"(\{[A-Za-z_]\w*\}|\*)", self.name)
+            rx = "".join(f"(?P<{p[1:-1]}>.+?)" if p.startswith("{") else "(?P<_>.+)" if p == "*" else re.escape(p)
+                         for p in parts)
+            object.__setattr__(self, "_pattern", re.compile(f"^{rx}$"))
+
+    @property
+    def is_pattern(self) -> bool:
+        return self._pattern is not None
+
+    def match(self, name: str) -> dict[str, str] | None:
+        """The placeholder values if ``name`` is this tensor (``{}`` for an exact name), else ``None``."""
+        if self._pattern is None:
+            return {} if name == self.name else None
+        m = self._pattern.match(name)
+        return None if m is None else m.groupdict()
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        """Whether the program's config admits this tensor (its ``when`` conditions hold)."""
+        return all(config.get(k) == v for k, v in self.when)  # type: ignore[misc]
+
+    def describe(self) -> str:
+        shape = "any shape" if self.shape is None else f"shape ({', '.join(map(str, self.shape))})"
+        return f"{'/'.join(self.dtype)} {shape}"
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    """One message kind: request tensors, reply tensors, required and optional metadata keys of the request."""
+
+    request: Sequence[TensorSpec] = ()
+    reply: Sequence[TensorSpec] = ()
+    meta: Sequence[str] = ()
+    optional_meta: Sequence[str] = ()
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        for attr in ("request", "reply", "meta", "optional_meta"):
+            object.__setattr__(self, attr, tuple(getattr(self, attr)))
+        for side in (self.request, self.reply):
+            names = [t.name for t in side]
+            if len(set(names)) != len(names):
+                raise ValueError(f"a message declares a tensor twice: {names}")
+        both = set(self.meta) & set(self.optional_meta)
+        if both:
+            raise ValueError(f"meta keys {sorted(both)} are both required and optional")
+
+
+Messages = Mapping[str, MessageSpec]
+
+
+# ---------------------------------------------------------------------- checking
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class _Exchange:
+    """Symbol bindings of one request/reply exchange, checked tensor by tensor."""
+
+    def __init__(self, spec: MessageSpec, where: str, kind: str, config: Mapping[str, Any] | None) -> None:
+        self.spec, self.where, self.kind = spec, where, kind
+        self.config_all = dict(config or {})  # ``when`` conditions may name any key
+        self.config = {k: v for k, v in self.config_all.items() if isinstance(v, int) and not isinstance(v, bool)}
+        self.bound: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str]] = {}
+        self.sums: list[tuple[Direction, str, int, str, tuple[tuple[str, str], ...], int]] = []
+        self.values: dict[str, set[str]] = {}  # placeholder -> values seen in the request
+
+    def fail(self, direction: Direction, detail: str, tensor: str | None = None) -> MessageError:
+        return MessageError(self.where, self.kind, direction, detail, tensor)
+
+    def lookup(self, symbol: str, scope: tuple[tuple[str, str], ...]) -> tuple[int, str] | None:
+        if symbol in self.config:
+            return self.config[symbol], "the program's config"
+        return self.bound.get((symbol, scope))
+
+    def side(self, direction: Direction, specs: Sequence[TensorSpec], tensors: Mapping[str, torch.Tensor]) -> None:
+        specs = [s for s in specs if s.applies(self.config_all)]
+        matched: dict[str, tuple[TensorSpec, dict[str, str]]] = {}
+        exact_first = sorted(specs, key=lambda s: s.is_pattern)
+        for name in sorted(tensors):  # a canonical order: the wire does not keep the sender's
+            for s in exact_first:
+                groups = s.match(name)
+                if groups is not None:
+                    matched[name] = (s, groups)
+                    break
+        unexpected = sorted(n for n in tensors if n not in matched)
+        if unexpected:
+            name = unexpected[0]
+            excluded = [s for s in self.all_specs(direction) if s.match(name) is not None and s not in specs]
+            why = f" (only when {_when(excluded[0])})" if excluded else ""
+            declared = ", ".join(s.name for s in specs) or "none"
+            raise self.fail(direction, f"unexpected tensor {name!r}{why}; declared: {declared}", name)
+        for s in specs:
+            hits = [g for n, (m, g) in matched.items() if m is s]
+            if s.optional:
+                continue
+            if not s.is_pattern and not hits:
+                raise self.fail(direction, f"missing tensor {s.name!r} ({s.describe()})", s.name)
+            if s.is_pattern:
+                self._check_family(direction, s, hits)
+        for name in sorted(matched, key=lambda n: (specs.index(matched[n][0]), n)):  # in declaration order
+            s, groups = matched[name]
+            self._check_tensor(direction, name, tensors[name], s, groups)
+            if direction == "request":
+                for key, value in groups.items():
+                    self.values.setdefault(key, set()).add(value)
+
+    def _check_family(self, direction: Direction, s: TensorSpec, hits: list[dict[str, str]]) -> None:
+        keys = [k for k in _PLACEHOLDER.findall(s.name) if k in self.values] if direction == "reply" else []
+        if not keys and not hits:
+            raise self.fail(direction, f"missing tensor {s.name!r}: at least one is required ({s.describe()})",
+                            s.name)
+        for key in keys:
+            got = {g[key] for g in hits}
+            for value in sorted(self.values[key] - got):
+                name = s.name.replace(f"{{{key}}}", value)
+                raise self.fail(direction, f"missing tensor {name!r} (the request has {key} {value!r})", name)
+
+    def _check_tensor(self, direction: Direction, name: str, t: torch.Tensor, s: TensorSpec,
+                      groups: dict[str, str]) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise self.fail(direction, f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor", name)
+        if _dtype(t) not in s.dtype:
+            raise self.fail(direction, f"tensor {name!r} must be {'/'.join(s.dtype)}, got {_dtype(t)}", name)
+        if s.shape is None:
+            return
+        shape = tuple(int(v) for v in t.shape)
+        if len(shape) != len(s.shape):
+            raise self.fail(direction, f"tensor {name!r} must have rank {len(s.shape)} "
+                                       f"({', '.join(map(str, s.shape))}), got shape {shape}", name)
+        scope = tuple(sorted(groups.items()))
+        for i, (dim, size) in enumerate(zip(s.shape, shape)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise self.fail(direction, f"tensor {name!r} dimension {i} must be {dim}, got {size}", name)
+            elif "+" in dim:
+                self.sums.append((direction, name, i, dim, scope, size))
+            elif (known := self.lookup(dim, scope)) is None:
+                self.bound[(dim, scope)] = (size, f"tensor {name!r}")
+            elif known[0] != size:
+                raise self.fail(direction, f"tensor {name!r} dimension {i} ({dim}) is {size}, but {dim} = "
+                                           f"{known[0]} from {known[1]}", name)
+
+    def check_sums(self) -> None:
+        for direction, name, i, dim, scope, size in self.sums:
+            known = [self.lookup(sym, scope) for sym in dim.split("+")]
+            if all(k is not None for k in known) and sum(k[0] for k in known if k) != size:
+                parts = ", ".join(f"{sym} = {k[0]}" for sym, k in zip(dim.split("+"), known) if k)
+                raise self.fail(direction, f"tensor {name!r} dimension {i} ({dim}) is {size}, but {parts}", name)
+
+    def all_specs(self, direction: Direction) -> Sequence[TensorSpec]:
+        return self.spec.request if direction == "request" else self.spec.reply
+
+
+def _when(s: TensorSpec) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in s.when)
+
+
+def _check_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> None:
+    for key in spec.meta:
+        if key not in meta:
+            raise ex.fail("request", f"missing meta key {key!r}")
+    known = set(spec.meta) | set(spec.optional_meta) | set(STAMPS)
+    unknown = sorted(k for k in meta if k not in known)
+    if unknown:
+        accepted = ", ".join([*spec.meta, *spec.optional_meta]) or "none"
+        raise ex.fail("request", f"unknown meta key {unknown[0]!r}; accepted: {accepted} (and the stamps "
+                                 f"{', '.join(STAMPS)})")
+
+
+def check_request(spec: MessageSpec, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *,
+                  where: str, kind: str, config: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`MessageError` unless the request's metadata and tensors match ``spec``."""
+    ex = _Exchange(spec, where, kind, config)
+    _check_meta(ex, spec, meta)
+    ex.side("request", spec.request, tensors)
+    ex.check_sums()
+
+
+def check_reply(spec: MessageSpec, request: Mapping[str, torch.Tensor], reply: Mapping[str, torch.Tensor], *,
+                where: str, kind: str, config: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`MessageError` unless the reply's tensors match ``spec`` (dimensions bound by the request)."""
+    ex = _Exchange(spec, where, kind, config)
+    ex.side("request", spec.request, request)
+    ex.side("reply", spec.reply, reply)
+    ex.check_sums()
+
+
+# ---------------------------------------------------------------------- derived views
+def _messages(source: Any) -> Messages:
+    return source if isinstance(source, Mapping) else source.messages
+
+
+def tensor_names(source: Any, config: Mapping[str, Any] | None = None,
+                 kinds: Iterable[str] | None = None) -> frozenset[str]:
+    """Every tensor name (patterns as written) a program class or a ``{kind: MessageSpec}`` mapping declares.
+
+    With ``config``, only tensors that config admits (``when``); with ``kinds``, only those kinds.
+    """
+    msgs = _messages(source)
+    wanted = set(msgs) if kinds is None else set(kinds)
+    unknown = wanted - set(msgs)
+    if unknown:
+        raise ValueError(f"no message kind(s) {sorted(unknown)}; declared: {sorted(msgs)}")
+    return frozenset(t.name for k in wanted for t in (*msgs[k].request, *msgs[k].reply)
+                     if config is None or t.applies(config))
+
+
+def _shape(t: TensorSpec) -> str:
+    return "any" if t.shape is None else "(" + ", ".join(map(str, t.shape)) + (",)" if len(t.shape) == 1 else ")")
+
+
+def _kind_markdown(kind: str, spec: MessageSpec) -> list[str]:
+    lines = [f"#### `{kind}`", ""]
+    if spec.doc:
+        lines += [spec.doc, ""]
+    rows = [(d, t) for d, side in (("request", spec.request), ("reply", spec.reply)) for t in side]
+    if rows:
+        lines += ["| | tensor | dtype | shape | notes |", "|---|---|---|---|---|"]
+        for d, t in rows:
+            notes = ", ".join(n for n in ("optional" if t.optional else "", f"when {_when(t)}" if t.when else "") if n)
+            lines.append(f"| {d} | `{t.name}` | {'/'.join(t.dtype)} | {_shape(t)} | {notes} |")
+    else:
+        lines.append("No tensors.")
+    meta = [f"`{k}`" for k in spec.meta] + [f"`{k}` (optional)" for k in spec.optional_meta]
+    lines += ["", f"Meta: {', '.join(meta) if meta else 'none'}.", ""]
+    return lines
+
+
+def messages_markdown(sections: Sequence[tuple[str, str, Messages]]) -> str:
+    """``docs/messages.md``: one section per ``(title, description, messages)``, one table per kind."""
+    lines = [
+        "# Party messages",
+        "",
+        "Generated from the declarations (`messages` of each party program, the runtime's and the gRPC server's "
+        "built-ins) by `scripts/message_docs.py`; `tests/test_schema.py` fails when this file is out of date.",
+        "Both transports check every request and reply against these declarations "
+        "(`partialvfl.federation.schema`).",
+        "",
+        "Shapes: a number is a fixed size; a name is a symbol that must have the same size wherever it appears in "
+        "one request and its reply (a name that is an integer key of the program's config, such as `d_h`, must "
+        "equal that value); `B+M` is the sum of two symbols; `any` is any rank. `rows:{model}` names a family of "
+        "tensors, one per model, each with its own symbols; `top.*` any name starting with `top.`. "
+        "Every request may also carry the transports' stamps `step` and `round`.",
+        "",
+    ]
+    for title, description, msgs in sections:
+        lines += [f"## {title}", ""]
+        if description:
+            lines += [description, ""]
+        for kind in msgs:  # declaration order: the order of a protocol
+            lines += _kind_markdown(kind, msgs[kind])
+    return "\n".join(lines).rstrip() + "\n"
