@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import MessageLog, find_raw_feature_leaks
 from partialvfl.methods import VFLMethod, evaluate, get_method
-from partialvfl.methods._simsiam import SimSiamConfig, SimSiamTrainer, image_augmenter, tabular_augmenter
-from partialvfl.methods._splitnn import fit_best_of_pretraining
 from partialvfl.methods.combinatorial import subset_name
 from partialvfl.methods.ensemble import majority_vote
 from partialvfl.methods.laser_vfl import (
@@ -26,6 +24,8 @@ from partialvfl.methods.laser_vfl import (
     sample_task_sets,
 )
 from partialvfl.methods.plug_vfl import plug_dropout
+from partialvfl.methods.splitnn import fit_best_of_pretraining
+from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer, image_augmenter, tabular_augmenter
 from partialvfl.nn import MLP
 
 METHODS = ["laser-vfl", "vanilla-vfl", "plug-vfl", "local", "ensemble", "combinatorial"]

@@ -17,7 +17,7 @@ from partialvfl.data.protocol import ProtocolConfig, make_protocol
 from partialvfl.data.sources.synthetic import make_synthetic
 from partialvfl.federation import MessageLog, find_raw_feature_leaks
 from partialvfl.methods import get_method
-from partialvfl.methods._false_vfl_parts import (
+from partialvfl.methods.false_vfl import (
     ALLOWED_TENSORS,
     fuse_posteriors,
     gaussian_log_density,
@@ -27,7 +27,7 @@ from partialvfl.methods._false_vfl_parts import (
     snis_weights,
     split_gaussian,
 )
-from partialvfl.methods.false_vfl_spec import paper_row
+from partialvfl.methods.false_vfl.spec import paper_row
 from partialvfl.methods.training import TrainingLoop
 from partialvfl.nn.stats import log_mean_exp
 

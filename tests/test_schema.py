@@ -272,7 +272,7 @@ def test_docs_messages_md_is_generated_from_the_declarations() -> None:
 
 
 def test_false_vfl_allowed_tensors_are_its_declaration() -> None:
-    from partialvfl.methods._false_vfl_parts import ALLOWED_TENSORS, FalseVFLParty
+    from partialvfl.methods.false_vfl import ALLOWED_TENSORS, FalseVFLParty
 
     assert ALLOWED_TENSORS[1] == {"rows", "mu", "logvar", "h", "loglik", "grad_loglik", "grad_h", "grad_mu",
                                   "grad_logvar"}

@@ -17,7 +17,7 @@ _WHERE = {
     "METHODS": "partialvfl.methods.registry", "get_method": "partialvfl.methods.registry",
     "load_all": "partialvfl.methods.registry", "method_names": "partialvfl.methods.registry",
     "register_method": "partialvfl.methods.registry", "VFLMethod": "partialvfl.methods.base",
-    "evaluate": "partialvfl.methods.evaluation", "fit_best_of_pretraining": "partialvfl.methods._splitnn",
+    "evaluate": "partialvfl.methods.evaluation", "fit_best_of_pretraining": "partialvfl.methods.splitnn.coordinator",
 }
 
 

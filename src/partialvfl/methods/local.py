@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.methods._splitnn import SplitNNMethod
 from partialvfl.methods.base import register_method
-from partialvfl.methods.splitnn_spec import SPACES
+from partialvfl.methods.splitnn import SplitNNMethod
+from partialvfl.methods.splitnn.spec import SPACES
 
 __all__ = ["Local"]
 

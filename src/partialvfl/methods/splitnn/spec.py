@@ -1,5 +1,6 @@
 """The split-network methods (LASER-VFL, Vanilla VFL, PlugVFL, Local, Ensemble, Combinatorial): declared
-parameters and presets (torch-free; the implementations are ``_splitnn.py`` and one module per method).
+parameters and presets (torch-free; the shared machinery is this package, each method a module of
+:mod:`partialvfl.methods`).
 
 ``pretrain_*`` parameters are the optional SimSiam pretraining of the party encoders on all their rows (the
 FALSE-VFL paper's protocol); unprefixed ones the supervised split learning; ``predict_*`` prediction.

@@ -30,23 +30,23 @@ import torch
 
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.federation.messages import Request
-from partialvfl.methods._false_vfl_parts import (
-    FalseVFLParty,
-    as_rows,
+from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.false_vfl.formulas import (
     fuse_posteriors,
     latent_log_weights,
     predictive_log_probs,
     reparameterize,
     snis_weights,
 )
-from partialvfl.methods.base import VFLMethod, register_method
-from partialvfl.methods.false_vfl_spec import PARAMS
+from partialvfl.methods.false_vfl.party import FalseVFLParty, as_rows
+from partialvfl.methods.false_vfl.spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
 
 __all__ = ["FalseVFL1", "FalseVFL2"]
+
 
 @dataclass
 class _Pass:

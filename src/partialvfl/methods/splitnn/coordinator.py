@@ -23,163 +23,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
-from partialvfl.methods._simsiam import SimSiamConfig, SimSiamTrainer
+from partialvfl.federation.messages import Request
 from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
-from partialvfl.nn.blocks import MLP, build_encoder
+from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
-from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
+from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
 
-__all__ = ["SplitNNMethod", "SplitParty", "fit_best_of_pretraining", "fuse"]
-
-# ---------------------------------------------------------------------- party side
-@register_program
-class SplitParty(PartyProgram):
-    """A party's representation models f_k (one per name in ``config['models']``), trained by split learning."""
-
-    program_name = "splitnn/party"
-    messages: ClassVar[Messages] = {
-        "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
-                             reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
-                             meta=["data"], optional_meta=["train"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
-        "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"]),
-        "set_lr": MessageSpec(meta=["lr"]),
-    }
-
-    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
-        super().__init__(runtime, config, seed)
-        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
-        self.latent_dim = int(config["latent_dim"])
-        self.models: dict[str, nn.Module] = {}
-        self.optimizers: dict[str, torch.optim.Optimizer] = {}
-        opt = config["optimizer"]
-        for name in config["models"]:
-            with torch_seeded(seed, "splitnn", runtime.index, name):
-                model = build_encoder(self.feature_shape, self.latent_dim, config.get("encoder", "auto"),
-                                      hidden=tuple(config.get("encoder_hidden", (256, 256))),
-                                      width=int(config.get("resnet_width", 64)))
-            self.models[name] = model
-            self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
-                                                   opt["weight_decay"], opt.get("momentum", 0.0))
-        self._pending: dict[str, torch.Tensor] = {}
-        self._simsiam: dict[str, SimSiamTrainer] = {}
-        self._simsiam_saved: dict[str, Any] | None = None
-
-    def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
-        view = self.data(handle)
-        pos = view.position_of_rows(rows.numpy())
-        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
-
-    def _model(self, name: str) -> nn.Module:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise ValueError(
-                f"party {self.party}: no representation model {name!r}; it holds {sorted(self.models)}"
-            ) from None
-
-    def on_embed(self, req: Request) -> Reply:
-        train = bool(req.meta.get("train", False))
-        out: dict[str, torch.Tensor] = {}
-        for key, rows in req.tensors.items():
-            if not key.startswith("rows:"):
-                raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
-            name = key.removeprefix("rows:")
-            model = self._model(name)
-            x = self._features(req.meta["data"], rows)
-            if train:
-                model.train()
-                h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
-                self._pending[name] = h
-            else:
-                model.eval()
-                with torch.no_grad():
-                    h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
-            out[f"emb:{name}"] = h
-        return Reply(out)
-
-    def on_grad_embedding(self, req: Request) -> Reply:
-        total: torch.Tensor | None = None
-        names = []
-        for key, grad in req.tensors.items():
-            name = key.removeprefix("grad:")
-            h = self._pending.pop(name, None)
-            if h is None:
-                raise RuntimeError(f"party {self.party}: gradient for {name!r} without a pending training forward")
-            if h.requires_grad and h.numel():
-                term = (h * grad).sum()
-                total = term if total is None else total + term
-            names.append(name)
-        for name in names:
-            self.optimizers[name].zero_grad()
-        if total is not None:
-            total.backward()
-        for name in names:
-            self.optimizers[name].step()
-        return Reply()
-
-    def on_set_lr(self, req: Request) -> Reply:
-        for opt in self.optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = float(req.meta["lr"])
-        return Reply()
-
-    def on_pretrain(self, req: Request) -> Reply:
-        """One SimSiam epoch of each model on all the party's own rows of ``data`` (nothing crosses but losses).
-
-        ``meta['epoch']`` 0 starts pretraining (fresh SimSiam heads); ``meta['last']`` ends it (heads dropped).
-        """
-        view = self.data(req.meta["data"])
-        names = list(req.meta.get("models") or list(self.models))
-        if int(req.meta["epoch"]) == 0 or not self._simsiam:
-            cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
-            self._simsiam = {
-                name: SimSiamTrainer(self._model(name), view.features, self.feature_shape, cfg,
-                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim)
-                for name in names}
-            if self._simsiam_saved is not None:  # resumed between two epochs: continue exactly where it stopped
-                for name, st in self._simsiam_saved.items():
-                    self._simsiam[name].load_state_dict(st)
-                self._simsiam_saved = None
-        losses = {name: self._simsiam[name].run_epoch() for name in names}
-        if req.meta.get("last"):
-            self._simsiam = {}
-        return Reply(meta={"losses": losses, "n_rows": int(view.n_observed)})
-
-    def state_dict(self) -> dict[str, Any]:
-        """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
-        state: dict[str, Any] = {
-            "models": {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
-                       for name, m in self.models.items()},
-            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
-        }
-        if self._simsiam:
-            state["simsiam"] = {name: t.state_dict() for name, t in self._simsiam.items()}
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "models" not in state:  # models saved before optimiser states were kept: {name: weights}
-            state = {"models": state}
-        for name, sd in state["models"].items():
-            self._model(name).load_state_dict(sd)
-        for name, sd in state.get("optimizers", {}).items():
-            self.optimizers[name].load_state_dict(sd)
-        self._simsiam = {}
-        self._simsiam_saved = state.get("simsiam")
+__all__ = ["SplitNNMethod", "fit_best_of_pretraining", "fuse"]
 
 
-# ---------------------------------------------------------------------- coordinator side
 class SplitNNMethod(VFLMethod):
     """Coordinator half of the split-network methods: heads at the active party, loops, pretraining, presets.
 

@@ -1,4 +1,4 @@
-"""FALSE-VFL I and II: declared parameters and presets (torch-free; the implementation is ``false_vfl.py``).
+"""FALSE-VFL I and II: declared parameters and presets (torch-free; the implementation is this package).
 
 Naming follows one rule across methods: ``pretrain_*`` is the unsupervised stage (FALSE-VFL's stage 1, the
 marginal likelihood on all samples), unprefixed names the supervised stage (stage 2, the label model), ``predict_*``
@@ -98,6 +98,7 @@ PARAMS = ParamSpace(
 )
 
 register_spec(MethodSpec("false-vfl-1", "FALSE-VFL I (MAR): deep latent variable model, two-stage training, "
-                         "prediction from any subset of parties", "partialvfl.methods.false_vfl:FalseVFL1", PARAMS))
+                         "prediction from any subset of parties",
+                         "partialvfl.methods.false_vfl.coordinator:FalseVFL1", PARAMS))
 register_spec(MethodSpec("false-vfl-2", "FALSE-VFL II (MNAR): FALSE-VFL I plus per-party missing-indicator "
-                         "networks", "partialvfl.methods.false_vfl:FalseVFL2", PARAMS))
+                         "networks", "partialvfl.methods.false_vfl.coordinator:FalseVFL2", PARAMS))

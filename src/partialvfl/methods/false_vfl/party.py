@@ -1,19 +1,7 @@
-"""FALSE-VFL building blocks: the log-space formulas and the party program (one per party, its own modules only).
-
-The formulas follow the FALSE-VFL paper (sections 3.3-3.4, Appendix A.2 and B; see ``docs/false-vfl.md``):
-
-* fusion of the observed parties' Gaussian posteriors over ``h`` (eq. 1: mean of the observed means, precision =
-  sum of the observed precisions; or a product of experts, precision-weighted mean);
-* the latent part of the importance log-weight, ``log p(h|z) + log p(z) - log q(h|x_obs) - log q(z|h)``;
-* the party-side terms ``log p(x^k | h)`` (diagonal Gaussian with a learned per-feature log-variance) and, for
-  FALSE-VFL-II, ``log p(m^k | x^k)`` with ``x^k`` sampled from the decoder when the party lacks the sample.
-
-Shapes follow ``[samples, batch, dim]``; everything is computed in log space.
-"""
+"""FALSE-VFL's party program: one per party, its own encoder, decoder and (II) missing-indicator network."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,109 +11,13 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.methods.false_vfl_spec import FUSION_RULES
+from partialvfl.methods.false_vfl.formulas import gaussian_log_density, reparameterize, split_gaussian
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
-from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = [
-    "ALLOWED_TENSORS",
-    "FUSION_RULES",
-    "FalseVFLParty",
-    "fuse_posteriors",
-    "gaussian_log_density",
-    "latent_log_weights",
-    "predictive_log_probs",
-    "reparameterize",
-    "snis_weights",
-]
+__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "as_rows"]
 
 
-
-# ---------------------------------------------------------------------- formulas
-def fuse_posteriors(
-    mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fuse K local Gaussian posteriors over ``h`` into ``q(h | x_obs)``.
-
-    ``mu``/``logvar``: ``(K, B, d)`` (values of unobserved parties are ignored); ``observed``: ``(K, B)`` bool.
-    ``mean-precision`` is eq. 1 of the paper: mean = average of the observed means, precision = sum of the observed
-    precisions (an absent party counts as infinite variance, Appendix B).  ``poe`` is the product of experts: the
-    same precision, mean weighted by precision.  A sample with no observed party gets N(0, I) (callers skip it).
-    Returns ``(mean, logvar)`` of shape ``(B, d)``.
-    """
-    if rule not in FUSION_RULES:
-        raise ValueError(f"unknown fusion rule {rule!r}; choose one of {', '.join(FUSION_RULES)}")
-    observed = observed.to(torch.bool)
-    none = ~observed.any(0)
-    if none.any():
-        observed = observed.clone()
-        observed[0, none] = True
-        mu = torch.where(none[None, :, None], torch.zeros_like(mu), mu)
-        logvar = torch.where(none[None, :, None], torch.zeros_like(logvar), logvar)
-    obs = observed.unsqueeze(-1)
-    log_prec_parts = torch.where(obs, -logvar, torch.full_like(logvar, -float("inf")))
-    log_prec = torch.logsumexp(log_prec_parts, dim=0)
-    if rule == "mean-precision":
-        n = observed.sum(0).to(mu.dtype).unsqueeze(-1)
-        mean = torch.where(obs, mu, torch.zeros_like(mu)).sum(0) / n
-    else:
-        w = torch.softmax(log_prec_parts, dim=0)
-        mean = (w * torch.where(obs, mu, torch.zeros_like(mu))).sum(0)
-    return mean, -log_prec
-
-
-def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """``mean + exp(logvar / 2) * eps`` (``eps`` may carry extra leading sample axes)."""
-    return mean + torch.exp(0.5 * logvar) * eps
-
-
-def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """log N(x; mean, diag(exp(logvar))) summed over the last axis."""
-    return gaussian_log_prob(x, mean, logvar).sum(-1)
-
-
-def split_gaussian(out: torch.Tensor, logvar_range: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a network output ``(..., 2d)`` into a mean and a clamped log-variance."""
-    mean, logvar = out.chunk(2, dim=-1)
-    return mean, logvar.clamp(float(logvar_range[0]), float(logvar_range[1]))
-
-
-def latent_log_weights(
-    h: torch.Tensor,
-    mean_h: torch.Tensor,
-    logvar_h: torch.Tensor,
-    global_encoder: nn.Module,
-    global_decoder: nn.Module,
-    eps_z: torch.Tensor,
-    logvar_range: Sequence[float] = (-8.0, 6.0),
-) -> torch.Tensor:
-    """``log p(h|z) + log p(z) - log q(h|x_obs) - log q(z|h)`` for samples ``h`` ``(S, B, d_h)``, z from ``eps_z``.
-
-    ``q(z|h)`` is the global encoder gamma_s, ``p(h|z)`` the global decoder theta_s, ``p(z) = N(0, I)``.  Adding
-    the parties' ``log p(x^k|h)`` (and, in II, the mask terms) gives the full importance log-weight.
-    """
-    log_q_h = gaussian_log_density(h, mean_h, logvar_h)
-    mean_z, logvar_z = split_gaussian(global_encoder(h), logvar_range)
-    z = reparameterize(mean_z, logvar_z, eps_z)
-    log_q_z = gaussian_log_density(z, mean_z, logvar_z)
-    log_p_z = standard_normal_log_prob(z).sum(-1)
-    mean_hz, logvar_hz = split_gaussian(global_decoder(z), logvar_range)
-    log_p_h = gaussian_log_density(h, mean_hz, logvar_hz)
-    return log_p_h + log_p_z - log_q_h - log_q_z
-
-
-def snis_weights(log_w: torch.Tensor) -> torch.Tensor:
-    """Self-normalised importance weights over the sample axis 0 (label-free: ``log_w`` holds no ``p(y|h)``)."""
-    return torch.softmax(log_w, dim=0)
-
-
-def predictive_log_probs(log_w: torch.Tensor, log_py: torch.Tensor) -> torch.Tensor:
-    """``log sum_l w_l p(y|h_l)`` for every class: ``log_w`` ``(L, B)``, ``log_py`` ``(L, B, C)`` -> ``(B, C)``."""
-    return torch.logsumexp(torch.log_softmax(log_w, dim=0).unsqueeze(-1) + log_py, dim=0)
-
-
-# ---------------------------------------------------------------------- the party program
 class _PartyModules(nn.Module):
     """Party k's modules: encoder gamma_c^k, decoder theta_c^k (+ per-feature log-variance), II: indicator psi_k."""
 

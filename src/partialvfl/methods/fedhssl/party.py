@@ -1,0 +1,220 @@
+"""FedHSSL's party program: cross-party encoder, local bottom and top encoders, their SimSiam heads."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
+from partialvfl.methods.fedhssl.networks import split_encoder
+from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
+from partialvfl.nn.blocks import build_encoder
+from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.seeding import torch_generator, torch_seeded
+
+__all__ = ["FedHSSLParty"]
+
+
+def _neg_cos(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return -F.cosine_similarity(p, z.detach(), dim=-1).mean()
+
+
+@register_program
+class FedHSSLParty(PartyProgram):
+    """Party k of FedHSSL: cross-party encoder, local bottom and top encoders, their SimSiam heads.
+
+    Message kinds: ``cross_project`` / ``cross_update`` (one cross-party SimSiam step on aligned rows),
+    ``local_ssl`` (guided local SimSiam epochs on its own rows), ``get_top`` / ``set_top`` (partial model
+    aggregation), ``embed`` / ``grad_embedding`` (fine-tuning by split learning), ``zero_embedding`` (r_k(0), for
+    zero-imputation at inference).
+    """
+
+    program_name = "fedhssl/party"
+    # P: SimSiam projection width, J: partners, R: representation width (latent_dim, or twice it with pool=concat)
+    messages: ClassVar[Messages] = {
+        "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"]),
+        "cross_update": MessageSpec(request=[TensorSpec("targets", "float32", ("B", "J", "P"))]),
+        "local_ssl": MessageSpec(meta=["data", "epochs", "batch_size", "local_weight", "guidance_weight", "augment"]),
+        "get_top": MessageSpec(reply=[TensorSpec("top.*", ("float32", "int64")),
+                                      TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
+                               meta=["aggregate"]),
+        "set_top": MessageSpec(request=[TensorSpec("top.*", ("float32", "int64")),
+                                        TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
+                               meta=["aggregate"]),
+        "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
+                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))]),
+        "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))]),
+    }
+
+    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+        super().__init__(runtime, config, seed)
+        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
+        latent = int(config["latent_dim"])
+        arch, hidden, width = config["encoder"], [int(h) for h in config["encoder_hidden"]], int(config["resnet_width"])
+        ss = config["simsiam"]
+        with torch_seeded(seed, "fedhssl", runtime.index, "cross"):
+            cross = build_encoder(self.feature_shape, latent, arch, hidden=hidden, width=width)
+        with torch_seeded(seed, "fedhssl", runtime.index, "local"):
+            bottom, top = split_encoder(self.feature_shape, latent, arch, hidden, width)
+        with torch_seeded(seed, "fedhssl", runtime.index, "heads"):
+            cross_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
+            local_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
+        self.net = nn.ModuleDict({"cross": cross, "bottom": bottom, "top": top, "cross_head": cross_head,
+                                  "local_head": local_head})
+        pt = config["pretrain_optimizer"]
+        self.cross_opt = make_optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt["name"],
+                                    float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]))
+        self.local_opt = make_optimizer(
+            list(bottom.parameters()) + list(top.parameters()) + list(local_head.parameters()), pt["name"],
+            float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]),
+        )
+        ft = config["finetune_optimizer"]
+        self.ft_opt = make_optimizer(list(cross.parameters()) + list(bottom.parameters()) + list(top.parameters()),
+                                 ft["name"], float(ft["lr"]), float(ft["weight_decay"]), float(ft["momentum"]))
+        self.pool = config["pool"]
+        self.ratio = float(config["pool_ratio"])
+        self._gen = torch_generator(seed, "fedhssl", runtime.index, "augment")
+        self._pending: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
+        view = self.data(handle)
+        pos = view.position_of_rows(rows.numpy())
+        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """r_k(x): the pooled cross-party and local representations (the fine-tuned party model)."""
+        xc = self.net["cross"](x)
+        xl = self.net["top"](self.net["bottom"](x))
+        if self.pool == "concat":
+            return torch.cat([xc, xl], dim=1)
+        return self.ratio * xc + (1 - self.ratio) * xl
+
+    def top_modules(self, aggregate: str) -> nn.ModuleDict:
+        """The modules partial model aggregation averages: the local top encoder (with its SimSiam head)."""
+        mods = {"top": self.net["top"]}
+        if aggregate == "top+head":
+            mods["local_head"] = self.net["local_head"]
+        elif aggregate != "top":
+            raise ValueError(f"aggregate must be 'top' or 'top+head', got {aggregate!r}")
+        return nn.ModuleDict(mods)
+
+    # ------------------------------------------------------------------ cross-party SimSiam
+    def on_cross_project(self, req: Request) -> Reply:
+        self.net.train()
+        x = self._features(req.meta["data"], req.tensors["rows"])
+        z, p = self.net["cross_head"](self.net["cross"](x))
+        self._pending = p
+        return Reply({"z": z})
+
+    def on_cross_update(self, req: Request) -> Reply:
+        p = self._pending
+        if p is None:
+            raise RuntimeError(f"party {self.party}: cross_update without cross_project")
+        self._pending = None
+        targets = req.tensors["targets"]  # (B, partners, proj_dim), other parties' projections
+        loss = torch.stack([_neg_cos(p, targets[:, j]) for j in range(targets.shape[1])]).mean()
+        self.cross_opt.zero_grad()
+        loss.backward()
+        self.cross_opt.step()
+        return Reply(meta={"loss": float(loss.detach())})
+
+    # ------------------------------------------------------------------ guided local SimSiam
+    def on_local_ssl(self, req: Request) -> Reply:
+        view = self.data(req.meta["data"])
+        epochs = int(req.meta["epochs"])
+        bs = max(2, int(req.meta["batch_size"]))
+        wl, wg = float(req.meta["local_weight"]), float(req.meta["guidance_weight"])
+        cfg = SimSiamConfig.from_dict(dict(req.meta["augment"]))
+        x_all = torch.tensor(np.asarray(view.features), dtype=torch.float32)
+        n = x_all.shape[0]
+        if n < 2:
+            return Reply(meta={"loss": None})
+        augment = make_augmenter(self.feature_shape, x_all.numpy(), cfg)
+        self.net.train()
+        total, count = 0.0, 0
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=self._gen)
+            total, count = 0.0, 0
+            for start in range(0, n, bs):
+                idx = perm[start:start + bs]
+                if len(idx) < 2:
+                    continue
+                x1, x2 = augment(x_all[idx], self._gen), augment(x_all[idx], self._gen)
+                z1, p1 = self.net["local_head"](self.net["top"](self.net["bottom"](x1)))
+                z2, p2 = self.net["local_head"](self.net["top"](self.net["bottom"](x2)))
+                loss = wl * 2 * simsiam_loss(p1, z1, p2, z2)  # = wl * (negcos(p1, z2) + negcos(p2, z1))
+                if wg > 0:
+                    with torch.no_grad():
+                        zc1 = self.net["cross_head"].projector(self.net["cross"](x1))
+                        zc2 = self.net["cross_head"].projector(self.net["cross"](x2))
+                    loss = loss + wg * (_neg_cos(p1, zc1) + _neg_cos(p2, zc2))
+                self.local_opt.zero_grad()
+                loss.backward()
+                self.local_opt.step()
+                total += float(loss.detach()) * len(idx)
+                count += len(idx)
+        return Reply(meta={"loss": total / max(count, 1)})
+
+    # ------------------------------------------------------------------ partial model aggregation
+    def on_get_top(self, req: Request) -> Reply:
+        sd = self.top_modules(req.meta["aggregate"]).state_dict()
+        return Reply({k: v.detach().clone() for k, v in sd.items()})
+
+    def on_set_top(self, req: Request) -> Reply:
+        self.top_modules(req.meta["aggregate"]).load_state_dict(dict(req.tensors))
+        return Reply()
+
+    # ------------------------------------------------------------------ fine-tuning and prediction
+    def on_embed(self, req: Request) -> Reply:
+        train = bool(req.meta.get("train", False))
+        x = self._features(req.meta["data"], req.tensors["rows"])
+        self.net.train(train)
+        if train:
+            r = self.represent(x)
+            self._pending = r
+        else:
+            with torch.no_grad():
+                r = self.represent(x)
+        return Reply({"emb": r})
+
+    def on_grad_embedding(self, req: Request) -> Reply:
+        r = self._pending
+        if r is None:
+            raise RuntimeError(f"party {self.party}: gradient without a pending training forward")
+        self._pending = None
+        self.ft_opt.zero_grad()
+        r.backward(req.tensors["grad"])
+        self.ft_opt.step()
+        return Reply()
+
+    def on_zero_embedding(self, req: Request) -> Reply:
+        """r_k of an all-zero block (zero-imputation of this party's features)."""
+        self.net.eval()
+        with torch.no_grad():
+            r = self.represent(torch.zeros(1, int(np.prod(self.feature_shape))))
+        return Reply({"emb": r[0]})
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Modules, the three optimisers and the augmentation generator (an exact resume needs all of them)."""
+        return {"net": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
+                "optimizers": {"cross": self.cross_opt.state_dict(), "local": self.local_opt.state_dict(),
+                               "finetune": self.ft_opt.state_dict()},
+                "generator": self._gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        if "optimizers" in state:  # models saved before optimiser states were kept load without them
+            self.cross_opt.load_state_dict(state["optimizers"]["cross"])
+            self.local_opt.load_state_dict(state["optimizers"]["local"])
+            self.ft_opt.load_state_dict(state["optimizers"]["finetune"])
+            self._gen.set_state(state["generator"])
