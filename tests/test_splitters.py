@@ -171,3 +171,82 @@ def test_columns_round_trip_property(data):
     assert back == s
     got = back.groups((n,), len(groups))
     assert [tuple(g.columns.tolist()) for g in got] == [tuple(g) for g in groups]
+
+
+# ---------------------------------------------------------------------- near-equal grids (any K) and importance splits
+@pytest.mark.parametrize(("k", "grid"), [(4, (2, 2)), (6, (2, 3)), (8, (2, 4)), (10, (2, 5)), (12, (3, 4))])
+def test_near_grid_cuts_fashion_mnist_into_any_k_near_equal_pieces(k, grid):
+    groups = parse_splitter("grid:near").groups((28, 28), k)
+    assert len(groups) == k
+    cols = np.concatenate([g.columns for g in groups])
+    assert sorted(cols.tolist()) == list(range(784))  # every pixel, once
+    heights = {g.feature_shape[0] for g in groups}
+    widths = {g.feature_shape[1] for g in groups}
+    assert max(heights) - min(heights) <= 1 and max(widths) - min(widths) <= 1  # near-equal
+    tops, lefts = set(), set()
+    for g in groups:  # each piece is a rectangle of the image
+        rows, cc = np.unravel_index(g.columns, (28, 28))
+        assert (rows.max() - rows.min() + 1, cc.max() - cc.min() + 1) == g.feature_shape
+        tops.add(int(rows.min()))
+        lefts.add(int(cc.min()))
+    assert (len(tops), len(lefts)) == grid  # the most square R x C grid, ties to fewer grid rows
+    if 28 % grid[0] == 0 and 28 % grid[1] == 0:  # where an exact grid exists, 'grid:near' is that grid
+        exact = parse_splitter("grid").groups((28, 28), k)
+        assert all(np.array_equal(a.columns, b.columns) for a, b in zip(groups, exact))
+
+
+def test_exact_grid_still_refuses_what_it_cannot_tile_and_names_the_near_form():
+    with pytest.raises(SplitterError, match="no grid of 6 equal pieces"):
+        parse_splitter("grid").groups((28, 28), 6)
+    with pytest.raises(SplitterError, match="grid:near:2x3"):
+        parse_splitter("grid:2x3").groups((28, 28), 6)
+    assert parse_splitter("grid:near:2x3").name == "grid:near:2x3"
+
+
+def _signal_data(n: int = 600, d: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Features with graded signal: feature j carries (d - j) / d of the label."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    strength = np.linspace(1.5, 0.0, d)
+    return rng.normal(size=(n, d)) + strength * y[:, None], y
+
+
+def test_importance_split_assigns_every_feature_once_and_matches_the_target_shares():
+    from partialvfl.data.importance_split import ImportanceSplitter
+
+    X, y = _signal_data()
+    split = parse_splitter("importance:alpha=1")
+    assert isinstance(split, ImportanceSplitter) and split.name == "importance:alpha=1"
+    fitted = split.fitted(X, y, 4, seed=3)
+    groups = fitted.groups((40,), 4)
+    cols = np.concatenate([g.columns for g in groups])
+    assert sorted(cols.tolist()) == list(range(40)) and all(len(g.columns) >= 1 for g in groups)
+    rep = fitted.report()
+    np.testing.assert_allclose(rep["realised_shares"], rep["target_shares"], atol=0.08)
+    again = parse_splitter("importance:alpha=1").fitted(X, y, 4, seed=3)  # seeded
+    assert np.array_equal(again.owner, fitted.owner)
+    assert not np.array_equal(parse_splitter("importance:alpha=1").fitted(X, y, 4, seed=4).owner, fitted.owner)
+
+
+def test_importance_shares_concentrate_as_alpha_grows():
+    from partialvfl.data.importance_split import draw_shares
+
+    def spread(alpha: float) -> float:  # mean distance of the shares from equal shares over many draws
+        rng = np.random.default_rng(0)
+        return float(np.mean([np.abs(draw_shares(alpha, 8, rng) - 1 / 8).sum() for _ in range(400)]))
+
+    spreads = [spread(a) for a in (0.1, 1.0, 10.0, float("inf"))]
+    assert spreads[0] > spreads[1] > spreads[2] > spreads[3] == 0.0
+
+
+def test_importance_split_in_the_protocol_records_the_shares_and_flat_blocks():
+    from partialvfl.data.protocol import ProtocolConfig, make_protocol
+
+    train, test = make_protocol(ProtocolConfig(dataset="digits", parties=4, n_labels=100, n_aligned=20,
+                                               splitter="importance:alpha=inf", seed=1, max_train=400))
+    rep = train.info["split"]
+    np.testing.assert_allclose(rep["target_shares"], [0.25] * 4)
+    np.testing.assert_allclose(rep["realised_shares"], [0.25] * 4, atol=0.02)
+    assert train.feature_names == test.feature_names and all(len(s) == 1 for s in train.feature_shapes)
+    with pytest.raises(SplitterError, match="alpha=0.1"):
+        parse_splitter("importance:beta=3")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.dataset import DataValidationError, VerticalDataset
+from partialvfl.data.importance_split import ImportanceSplitter
 from partialvfl.data.mechanisms import Mechanism, parse_mechanism
 from partialvfl.data.preprocessing import Standardizer
 from partialvfl.data.sources.base import RawSource
@@ -186,6 +187,10 @@ def make_protocol(
 
     splitter = parse_splitter(config.splitter) if config.splitter is not None else _default_splitter(source)
     k = config.parties
+    split_report: dict[str, Any] = {}
+    if isinstance(splitter, ImportanceSplitter):  # data-dependent: fitted on the training rows only
+        splitter = splitter.fitted(X_train, y_train, k, seed, source.task.is_classification)
+        split_report = splitter.report()
     blocks_tr, names, shapes = split_source_array(X_train, splitter, k, source.feature_names)
     blocks_te, _, _ = split_source_array(X_test, splitter, k, source.feature_names)
     active = k - 1 if config.active_party is None else config.active_party % k
@@ -222,6 +227,8 @@ def make_protocol(
     observed_te = test_mech.sample(test.blocks, stage_rng(seed, "test_mechanism"))
 
     info = {"protocol": config.to_dict(), "splitter": splitter.name, "test_split": split}
+    if split_report:
+        info["split"] = split_report
     train = train.with_observed(observed_tr).with_labels(labeled)
     train.info.update(
         info, role="train", mechanism=train_mech.name, aligned_ids=[int(i) for i in train.ids[aligned]]

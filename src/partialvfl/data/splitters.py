@@ -13,6 +13,14 @@ Splitters, with their parseable names (:func:`parse_splitter`):
   tile the image exactly, the one whose pieces are most square, ties going to fewer grid rows (taller pieces).
   For FashionMNIST with K = 8 that is a 2 x 4 grid of 14 x 7 pieces (height x width), which is how we read the
   paper's "eight segments of size 14 x 7" (Appendix D.2); ``grid:4x2`` gives the transposed 7 x 14 pieces.
+* ``grid:near`` / ``grid:near:RxC``: the same, for party counts no exact grid allows (FashionMNIST's 28 x 28 with
+  K = 6, 10, 12): the image is cut into R bands of rows and C bands of columns whose sizes differ by at most one
+  pixel (larger bands first), so pieces are near-equal (K = 6: 2 x 3 pieces of 14 x 10/9/9; K = 10: 2 x 5 of
+  14 x 6/6/6/5/5; K = 12: 3 x 4 of 10/9/9 x 7).  Plain ``grid:near`` picks R x C = K as ``grid`` does (most square
+  pieces, ties to fewer grid rows), without requiring exact division; where an exact grid exists it is the same.
+* ``importance:alpha=A``: parties get unequal shares of the predictive signal (VertiBench-style; see
+  :mod:`partialvfl.data.importance_split`): feature importance scored on the training data, party shares drawn
+  from Dirichlet(A), features assigned so each party's importance matches its share; ``alpha=inf`` is equal shares.
 * ``views``: multi-view samples of shape ``(K, ...)`` (e.g. ModelNet10's six views, ``(6, C, H, W)``): party k
   holds view k whole, with its shape.
 * ``columns:G1;G2;...``: explicit column lists, one group per party; each group is a comma list of column indices
@@ -99,10 +107,14 @@ class ContiguousSplitter:
 
 @dataclass(frozen=True)
 class GridSplitter:
-    """Images cut into a ``rows x cols`` grid of equal pieces, numbered row by row; ``None`` = choose for K."""
+    """Images cut into a ``rows x cols`` grid of pieces, numbered row by row; ``None`` = choose for K.
+
+    ``near=False``: the grid must tile the image into equal pieces; ``near=True``: bands may differ by one pixel.
+    """
 
     rows: int | None = None
     cols: int | None = None
+    near: bool = False
 
     def __post_init__(self) -> None:
         if (self.rows is None) != (self.cols is None):
@@ -112,22 +124,25 @@ class GridSplitter:
 
     @property
     def name(self) -> str:
-        return "grid" if self.rows is None else f"grid:{self.rows}x{self.cols}"
+        base = "grid:near" if self.near else "grid"
+        return base if self.rows is None else f"{base}:{self.rows}x{self.cols}"
 
     @staticmethod
-    def default_grid(height: int, width: int, n_parties: int) -> tuple[int, int]:
-        """The R x C grid (R * C = K) tiling ``height x width`` exactly with the most square pieces."""
+    def default_grid(height: int, width: int, n_parties: int, near: bool = False) -> tuple[int, int]:
+        """The R x C grid (R * C = K) with the most square pieces, tiling ``height x width`` exactly unless
+        ``near`` (then any R <= height, C <= width)."""
         options = [
             (r, n_parties // r)
             for r in range(1, n_parties + 1)
-            if n_parties % r == 0 and height % r == 0 and width % (n_parties // r) == 0
+            if n_parties % r == 0 and r <= height and n_parties // r <= width
+            and (near or (height % r == 0 and width % (n_parties // r) == 0))
         ]
         if not options:
             raise SplitterError(
                 f"no grid of {n_parties} equal pieces tiles a {height}x{width} image (R * C = {n_parties} with R "
                 f"dividing {height} and C dividing {width}); choose another party count or a 'columns:' split"
             )
-        return min(options, key=lambda rc: (abs(math.log((height / rc[0]) / (width / rc[1]))), rc[0]))
+        return min(options, key=lambda rc: (round(abs(math.log((height / rc[0]) / (width / rc[1]))), 9), rc[0]))
 
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
@@ -141,24 +156,33 @@ class GridSplitter:
         height, width = shape[-2:]
         _check_parties(n_parties, height * width)
         if self.rows is None:
-            rows, cols = self.default_grid(height, width, n_parties)
+            rows, cols = self.default_grid(height, width, n_parties, self.near)
         else:
             rows, cols = int(self.rows), int(self.cols)  # type: ignore[arg-type]
             if rows * cols != n_parties:
                 raise SplitterError(f"a {rows}x{cols} grid makes {rows * cols} pieces, not {n_parties} parties")
-            if height % rows or width % cols:
+            if rows > height or cols > width:
+                raise SplitterError(f"a {rows}x{cols} grid has more bands than a {height}x{width} image has pixels")
+            if not self.near and (height % rows or width % cols):
                 raise SplitterError(
                     f"a {rows}x{cols} grid does not tile a {height}x{width} image into equal pieces "
-                    f"({height} % {rows} = {height % rows}, {width} % {cols} = {width % cols})"
+                    f"({height} % {rows} = {height % rows}, {width} % {cols} = {width % cols}); 'grid:near:"
+                    f"{rows}x{cols}' allows pieces that differ by one pixel"
                 )
-        h, w = height // rows, width // cols
+        row_edges, col_edges = _band_edges(height, rows), _band_edges(width, cols)
         index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
         out = []
         for r in range(rows):
             for c in range(cols):
-                piece = index[..., r * h : (r + 1) * h, c * w : (c + 1) * w]
+                piece = index[..., row_edges[r]:row_edges[r + 1], col_edges[c]:col_edges[c + 1]]
                 out.append(ColumnGroup(piece.ravel().copy(), tuple(int(s) for s in piece.shape)))
         return out
+
+
+def _band_edges(size: int, bands: int) -> list[int]:
+    """Edges of ``bands`` bands over ``size`` pixels whose widths differ by at most one (wider bands first)."""
+    widths = [size // bands + (1 if i < size % bands else 0) for i in range(bands)]
+    return [0, *np.cumsum(widths).tolist()]
 
 
 @dataclass(frozen=True)
@@ -263,13 +287,15 @@ def _format_group(group: Sequence[int | str]) -> str:
 
 
 _SPLITTER_FORMS = (
-    "'contiguous', 'grid', 'grid:RxC' (e.g. 'grid:4x2'), 'views', "
-    "'columns:0-9,12;10,11,13-20' (';' between parties)"
+    "'contiguous', 'grid', 'grid:RxC' (e.g. 'grid:4x2'), 'grid:near', 'grid:near:RxC', 'importance:alpha=A' "
+    "(e.g. 'importance:alpha=0.1', 'importance:alpha=inf'), 'views', 'columns:0-9,12;10,11,13-20' (';' between "
+    "parties)"
 )
 
 
 def parse_splitter(text: str | Splitter) -> Splitter:
-    """A splitter from its name: ``contiguous``, ``grid``, ``grid:RxC``, ``views`` or ``columns:G1;G2;...``."""
+    """A splitter from its name: ``contiguous``, ``grid``, ``grid:RxC``, ``grid:near[:RxC]``, ``importance:alpha=A``,
+    ``views`` or ``columns:G1;G2;...``."""
     if not isinstance(text, str):
         if isinstance(text, Splitter):
             return text
@@ -282,9 +308,15 @@ def parse_splitter(text: str | Splitter) -> Splitter:
         return GridSplitter()
     if low == "views":
         return ViewsSplitter()
-    m = re.fullmatch(r"grid:(\d+)x(\d+)", low)
+    m = re.fullmatch(r"grid(:near)?:(\d+)x(\d+)", low)
     if m:
-        return GridSplitter(int(m.group(1)), int(m.group(2)))
+        return GridSplitter(int(m.group(2)), int(m.group(3)), near=m.group(1) is not None)
+    if low == "grid:near":
+        return GridSplitter(near=True)
+    if low.startswith("importance"):
+        from partialvfl.data.importance_split import ImportanceSplitter
+
+        return ImportanceSplitter.parse(s)
     if low.startswith("columns:"):
         body = s[len("columns:") :]
         groups = []
