@@ -11,12 +11,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from partialvfl.bench.aggregate import is_validation
 from partialvfl.bench.cell import variant_of
 from partialvfl.bench.grid import GridError, load_grid, parse_grid, shipped_grids
 from partialvfl.bench.paper_results import PAPER_RATIOS, PAPER_RESULTS, paper_accuracy, paper_ratio
@@ -106,10 +108,12 @@ def dummy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _grid_file(path: Path, *, sleep: float = 0.0, seeds: str = "[0, 1]", extra_methods: str = "") -> Path:
+def _grid_file(path: Path, *, sleep: float = 0.0, seeds: str = "[0, 1]", extra_methods: str = "",
+               validation: bool = False) -> Path:
     path.write_text(textwrap.dedent(f'''
         name = "dummy"
         seeds = {seeds}
+        validation = {str(validation).lower()}
         train_mechanisms = ["mcar2", "mcar5"]
         test_mechanisms = ["mcar0", "mcar5", "mar1"]
         imports = ["bench_dummy_method"]
@@ -134,7 +138,11 @@ def test_shipped_grids_load_and_expand() -> None:
     assert {"smoke", "cpu", "paper"} <= set(shipped_grids())
     smoke = load_grid("smoke")
     cells = smoke.cells()
-    assert len(cells) == len(smoke.datasets) * len(smoke.methods) * len(smoke.train_mechanisms) * len(smoke.seeds)
+    per_seed = len(smoke.datasets) * len(smoke.methods) * len(smoke.train_mechanisms)
+    validation = [c for c in cells if c.role == "validation"]
+    assert len(validation) == per_seed and all(c.test_mechanisms == ("validation",) for c in validation)
+    assert cells[:per_seed] == validation  # selection fits first: a partial run can already choose variants
+    assert len(cells) == per_seed * (len(smoke.seeds) + 1)
     assert len({c.key for c in cells}) == len(cells)
     row_keys = {c.row_key(t) for c in cells for t in c.test_mechanisms}
     assert len(row_keys) == smoke.n_rows
@@ -188,7 +196,10 @@ def test_dataset_seeds_override_the_grid_seeds() -> None:
     datasets = [{"name": "digits", "labels": 50, "aligned": 10}, {"name": "optdigits", "seeds": [7], "labels": 50,
                                                                   "aligned": 10}]
     cells = parse_grid(_raw(seeds=[0, 1], datasets=datasets)).cells()
-    assert sorted((c.dataset.name, c.seed) for c in cells) == [("digits", 0), ("digits", 1), ("optdigits", 7)]
+    assert sorted((c.dataset.name, c.seed) for c in cells if c.role == "test") == [("digits", 0), ("digits", 1),
+                                                                                    ("optdigits", 7)]
+    assert sorted((c.dataset.name, c.seed) for c in cells if c.role == "validation") == [("digits", 0),
+                                                                                          ("optdigits", 7)]
 
 
 def test_hash_ignores_key_order_and_label_but_not_overrides() -> None:
@@ -460,7 +471,8 @@ def test_written_report_has_paper_layout(tmp_path: Path) -> None:
     assert "0.15 h from the first start to the last finish, on host(s) box" in report
     n_fits = len({r["cell_hash"] for r in ResultStore(tmp_path / "store").rows(status="done")})
     assert written.headline == (
-        f"{n_fits} fits; FALSE-VFL beats the best other method in 2 of 4 configurations (mean gap 6.2 points)")
+        f"{n_fits} fits; FALSE-VFL beats the other method (chosen on TEST data (no validation rows)) in 2 of 4 "
+        "configurations (mean gap 6.2 points); beats the best other method per test column in 2 (mean gap 6.2)")
     assert (tmp_path / "out" / "figure-mcar2.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "out" / "figure-mcar2.svg").read_bytes()[:400]
 
@@ -525,3 +537,50 @@ def test_ray_executor_on_a_local_instance(tmp_path: Path, dummy_dir: Path, monke
     assert summary.ok and len(summary.done) == 2, summary.text()
     with ResultStore(tmp_path / "store") as s:
         assert s.count("done") == 6
+
+
+def test_variants_and_the_gap_are_chosen_on_validation_rows_never_on_test() -> None:
+    """The variant that wins on test but loses on validation is not shown; the gap compares the validation choices
+    and the oracle gap the best other method of each test column."""
+    def val(entry: str, label: str, method: str, acc: float, **kw: Any) -> dict[str, Any]:
+        return _row(f"val-{entry}", method=method, label=label, test_mechanism="validation", role="validation",
+                    accuracy=acc, **kw)
+
+    rows = [  # laser: with SimSiam better on validation (0.70 vs 0.60), worse on test (0.50 vs 0.90)
+        val("lp", "LASER", "laser-vfl", 0.70, overrides={"pretrain": True}),
+        val("ll", "LASER", "laser-vfl", 0.60, overrides={"pretrain": False}, variant="labelled-only"),
+        _row("lp", method="laser-vfl", label="LASER", overrides={"pretrain": True}, accuracy=0.50),
+        _row("ll", method="laser-vfl", label="LASER", overrides={"pretrain": False}, variant="labelled-only",
+             accuracy=0.90),
+        # FALSE-VFL I better on validation, II better on test; plug the best other method on test only
+        val("f1", "false-vfl-1", "false-vfl-1", 0.80), val("f2", "false-vfl-2", "false-vfl-2", 0.75),
+        _row("f1", method="false-vfl-1", label="false-vfl-1", accuracy=0.60),
+        _row("f2", method="false-vfl-2", label="false-vfl-2", accuracy=0.95),
+        val("pl", "plug-vfl", "plug-vfl", 0.20), _row("pl", method="plug-vfl", label="plug-vfl", accuracy=0.97),
+    ]
+    aggs = aggregate(rows)
+    laser = next(a for a in aggs if a.label == "LASER")
+    assert laser.mean == pytest.approx(50.0) and not laser.starred and laser.selected_on == "validation"
+    assert laser.validation == pytest.approx(70.0) and laser.variants == 2
+    (c,) = gap_summary(aggs).configs
+    assert c["false_vfl"] == "FALSE-VFL-I" and c["best_other"] == "LASER"  # both chosen on validation
+    assert c["gap"] == pytest.approx(60.0 - 50.0) and c["selected_on"] == "validation"
+    assert c["oracle_other"] == "PlugVFL" and c["oracle_gap"] == pytest.approx(60.0 - 97.0)
+    assert {a.test for a in aggs} == {"mcar0"}  # validation rows are never a table column
+    assert sum(is_validation(r) for r in rows) == 5
+
+
+def test_validation_cells_fit_on_part_of_the_labels_and_score_the_rest(tmp_path: Path, dummy_dir: Path) -> None:
+    grid = _grid_file(tmp_path / "g.toml", seeds="[0, 1]", validation=True)
+    summary = run_grid(grid, tmp_path / "store", workers=1, progress=False)
+    assert not summary.failed and len(summary.done) == 2 + 4  # 2 selection fits (seed 0), then 2 x 2
+    with ResultStore(tmp_path / "store") as s:
+        rows = s.rows()
+    vals = [r for r in rows if r["role"] == "validation"]
+    assert len(vals) == 2 and {r["test_mechanism"] for r in vals} == {"validation"}
+    assert {r["seed"] for r in vals} == {0} and all(r["n_test"] == 12 for r in vals)  # 20 % of the 60 labels
+    tests = {r["train_mechanism"]: r for r in rows if r["role"] == "test" and r["seed"] == 0}
+    for r in vals:  # the selection fit trained on the other 80 % (rows no party observes are never trained on)
+        full = tests[r["train_mechanism"]]["data_stats"]["labelled_rows"]
+        assert 48 - 12 <= r["data_stats"]["labelled_rows"] <= 48 and r["data_stats"]["labelled_rows"] < full <= 60
+    assert all(r["source"] == "digits" for r in rows)

@@ -17,7 +17,7 @@ from typing import Any
 from partialvfl.bench.grid import Cell, DatasetSpec
 from partialvfl.bench.store import now_utc
 
-__all__ = ["CellResult", "Notify", "failed_rows", "import_modules", "run_cell", "variant_of"]
+__all__ = ["CellResult", "Notify", "data_stats", "failed_rows", "import_modules", "run_cell", "variant_of"]
 
 Notify = Callable[[str, str], None]
 
@@ -80,6 +80,7 @@ def _test_set(config: Any, mechanism: str, source: Any) -> Any:
 
 
 def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None) -> list[dict[str, Any]]:
+    from partialvfl.data.holdout import hold_out_labels
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.base import get_method
@@ -87,11 +88,12 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
 
     started = now_utc()
     source = _source(cell.dataset)
-    config = ProtocolConfig(
-        **cell.dataset.protocol_kwargs(), train_missing=cell.train_mechanism,
-        test_missing=cell.test_mechanisms[0], seed=cell.seed,
-    )
+    tests = [m for m in cell.test_mechanisms if m != "validation"] or ["mcar0"]
+    config = ProtocolConfig(**cell.dataset.protocol_kwargs(), train_missing=cell.train_mechanism,
+                            test_missing=tests[0], seed=cell.seed)
     train, first_test = make_protocol(config, source)
+    fit_data, val = (train, None) if cell.role == "test" else hold_out_labels(train, cell.validation_fraction,
+                                                                             cell.seed)
     model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **cell.overrides)
 
     def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
@@ -100,66 +102,66 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
 
     log = MessageLog(keep_entries=False)
     t0 = time.perf_counter()
-    model.fit(train, log=log, on_epoch=on_epoch)
+    model.fit(fit_data, log=log, on_epoch=on_epoch)
     fit_seconds = float(getattr(model, "fit_seconds_", None) or time.perf_counter() - t0)
-    n_bytes = log.total_bytes()
     params = dict(getattr(model, "params_", {}))
-    base = {
-        "cell_hash": cell.key,
-        "grid": grid_name,
-        "code_version": version,
-        "method": cell.method.name,
-        "label": cell.method.display,
-        "preset": cell.method.preset,
-        "overrides": cell.overrides,
-        "params": params,
-        "variant": variant_of(params),
-        "dataset": cell.dataset.name,
-        "dataset_config": cell.dataset.key(),
-        "parties": cell.dataset.parties,
-        "labels": cell.dataset.labels,
-        "aligned": cell.dataset.aligned,
-        "train_mechanism": cell.train_mechanism,
-        "seed": cell.seed,
-        "fit_seconds": fit_seconds,
-        "bytes_communicated": n_bytes,
-        "hostname": socket.gethostname(),
-        "started_at": started,
-        "status": "done",
-    }
+    base = {**_row_identity(cell, grid_name, version), "params": params, "variant": variant_of(params),
+            "fit_seconds": fit_seconds, "bytes_communicated": log.total_bytes(), "started_at": started,
+            "status": "done", "data_stats": data_stats(fit_data, params)}
     rows = []
-    for i, mech in enumerate(cell.test_mechanisms):
+    for mech in cell.test_mechanisms:
         if notify is not None:
             notify(cell.key, f"evaluating {mech}")
-        test = first_test if i == 0 else _test_set(config, mech, source)
-        res = evaluate(model, test)
-        metric = "accuracy" if "accuracy" in res else "rmse"
+        if mech == "validation":
+            data = val
+        else:
+            data = first_test if mech == tests[0] else _test_set(config, mech, source)
+        res = evaluate(model, data)
         rows.append({
-            **base,
-            "config_hash": cell.row_key(mech),
-            "test_mechanism": mech,
-            "metric": metric,
-            "accuracy": res.get("accuracy"),
-            "rmse": res.get("rmse"),
-            "by_observed": res.get("by_observed_parties", {}),
-            "n_test": res.get("n_samples"),
-            "predict_seconds": res.get("predict_seconds"),
-            "finished_at": now_utc(),
+            **base, "config_hash": cell.row_key(mech), "test_mechanism": mech,
+            "metric": "accuracy" if "accuracy" in res else "rmse", "accuracy": res.get("accuracy"),
+            "rmse": res.get("rmse"), "by_observed": res.get("by_observed_parties", {}),
+            "n_test": res.get("n_samples"), "predict_seconds": res.get("predict_seconds"), "finished_at": now_utc(),
         })
     return rows
 
 
+def data_stats(train: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """What the training data looked like to the method: distinct observed patterns among the labelled rows and
+    the mean batch size pattern batching (LASER-VFL's) would give with the method's batch size; the split's
+    importance shares when the splitter records them."""
+    import numpy as np
+
+    rows = np.flatnonzero(train.labeled & train.observed.any(axis=1))
+    _, counts = np.unique(train.observed[rows], axis=0, return_counts=True)
+    out: dict[str, Any] = {"labelled_rows": int(len(rows)), "patterns": int(len(counts))}
+    bs = params.get("batch_size")
+    if isinstance(bs, int) and bs > 0 and len(counts):
+        n_batches = int(np.sum(np.ceil(counts / bs)))
+        out.update(pattern_batches=n_batches, mean_pattern_batch=round(float(len(rows) / n_batches), 2),
+                   mixed_batches=int(np.ceil(len(rows) / bs)))
+    if "split" in train.info:
+        out["split"] = train.info["split"]
+    return out
+
+
+def _row_identity(cell: Cell, grid_name: str, version: str) -> dict[str, Any]:
+    """The columns every row of a cell shares, done or failed."""
+    return {
+        "cell_hash": cell.key, "grid": grid_name, "code_version": version, "method": cell.method.name,
+        "label": cell.method.display, "preset": cell.method.preset, "overrides": cell.overrides,
+        "dataset": cell.dataset.display, "source": cell.dataset.name, "dataset_config": cell.dataset.key(),
+        "parties": cell.dataset.parties, "labels": cell.dataset.labels, "aligned": cell.dataset.aligned,
+        "train_mechanism": cell.train_mechanism, "seed": cell.seed, "role": cell.role,
+        "hostname": socket.gethostname(),
+    }
+
+
 def failed_rows(cell: Cell, grid_name: str, version: str, error: str, started: str) -> list[dict[str, Any]]:
     """The store rows that record a failed fit (one per test mechanism, status ``failed``)."""
-    return [{
-        "config_hash": cell.row_key(mech), "cell_hash": cell.key, "grid": grid_name, "code_version": version,
-        "method": cell.method.name, "label": cell.method.display, "preset": cell.method.preset,
-        "overrides": cell.overrides, "dataset": cell.dataset.name, "dataset_config": cell.dataset.key(),
-        "parties": cell.dataset.parties, "labels": cell.dataset.labels, "aligned": cell.dataset.aligned,
-        "train_mechanism": cell.train_mechanism, "test_mechanism": mech, "seed": cell.seed,
-        "hostname": socket.gethostname(), "started_at": started, "finished_at": now_utc(), "status": "failed",
-        "error": error,
-    } for mech in cell.test_mechanisms]
+    return [{**_row_identity(cell, grid_name, version), "config_hash": cell.row_key(mech), "test_mechanism": mech,
+             "started_at": started, "finished_at": now_utc(), "status": "failed", "error": error}
+            for mech in cell.test_mechanisms]
 
 
 def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = (),

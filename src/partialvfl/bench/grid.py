@@ -15,6 +15,7 @@ Layout (``grids/smoke.toml`` is a complete example)::
 
     [[datasets]]
     name = "digits"              # a registered data source
+    label = "digits K=4"         # optional display name; entries of one source with other protocols need one
     parties = 4
     labels = 200                 # labelled training samples
     aligned = 50                 # of which fully observed
@@ -25,10 +26,17 @@ Layout (``grids/smoke.toml`` is a complete example)::
     [[methods]]
     name = "false-vfl-1"
     preset = "fast"
-    label = "FALSE-VFL-I"        # optional; entries sharing a label are variants of one method: the report keeps
-    overrides = { epochs = 2 }   # the better one per column (and marks a labelled-only winner with *)
+    label = "FALSE-VFL-I"        # optional; entries sharing a label are variants of one method: the report shows
+    overrides = { epochs = 2 }   # the one chosen on validation data (and marks a labelled-only winner with *)
     [methods.dataset_overrides.digits]
     epochs = 3                   # optional per-dataset overrides, applied on top of ``overrides``
+
+Nothing in a report is chosen on test data: the grid adds one *validation cell* per method entry, dataset and
+training mechanism (at the dataset's first seed): the entry is fitted with ``validation_fraction`` (default 0.2) of
+the labelled training samples held out (they stay in training, unlabelled) and scored on them.  The report shows,
+per (dataset, training mechanism), the variant of each label with the best validation score (e.g. with or without
+SimSiam), and its gap summary compares the FALSE-VFL variant and the other method chosen the same way.
+``validation = false`` leaves the validation cells out (a quick run); its report then says it chose on test data.
 
 A grid given by a bare name (``smoke``, ``cpu``, ``paper``) is one of the grids shipped in ``bench/grids``.
 """
@@ -45,6 +53,7 @@ from typing import Any
 
 __all__ = [
     "Cell",
+    "validation_cells",
     "check_methods",
     "DatasetSpec",
     "Grid",
@@ -60,7 +69,8 @@ __all__ = [
 
 GRIDS_DIR = Path(__file__).with_name("grids")
 
-_GRID_KEYS = {"name", "description", "seeds", "train_mechanisms", "test_mechanisms", "imports", "datasets", "methods"}
+_GRID_KEYS = {"name", "description", "seeds", "train_mechanisms", "test_mechanisms", "imports", "datasets", "methods",
+              "validation", "validation_fraction"}
 _DATASET_KEYS = {
     "name", "parties", "labels", "aligned", "max_train", "max_test", "splitter", "test_fraction", "active_party",
     "data_dir", "label", "options", "seeds",
@@ -94,11 +104,17 @@ class DatasetSpec:
     data_dir: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     seeds: tuple[int, ...] | None = None  # this dataset's seeds, instead of the grid's
+    label: str | None = None  # display name in reports (default: the source name)
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
 
     def key(self) -> dict[str, Any]:
-        """What identifies the data (``data_dir`` is where it is read from, not what it is: left out)."""
+        """What identifies the data (``data_dir`` is where it is read from, not what it is: left out; nor the
+        display label)."""
         d = asdict(self)
-        for k in ("data_dir", "seeds"):
+        for k in ("data_dir", "seeds", "label"):
             d.pop(k)
         return d
 
@@ -129,9 +145,12 @@ class MethodSpec:
     def display(self) -> str:
         return self.label or self.name
 
-    def overrides_for(self, dataset: str) -> dict[str, Any]:
+    def overrides_for(self, dataset: str, label: str | None = None) -> dict[str, Any]:
+        """The overrides, then those for the dataset's source name, then those for its display label."""
         out = dict(self.overrides)
         out.update(self.dataset_overrides.get(dataset, {}))
+        if label is not None and label != dataset:
+            out.update(self.dataset_overrides.get(label, {}))
         return out
 
 
@@ -144,14 +163,16 @@ class Cell:
     train_mechanism: str
     seed: int
     test_mechanisms: tuple[str, ...]
+    role: str = "test"  # or "validation": a selection fit scored on held-out labelled training rows
+    validation_fraction: float = 0.2
 
     @property
     def overrides(self) -> dict[str, Any]:
-        return self.method.overrides_for(self.dataset.name)
+        return self.method.overrides_for(self.dataset.name, self.dataset.label)
 
     def fit_config(self) -> dict[str, Any]:
         """Everything that determines the fitted model (the basis of the cell and row hashes)."""
-        return {
+        config = {
             "dataset": self.dataset.key(),
             "method": self.method.name,
             "preset": self.method.preset,
@@ -159,6 +180,9 @@ class Cell:
             "train_mechanism": self.train_mechanism,
             "seed": self.seed,
         }
+        if self.role != "test":
+            config.update(role=self.role, validation_fraction=self.validation_fraction)
+        return config
 
     @property
     def key(self) -> str:
@@ -169,7 +193,8 @@ class Cell:
         return stable_hash({**self.fit_config(), "test_mechanism": test_mechanism})
 
     def describe(self) -> str:
-        return f"{self.dataset.name}/{self.method.display}/{self.train_mechanism}/seed{self.seed}"
+        role = "" if self.role == "test" else f"/{self.role}"
+        return f"{self.dataset.display}/{self.method.display}/{self.train_mechanism}/seed{self.seed}{role}"
 
 
 @dataclass(frozen=True)
@@ -185,13 +210,15 @@ class Grid:
     imports: tuple[str, ...] = ()
     description: str = ""
     source: str = ""
+    validation: bool = True
+    validation_fraction: float = 0.2
 
     def cells(self) -> list[Cell]:
         return expand(self)
 
     @property
     def n_rows(self) -> int:
-        return len(self.cells()) * len(self.test_mechanisms)
+        return sum(len(c.test_mechanisms) for c in self.cells())
 
     def seeds_of(self, dataset: DatasetSpec) -> tuple[int, ...]:
         return dataset.seeds or self.seeds
@@ -204,7 +231,7 @@ def expand(grid: Grid) -> list[Cell]:
     first seeds: the report on it is a complete table with fewer seeds, not a table with holes.
     """
     all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
-    cells = [
+    cells = (validation_cells(grid) if grid.validation else []) + [
         Cell(d, m, t, s, grid.test_mechanisms)
         for s in all_seeds
         for d in grid.datasets
@@ -220,6 +247,13 @@ def expand(grid: Grid) -> list[Cell]:
             )
         seen[c.key] = c
     return cells
+
+
+def validation_cells(grid: Grid) -> list[Cell]:
+    """The selection fits: one per method entry, dataset and training mechanism, at the dataset's first seed, scored
+    on held-out labelled training rows (first in the run order, so a partial run can already select)."""
+    return [Cell(d, m, t, grid.seeds_of(d)[0], ("validation",), "validation", grid.validation_fraction)
+            for d in grid.datasets for m in grid.methods for t in grid.train_mechanisms]
 
 
 def shipped_grids() -> list[str]:
@@ -299,7 +333,8 @@ def _check_keys(entry: Any, allowed: set[str], where: str) -> dict[str, Any]:
 
 def _dataset(entry: Any, where: str) -> DatasetSpec:
     e = dict(_check_keys(entry, _DATASET_KEYS, where))
-    e.pop("label", None)
+    if "label" in e and not isinstance(e["label"], str):
+        raise GridError(f"{where} ({e['name']}): label must be text, got {e['label']!r}")
     if "seeds" in e:
         e["seeds"] = _int_list(e["seeds"], f"{where} ({e['name']}): seeds")
     try:
@@ -341,9 +376,15 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
     if not isinstance(raw["methods"], list) or not raw["methods"]:
         raise GridError(f"{source}: 'methods' must be a non-empty list of [[methods]] tables")
     datasets = tuple(_dataset(d, f"{source}: datasets[{i}]") for i, d in enumerate(raw["datasets"]))
-    names = [d.name for d in datasets]
+    names = [d.display for d in datasets]
     if len(set(names)) != len(names):
-        raise GridError(f"{source}: a dataset is listed twice: {names}")
+        raise GridError(f"{source}: a dataset is listed twice: {names} (give entries of one source a 'label')")
+    validation = raw.get("validation", True)
+    if not isinstance(validation, bool):
+        raise GridError(f"{source}: validation must be true or false, got {validation!r}")
+    fraction = raw.get("validation_fraction", 0.2)
+    if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < float(fraction) < 1.0:
+        raise GridError(f"{source}: validation_fraction must lie in (0, 1), got {fraction!r}")
     methods = tuple(_method(m, f"{source}: methods[{i}]") for i, m in enumerate(raw["methods"]))
     imports = raw.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
@@ -358,6 +399,8 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
         imports=tuple(imports),
         description=str(raw.get("description", "")),
         source=source,
+        validation=validation,
+        validation_fraction=float(fraction),
     )
     expand(grid)  # duplicate fits fail here, at load time
     return grid
@@ -382,6 +425,6 @@ def check_methods(grid: Grid) -> None:
                             f"choose one of {', '.join(space.preset_names)}")
         for d in grid.datasets:
             try:
-                space.validate(m.overrides_for(d.name), owner=f"method {m.name!r}")
+                space.validate(m.overrides_for(d.name, d.label), owner=f"method {m.name!r}")
             except ValueError as e:
                 raise GridError(f"{grid.source}: {e}") from None

@@ -27,7 +27,7 @@ from typing import Any
 __all__ = ["COLUMNS", "ResultStore", "code_version", "now_utc"]
 
 STORE_FILE = "results.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: source, role, data_stats (added to older stores on open)
 
 #: Column name -> SQL type and meaning.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -41,18 +41,23 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "overrides": ("TEXT", "JSON: parameter overrides given in the grid"),
     "params": ("TEXT", "JSON: the resolved parameters of the fitted model"),
     "variant": ("TEXT", "'labelled-only' when the fitted model did not pretrain on unlabelled data, else NULL"),
-    "dataset": ("TEXT NOT NULL", "data source name"),
+    "dataset": ("TEXT NOT NULL", "the dataset entry's display label (its source name unless the grid names it)"),
+    "source": ("TEXT", "data source name"),
     "dataset_config": ("TEXT", "JSON: the dataset's protocol settings"),
     "parties": ("INTEGER", "number of parties"),
     "labels": ("INTEGER", "labelled training samples"),
     "aligned": ("INTEGER", "fully observed labelled training samples"),
     "train_mechanism": ("TEXT NOT NULL", "missingness mechanism of the training set"),
-    "test_mechanism": ("TEXT NOT NULL", "missingness mechanism of the test set"),
+    "test_mechanism": ("TEXT NOT NULL", "missingness mechanism of the test set ('validation' for a selection fit)"),
+    "role": ("TEXT", "'test' (a fit on all labels, scored on a test set) or 'validation' (a selection fit on part "
+                     "of the labels, scored on the held-out labelled training rows)"),
     "seed": ("INTEGER NOT NULL", "seed of data protocol and method"),
     "metric": ("TEXT", "'accuracy' or 'rmse'"),
     "accuracy": ("REAL", "test accuracy in [0, 1] (classification)"),
     "rmse": ("REAL", "test RMSE (regression)"),
     "by_observed": ("TEXT", "JSON: metric by number of observed parties"),
+    "data_stats": ("TEXT", "JSON: the training data as the method saw it (observed patterns, pattern-batch sizes, "
+                           "the split's importance shares)"),
     "n_test": ("INTEGER", "labelled test samples"),
     "fit_seconds": ("REAL", "training time of the fit"),
     "predict_seconds": ("REAL", "prediction time on this test set"),
@@ -104,6 +109,10 @@ class ResultStore:
         with self.transaction():
             cols = ",\n  ".join(f"{name} {sql}" for name, (sql, _) in COLUMNS.items())
             self._conn.execute(f"CREATE TABLE IF NOT EXISTS results (\n  {cols}\n)")
+            have = {r[1] for r in self._conn.execute("PRAGMA table_info(results)")}
+            for name, (sql, _) in COLUMNS.items():  # a store written by an older version gains the new columns
+                if name not in have:
+                    self._conn.execute(f"ALTER TABLE results ADD COLUMN {name} {sql}")
             self._conn.execute("CREATE INDEX IF NOT EXISTS results_cell ON results(cell_hash)")
             self._conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self._conn.execute(
@@ -188,7 +197,7 @@ class ResultStore:
         out = []
         for r in cur:
             d = dict(r)
-            for k in ("overrides", "params", "by_observed", "dataset_config"):
+            for k in ("overrides", "params", "by_observed", "dataset_config", "data_stats"):
                 if d.get(k):
                     d[k] = json.loads(d[k])
             out.append(d)

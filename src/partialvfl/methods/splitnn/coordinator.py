@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView, VerticalDataset
+from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
+from partialvfl.data.holdout import hold_out_labels
 from partialvfl.federation.messages import Request
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig
@@ -311,17 +312,10 @@ def fit_best_of_pretraining(method: type[VFLMethod] | str, train: VerticalDatase
         if not val.labeled.any():
             raise ValueError("select_on has no labelled sample to choose on")
     else:
-        frac = float(select_on)
-        if not 0.0 < frac < 1.0:
-            raise ValueError(f"select_on must be a fraction in (0, 1) or a labelled VerticalDataset, got {select_on}")
-        lab = np.flatnonzero(train.labeled)
-        n_val = int(round(frac * len(lab)))
-        if n_val < 1 or n_val >= len(lab):
-            raise ValueError(f"holding out {frac} of {len(lab)} labelled samples leaves no validation or fit label")
-        val_rows = np.sort(numpy_rng(seed, "select-pretraining").choice(lab, size=n_val, replace=False))
-        keep = train.labeled.copy()
-        keep[val_rows] = False
-        fit_data, val = train.with_labels(keep), train.subset(val_rows)
+        try:
+            fit_data, val = hold_out_labels(train, float(select_on), seed, stream="select-pretraining")
+        except DataValidationError as e:
+            raise ValueError(f"select_on must be a fraction in (0, 1) or a labelled VerticalDataset: {e}") from None
     scores: dict[str, float] = {}
     models: dict[bool, VFLMethod] = {}
     for pretrain in (False, True):

@@ -1,0 +1,235 @@
+"""From store rows to table entries: means over seeds, the variant of each label chosen on validation data, the gap
+between FALSE-VFL and the other methods (Table 2), robustness ratios (Table 18).
+
+Selection never looks at test data: where a grid has validation rows (its validation cells: each entry fitted on
+part of the labels and scored on the held-out labelled training rows), the variant shown for a label, the FALSE-VFL
+variant of the gap summary and its "best other method" are those with the best validation score for the (dataset,
+training mechanism); a store without validation rows falls back to the test mean, and the entry says so
+(``selected_on``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from partialvfl.bench.grid import stable_hash
+from partialvfl.bench.naming import LABELLED_ONLY, is_false_vfl, mech_key, method_key, method_title
+
+__all__ = ["Aggregate", "GapSummary", "aggregate", "best", "gap_summary", "is_validation", "robustness_ratios",
+           "select", "validation_scores"]
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One table entry: a method (label) on one (dataset, training, test mechanism), over its seeds.
+
+    ``mean``/``std`` are in report units (accuracy %, or RMSE); ``labelled_only`` says the variant shown did not
+    use unlabelled data; ``variants`` is how many grid entries competed for this label (the table's ``*`` needs
+    both: a labelled-only variant that won over another); ``validation`` is the entry's validation score (report
+    units, ``nan`` without one) and ``selected_on`` what chose it among the variants: ``validation``, ``test`` (a
+    store without validation rows) or ``only`` (no other variant).
+    """
+
+    dataset: str
+    train: str
+    test: str
+    label: str
+    method: str
+    metric: str
+    mean: float
+    std: float
+    n: int
+    labelled_only: bool
+    variants: int = 1
+    seeds: tuple[int, ...] = ()
+    validation: float = math.nan
+    selected_on: str = "only"
+
+    @property
+    def title(self) -> str:
+        return method_title(self.label, self.method)
+
+    @property
+    def starred(self) -> bool:
+        """The paper's ``*``: a labelled-only variant shown because it beat the variant that used unlabelled data."""
+        return self.labelled_only and self.variants > 1
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "accuracy"
+
+
+def _value(row: dict[str, Any]) -> float | None:
+    if row.get("metric") == "rmse":
+        return None if row.get("rmse") is None else float(row["rmse"])
+    return None if row.get("accuracy") is None else 100.0 * float(row["accuracy"])
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else math.nan
+    return mean, std
+
+
+def is_validation(row: dict[str, Any]) -> bool:
+    return row.get("role") == "validation" or row.get("test_mechanism") == "validation"
+
+
+def _entry(row: dict[str, Any]) -> str:
+    return stable_hash([row["method"], row.get("preset"), row.get("overrides") or {}])
+
+
+def validation_scores(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str], float]:
+    """Mean validation score per (dataset, training mechanism, label, entry), in report units."""
+    acc: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        v = _value(r)
+        if r.get("status", "done") == "done" and is_validation(r) and v is not None and not math.isnan(v):
+            acc[(r["dataset"], r["train_mechanism"], r.get("label") or r["method"], _entry(r))].append(v)
+    return {k: statistics.fmean(v) for k, v in acc.items()}
+
+
+def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
+    """Mean and std over seeds per (dataset, train, test, label), showing each label's variant chosen on
+    validation data (or, in a store without validation rows, on the test mean: ``selected_on`` says which)."""
+    rows = list(rows)
+    val = validation_scores(rows)
+    per_entry: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    info: dict[tuple, tuple[str, str, bool]] = {}
+    for r in rows:
+        v = _value(r)
+        if r.get("status", "done") != "done" or is_validation(r) or v is None or math.isnan(v):
+            continue
+        key = (r["dataset"], r["train_mechanism"], r["test_mechanism"], r.get("label") or r["method"], _entry(r))
+        per_entry[key].append((int(r["seed"]), v))
+        info[key] = (r["method"], r.get("metric") or "accuracy", r.get("variant") == LABELLED_ONLY)
+    candidates: dict[tuple, list[Aggregate]] = defaultdict(list)
+    for key, seeded in per_entry.items():
+        dataset, train, test, label, entry = key
+        method, metric, labelled_only = info[key]
+        seeded.sort()
+        mean, std = _mean_std([v for _, v in seeded])
+        candidates[(dataset, train, test, label)].append(Aggregate(
+            dataset, train, test, label, method, metric, mean, std, len(seeded), labelled_only,
+            seeds=tuple(s for s, _ in seeded), validation=val.get((dataset, train, label, entry), math.nan),
+        ))
+    out = [_select(group) for group in candidates.values()]
+    out.sort(key=lambda a: (a.dataset, mech_key(a.train), method_key(a.method, a.label), mech_key(a.test)))
+    return out
+
+
+def _select(group: list[Aggregate]) -> Aggregate:
+    """The variant shown for a label: best validation score if every variant has one, else best test mean; on a
+    tie the variant that used the unlabelled data (no *)."""
+    if len(group) == 1:
+        return replace(group[0], variants=1, selected_on="only")
+    sign = 1.0 if group[0].higher_is_better else -1.0
+    if all(not math.isnan(a.validation) for a in group):
+        chosen, how = max(group, key=lambda a: (sign * a.validation, not a.labelled_only)), "validation"
+    else:
+        chosen, how = max(group, key=lambda a: (sign * a.mean, not a.labelled_only)), "test"
+    return replace(chosen, variants=len(group), selected_on=how)
+
+
+def select(values: Iterable[Aggregate]) -> Aggregate | None:
+    """Among entries of one configuration (different labels), the one with the best validation score, or, if any
+    lacks one, the best test mean (a practitioner's choice, not an oracle's)."""
+    vals = list(values)
+    if not vals:
+        return None
+    sign = 1.0 if vals[0].higher_is_better else -1.0
+    if all(not math.isnan(a.validation) for a in vals):
+        return max(vals, key=lambda a: sign * a.validation)
+    return best(vals)
+
+
+def best(values: Iterable[Aggregate]) -> Aggregate | None:
+    vals = list(values)
+    if not vals:
+        return None
+    return max(vals, key=lambda a: a.mean if a.higher_is_better else -a.mean)
+
+
+@dataclass
+class GapSummary:
+    """FALSE-VFL vs. the other methods per configuration (both chosen on validation data; and vs. the best other
+    method on each test column, the oracle), and the means of those gaps."""
+
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def wins(self) -> int:
+        return sum(1 for c in self.configs if c["gap"] > 0)
+
+    @property
+    def total(self) -> int:
+        return len(self.configs)
+
+    @property
+    def oracle_wins(self) -> int:
+        """Configurations FALSE-VFL wins even against the other method that is best on that test column."""
+        return sum(1 for c in self.configs if c["oracle_gap"] > 0)
+
+    @property
+    def selected_on(self) -> str:
+        """``validation`` when every configuration's two sides were chosen on validation data, else ``test``."""
+        return "validation" if all(c["selected_on"] == "validation" for c in self.configs) else "test"
+
+    def mean_gap(self, *, wins_only: bool = False, key: str = "gap", **where: str) -> float:
+        vals = [c[key] for c in self.configs
+                if all(c[k] == v for k, v in where.items()) and (c[key] > 0 or not wins_only)]
+        return statistics.fmean(vals) if vals else math.nan
+
+    def by(self, axis: str) -> dict[str, float]:
+        keys = sorted({c[axis] for c in self.configs}, key=mech_key if axis != "dataset" else str)
+        return {k: self.mean_gap(**{axis: k}) for k in keys}
+
+
+def gap_summary(aggs: Sequence[Aggregate]) -> GapSummary:
+    """Per (dataset, train, test): gap = chosen FALSE-VFL mean - chosen other mean (sign flipped for RMSE).
+
+    Both sides are chosen on validation data (:func:`select`); ``oracle_gap`` compares with the other method that
+    is best *on this test column* instead, an upper bound in the other methods' favour.
+    """
+    groups: dict[tuple[str, str, str], list[Aggregate]] = defaultdict(list)
+    for a in aggs:
+        groups[(a.dataset, a.train, a.test)].append(a)
+    summary = GapSummary()
+    for (dataset, train, test), group in groups.items():
+        ours = select(a for a in group if is_false_vfl(a.method))
+        other = select(a for a in group if not is_false_vfl(a.method))
+        oracle = best(a for a in group if not is_false_vfl(a.method))
+        if ours is None or other is None or oracle is None:
+            continue
+        sign = 1.0 if ours.higher_is_better else -1.0
+        summary.configs.append({
+            "dataset": dataset, "train": train, "test": test, "metric": ours.metric,
+            "false_vfl": ours.title, "false_vfl_mean": ours.mean,
+            "best_other": other.title, "best_other_mean": other.mean, "gap": sign * (ours.mean - other.mean),
+            "oracle_other": oracle.title, "oracle_gap": sign * (ours.mean - oracle.mean),
+            "selected_on": "validation" if not (math.isnan(ours.validation) or math.isnan(other.validation))
+            else "test",
+        })
+    summary.configs.sort(key=lambda c: (c["dataset"], mech_key(c["train"]), mech_key(c["test"])))
+    return summary
+
+
+def robustness_ratios(aggs: Sequence[Aggregate], harsh: str = "mcar5", mild: str = "mcar2") -> list[dict[str, Any]]:
+    """Per (dataset, method, test): 100 * mean when trained under ``harsh`` / mean when trained under ``mild``."""
+    index = {(a.dataset, a.label, a.train, a.test): a for a in aggs}
+    out = []
+    for (dataset, label, train, test), a in index.items():
+        if train != mild:
+            continue
+        b = index.get((dataset, label, harsh, test))
+        if b is None or a.mean == 0:
+            continue
+        out.append({"dataset": dataset, "label": label, "method": a.method, "title": a.title, "test": test,
+                    "metric": a.metric, "ratio": 100.0 * b.mean / a.mean})
+    out.sort(key=lambda r: (r["dataset"], method_key(r["method"], r["label"]), mech_key(r["test"])))
+    return out

@@ -1,0 +1,45 @@
+"""How reports name and order things: mechanisms, methods (the paper's names), FALSE-VFL or not."""
+
+from __future__ import annotations
+
+from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS
+
+__all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "is_false_vfl", "mech_key", "mechanism_title",
+           "method_key", "method_title"]
+
+PAPER_NAME = {v: k for k, v in PAPER_METHODS.items()}
+#: Display names: the FALSE-VFL paper's, plus those of the methods it does not compare with.
+_DISPLAY_NAME = PAPER_NAME | {"x-vfl": "X-VFL", "local": "Local", "ensemble": "Ensemble",
+                               "combinatorial": "Combinatorial"}
+PAPER_DATASET_NAME = {v: k for k, v in PAPER_DATASETS.items()}
+_METHOD_ORDER = ["vanilla-vfl", "laser-vfl", "plug-vfl", "fedhssl", "x-vfl", "local", "ensemble", "combinatorial",
+                 "false-vfl-1", "false-vfl-2"]
+_MECH_ORDER = ["mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9"]
+LABELLED_ONLY = "labelled-only"
+
+
+def mechanism_title(name: str) -> str:
+    """``mcar2`` -> ``MCAR 2``, ``mar1`` -> ``MAR 1``, ``mnar7`` -> ``MNAR 7``; other names unchanged."""
+    for prefix in ("mnar", "mcar", "mar"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return f"{prefix.upper()} {name[len(prefix):]}"
+    return name
+
+
+def method_title(label: str, method: str) -> str:
+    """The paper's name for a method shown under its registry name (``false-vfl-1`` -> ``FALSE-VFL-I``)."""
+    return _DISPLAY_NAME.get(method, label) if label == method else label
+
+
+def is_false_vfl(method: str) -> bool:
+    return method.startswith("false-vfl")
+
+
+def mech_key(name: str) -> tuple[int, str]:
+    return (_MECH_ORDER.index(name) if name in _MECH_ORDER else len(_MECH_ORDER), name)
+
+
+def method_key(method: str, label: str) -> tuple[float, str]:
+    """The paper's row order: baselines, then methods it does not know, then FALSE-VFL."""
+    i = _METHOD_ORDER.index(method) if method in _METHOD_ORDER else _METHOD_ORDER.index("false-vfl-1") - 0.5
+    return (float(i), label)
