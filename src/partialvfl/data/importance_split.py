@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.data.splitters import ColumnGroup, SplitterError
+from partialvfl.data.split_base import ColumnGroup, SplitterError
 
 __all__ = ["FittedImportanceSplit", "ImportanceSplitter", "assign_by_importance", "draw_shares"]
 

@@ -33,9 +33,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from partialvfl.data.split_base import ColumnGroup, Splitter, SplitterError, check_parties
 
 __all__ = [
     "ColumnGroup",
@@ -51,41 +52,6 @@ __all__ = [
 ]
 
 
-class SplitterError(ValueError):
-    """A splitter cannot cut the given sample shape into the requested parties; the message says why."""
-
-
-@dataclass(frozen=True)
-class ColumnGroup:
-    """One party's share of a sample: flat column indices (row-major) and the shape the piece keeps."""
-
-    columns: np.ndarray
-    feature_shape: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if int(np.prod(self.feature_shape)) != len(self.columns):
-            raise SplitterError(f"feature shape {self.feature_shape} does not hold {len(self.columns)} columns")
-
-
-@runtime_checkable
-class Splitter(Protocol):
-    """Maps a sample shape and a party count to one :class:`ColumnGroup` per party."""
-
-    @property
-    def name(self) -> str: ...
-
-    def groups(
-        self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
-    ) -> list[ColumnGroup]: ...
-
-
-def _check_parties(n_parties: int, n_features: int) -> None:
-    if not isinstance(n_parties, (int, np.integer)) or n_parties < 1:
-        raise SplitterError(f"the number of parties must be a positive integer, got {n_parties!r}")
-    if n_parties > n_features:
-        raise SplitterError(f"cannot give {n_parties} parties at least one feature each out of {n_features} features")
-
-
 @dataclass(frozen=True)
 class ContiguousSplitter:
     """K equal contiguous column blocks of the flattened sample; the ``d % K`` trailing columns are dropped."""
@@ -98,7 +64,7 @@ class ContiguousSplitter:
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
         d = int(np.prod(sample_shape))
-        _check_parties(n_parties, d)
+        check_parties(n_parties, d)
         width = d // n_parties
         return [
             ColumnGroup(np.arange(k * width, (k + 1) * width, dtype=np.int64), (width,)) for k in range(n_parties)
@@ -154,7 +120,7 @@ class GridSplitter:
                 "use 'contiguous' or 'columns:' for tabular data"
             )
         height, width = shape[-2:]
-        _check_parties(n_parties, height * width)
+        check_parties(n_parties, height * width)
         if self.rows is None:
             rows, cols = self.default_grid(height, width, n_parties, self.near)
         else:
@@ -199,7 +165,7 @@ class ViewsSplitter:
         shape = tuple(int(s) for s in sample_shape)
         if len(shape) < 2:
             raise SplitterError(f"a views split needs samples of shape (views, ...), got sample shape {shape}")
-        _check_parties(n_parties, int(np.prod(shape)))
+        check_parties(n_parties, int(np.prod(shape)))
         if shape[0] != n_parties:
             raise SplitterError(f"samples have {shape[0]} views (sample shape {shape}), not {n_parties} parties")
         size = int(np.prod(shape[1:]))
@@ -232,7 +198,7 @@ class ColumnsSplitter:
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
         d = int(np.prod(sample_shape))
-        _check_parties(n_parties, d)
+        check_parties(n_parties, d)
         if len(self.column_groups) != n_parties:
             raise SplitterError(f"{len(self.column_groups)} column groups given for {n_parties} parties")
         lookup: dict[str, int] = {}
