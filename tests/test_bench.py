@@ -584,3 +584,33 @@ def test_validation_cells_fit_on_part_of_the_labels_and_score_the_rest(tmp_path:
         full = tests[r["train_mechanism"]]["data_stats"]["labelled_rows"]
         assert 48 - 12 <= r["data_stats"]["labelled_rows"] <= 48 and r["data_stats"]["labelled_rows"] < full <= 60
     assert all(r["source"] == "digits" for r in rows)
+
+
+def test_ablation_report_over_k_averages_tests_and_maps_the_winners(tmp_path: Path) -> None:
+    """A hand-made K ablation: per-seed averages over test mechanisms, the winners, the pattern statistics."""
+    rows = []
+    acc = {  # (K, method) -> accuracy per test mechanism (mcar0, mnar7), the same for both seeds but a +-1 offset
+        (4, "laser-vfl"): (0.80, 0.60), (4, "false-vfl-1"): (0.70, 0.66),
+        (8, "laser-vfl"): (0.70, 0.50), (8, "false-vfl-1"): (0.72, 0.62),
+    }
+    for (k, method), values in acc.items():
+        for seed, offset in ((0, -0.01), (1, 0.01)):
+            for test, v in zip(("mcar0", "mnar7"), values):
+                rows.append(_row(f"{k}{method}{seed}{test}", cell_hash=f"{k}{method}{seed}", method=method,
+                                 label=method, dataset=f"fm K={k}", source="fashion-mnist",
+                                 dataset_config={"name": "fashion-mnist", "parties": k, "splitter": "grid:near"},
+                                 test_mechanism=test, seed=seed, accuracy=v + offset, params={"batching": "pattern"},
+                                 data_stats={"patterns": 3 * k, "labelled_rows": 900, "mean_pattern_batch": 40.0 / k,
+                                             "mixed_batches": 15}))
+    with ResultStore(tmp_path / "store") as s:
+        s.write(rows)
+    written = write_report(tmp_path / "store", tmp_path / "out")
+    names = {p.name for p in written.paths}
+    assert {"ablation-K.md", "ablation-K-mcar2.png"} <= names
+    md = (tmp_path / "out" / "ablation-K.md").read_text()
+    # laser at K=4: per seed mean of (0.79, 0.59) and (0.81, 0.61) -> 69.0 and 71.0 -> 70.0 (1.4)
+    assert "| LASER-VFL | **70.0 (1.4)** | 60.0 (1.4) |" in md
+    assert "| FALSE-VFL-I | 68.0 (1.4) | **67.0 (1.4)** |" in md
+    assert "| 4 | LASER-VFL +10.0 (FALSE-VFL #2) | FALSE-VFL-I +6.0 (FALSE-VFL #1) |" in md
+    assert "| 8 | FALSE-VFL-I +2.0 (FALSE-VFL #1) | FALSE-VFL-I +12.0 (FALSE-VFL #1) |" in md
+    assert "| 4 | 12 | 900 | 10.0 | 60.0 |" in md  # patterns, rows, pattern-batch vs mixed batch size

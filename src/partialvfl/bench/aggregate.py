@@ -20,8 +20,8 @@ from typing import Any
 from partialvfl.bench.grid import stable_hash
 from partialvfl.bench.naming import LABELLED_ONLY, is_false_vfl, mech_key, method_key, method_title
 
-__all__ = ["Aggregate", "GapSummary", "aggregate", "best", "gap_summary", "is_validation", "robustness_ratios",
-           "select", "validation_scores"]
+__all__ = ["Aggregate", "GapSummary", "aggregate", "best", "entry_key", "gap_summary", "is_validation",
+           "robustness_ratios", "select", "validation_scores"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Aggregate:
     seeds: tuple[int, ...] = ()
     validation: float = math.nan
     selected_on: str = "only"
+    entry: str = ""
 
     @property
     def title(self) -> str:
@@ -80,7 +81,8 @@ def is_validation(row: dict[str, Any]) -> bool:
     return row.get("role") == "validation" or row.get("test_mechanism") == "validation"
 
 
-def _entry(row: dict[str, Any]) -> str:
+def entry_key(row: dict[str, Any]) -> str:
+    """Which grid entry a row comes from: method, preset and overrides."""
     return stable_hash([row["method"], row.get("preset"), row.get("overrides") or {}])
 
 
@@ -90,7 +92,7 @@ def validation_scores(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, st
     for r in rows:
         v = _value(r)
         if r.get("status", "done") == "done" and is_validation(r) and v is not None and not math.isnan(v):
-            acc[(r["dataset"], r["train_mechanism"], r.get("label") or r["method"], _entry(r))].append(v)
+            acc[(r["dataset"], r["train_mechanism"], r.get("label") or r["method"], entry_key(r))].append(v)
     return {k: statistics.fmean(v) for k, v in acc.items()}
 
 
@@ -105,7 +107,7 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
         v = _value(r)
         if r.get("status", "done") != "done" or is_validation(r) or v is None or math.isnan(v):
             continue
-        key = (r["dataset"], r["train_mechanism"], r["test_mechanism"], r.get("label") or r["method"], _entry(r))
+        key = (r["dataset"], r["train_mechanism"], r["test_mechanism"], r.get("label") or r["method"], entry_key(r))
         per_entry[key].append((int(r["seed"]), v))
         info[key] = (r["method"], r.get("metric") or "accuracy", r.get("variant") == LABELLED_ONLY)
     candidates: dict[tuple, list[Aggregate]] = defaultdict(list)
@@ -117,6 +119,7 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
         candidates[(dataset, train, test, label)].append(Aggregate(
             dataset, train, test, label, method, metric, mean, std, len(seeded), labelled_only,
             seeds=tuple(s for s, _ in seeded), validation=val.get((dataset, train, label, entry), math.nan),
+            entry=entry,
         ))
     out = [_select(group) for group in candidates.values()]
     out.sort(key=lambda a: (a.dataset, mech_key(a.train), method_key(a.method, a.label), mech_key(a.test)))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from partialvfl.bench.ablation import ablation_axis, ablation_markdown, write_ablation_figures
 from partialvfl.bench.aggregate import (
     Aggregate,
     GapSummary,
@@ -148,6 +149,17 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
                               ["table", "dataset", "train", "method", "test", "ours", "ours_std", "paper",
                                "paper_std", "diff", "ours_labelled_only", "paper_labelled_only"]))
     sections += ["## Beside the paper's numbers", "", comp_md, ""]
+    axis = ablation_axis(rows)
+    if axis is not None:
+        abl_md = ablation_markdown(rows, aggs, axis)
+        (out / f"ablation-{axis.name}.md").write_text(abl_md)
+        written.append(out / f"ablation-{axis.name}.md")
+        sections += [f"## Ablation over {axis.name}", "", abl_md, ""]
+        if figures:
+            written += write_ablation_figures(rows, aggs, axis, out)
+            sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
+                         f"(ablation-{axis.name}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
+            sections.append("")
     n_val = len({r["cell_hash"] for r in rows if is_validation(r)})
     sections += ["## Cost", "", cost_markdown(rows), ""] + ([
         f"The {n_val} validation fits (selection fits on 80 % of the labels) are part of the total above; the "
