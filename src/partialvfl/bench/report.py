@@ -82,6 +82,72 @@ class WrittenReport:
     headline: str
 
 
+class _Writer:
+    """Collects the report's sections and the files written beside it."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.sections: list[str] = []
+        self.written: list[Path] = []
+
+    def part(self, name: str, title: str, text: str) -> None:
+        """A section of ``report.md`` that is also written alone as ``name``."""
+        (self.out / name).write_text(text + ("" if text.endswith("\n") else "\n"))
+        self.written.append(self.out / name)
+        self.sections += [f"## {title}", "", text.rstrip(), ""]
+
+    def csv(self, name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+        self.written.append(_write_csv(self.out / name, rows, columns))
+
+
+def _summary_line(store: str | Path, rows: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]]) -> str:
+    return (f"{len(rows)} results ({len({r['cell_hash'] for r in rows})} fits) from the store `{store}`; "
+            f"datasets: {', '.join(sorted({r['dataset'] for r in rows}))}; code version(s): "
+            f"{', '.join(sorted({str(r['code_version']) for r in rows}))}; grid(s): "
+            f"{', '.join(sorted({str(r['grid']) for r in rows}))}."
+            + (f" {len({r['cell_hash'] for r in failed})} fit(s) failed and are left out." if failed else ""))
+
+
+def _tables(w: _Writer, aggs: Sequence[Aggregate], figures: bool) -> None:
+    for train in sorted({a.train for a in aggs}, key=mech_key):
+        w.part(f"table-{train}.md", f"Trained under {mechanism_title(train)}", table_markdown(aggs, train))
+        if figures:
+            w.sections += [f"![trained under {mechanism_title(train)}](figure-{train}.png)", ""]
+    columns: dict[tuple[str, str, str], list[Aggregate]] = defaultdict(list)
+    for a in aggs:
+        columns[(a.dataset, a.train, a.test)].append(a)
+    top = {k: best(v) for k, v in columns.items()}
+    w.csv("tables.csv", [{**a.__dict__, "best": a is top[(a.dataset, a.train, a.test)], "starred": a.starred,
+                          "seeds": " ".join(map(str, a.seeds))} for a in aggs],
+          ["train", "dataset", "label", "method", "test", "metric", "mean", "std", "n", "labelled_only", "variants",
+           "starred", "best", "seeds", "validation", "selected_on"])
+
+
+def _ablation(w: _Writer, rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], figures: bool) -> None:
+    axis = ablation_axis(rows)
+    if axis is None:
+        return
+    w.part(f"ablation-{axis.name}.md", f"Ablation over {axis.name}", ablation_markdown(rows, aggs, axis))
+    if figures:
+        w.written += write_ablation_figures(rows, aggs, axis, w.out)
+        w.sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
+                       f"(ablation-{axis.name}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
+        w.sections.append("")
+
+
+def _failures(failed: Sequence[dict[str, Any]]) -> list[str]:
+    if not failed:
+        return []
+    seen: dict[str, dict[str, Any]] = {}
+    for r in failed:
+        seen.setdefault(r["cell_hash"], r)
+    return ["## Failed fits", "", md_table(
+        ["Dataset", "Method", "Train", "Seed", "Error"],
+        [[r["dataset"], r["label"], r["train_mechanism"], str(r["seed"]),
+          (r["error"] or "").strip().splitlines()[-1][:200] if r["error"] else ""] for r in seen.values()],
+    ), ""]
+
+
 def write_report(store: str | Path, out: str | Path, *, figures: bool = True) -> WrittenReport:
     """Write the whole report of a store into ``out``: ``report.md`` plus per-part Markdown, CSV and figures."""
     from partialvfl.bench.store import ResultStore
@@ -91,91 +157,32 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
         failed = s.rows(status="failed")
     if not rows:
         raise ValueError(f"the store in {store} has no finished results to report")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    w = _Writer(Path(out))
+    w.out.mkdir(parents=True, exist_ok=True)
     aggs = aggregate(rows)
     gaps = gap_summary(aggs)
     ratios = robustness_ratios(aggs)
     comparison = paper_comparison(aggs, ratios)
-    written: list[Path] = []
-
-    sections = [
-        "# Benchmark report",
-        "",
-        f"{len(rows)} results ({len({r['cell_hash'] for r in rows})} fits) from the store `{store}`; "
-        f"datasets: {', '.join(sorted({r['dataset'] for r in rows}))}; code version(s): "
-        f"{', '.join(sorted({str(r['code_version']) for r in rows}))}; grid(s): "
-        f"{', '.join(sorted({str(r['grid']) for r in rows}))}."
-        + (f" {len({r['cell_hash'] for r in failed})} fit(s) failed and are left out." if failed else ""),
-        "",
-    ]
-    trains = sorted({a.train for a in aggs}, key=mech_key)
-    for train in trains:
-        md = table_markdown(aggs, train)
-        path = out / f"table-{train}.md"
-        path.write_text(md + "\n")
-        written.append(path)
-        sections += [f"## Trained under {mechanism_title(train)}", "", md, ""]
-        if figures:
-            sections += [f"![trained under {mechanism_title(train)}](figure-{train}.png)", ""]
-    columns: dict[tuple[str, str, str], list[Aggregate]] = defaultdict(list)
-    for a in aggs:
-        columns[(a.dataset, a.train, a.test)].append(a)
-    top = {k: best(v) for k, v in columns.items()}
-    written.append(_write_csv(
-        out / "tables.csv",
-        [{**a.__dict__, "best": a is top[(a.dataset, a.train, a.test)], "starred": a.starred,
-          "seeds": " ".join(map(str, a.seeds))}
-         for a in aggs],
-        ["train", "dataset", "label", "method", "test", "metric", "mean", "std", "n", "labelled_only", "variants",
-         "starred", "best", "seeds", "validation", "selected_on"],
-    ))
-    gaps_md = gaps_markdown(gaps)
-    (out / "gaps.md").write_text(gaps_md + "\n")
-    written.append(out / "gaps.md")
-    written.append(_write_csv(out / "gaps.csv", gaps.configs,
-                              ["dataset", "train", "test", "metric", "false_vfl", "false_vfl_mean", "best_other",
-                               "best_other_mean", "gap", "oracle_other", "oracle_gap", "selected_on"]))
-    sections += ["## Gap summary (Table 2 layout)", "", gaps_md, ""]
-    ratios_md = ratios_markdown(ratios)
-    (out / "ratios.md").write_text(ratios_md + "\n")
-    written.append(out / "ratios.md")
-    written.append(_write_csv(out / "ratios.csv", ratios, ["dataset", "label", "method", "test", "metric", "ratio"]))
-    sections += ["## Robustness to severe missingness (Table 18 layout)", "", ratios_md, ""]
-    comp_md = comparison_markdown(comparison)
-    (out / "paper_comparison.md").write_text(comp_md + "\n")
-    written.append(out / "paper_comparison.md")
-    written.append(_write_csv(out / "paper_comparison.csv", comparison,
-                              ["table", "dataset", "train", "method", "test", "ours", "ours_std", "paper",
-                               "paper_std", "diff", "ours_labelled_only", "paper_labelled_only"]))
-    sections += ["## Beside the paper's numbers", "", comp_md, ""]
-    axis = ablation_axis(rows)
-    if axis is not None:
-        abl_md = ablation_markdown(rows, aggs, axis)
-        (out / f"ablation-{axis.name}.md").write_text(abl_md)
-        written.append(out / f"ablation-{axis.name}.md")
-        sections += [f"## Ablation over {axis.name}", "", abl_md, ""]
-        if figures:
-            written += write_ablation_figures(rows, aggs, axis, out)
-            sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
-                         f"(ablation-{axis.name}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
-            sections.append("")
+    w.sections += ["# Benchmark report", "", _summary_line(store, rows, failed), ""]
+    _tables(w, aggs, figures)
+    w.part("gaps.md", "Gap summary (Table 2 layout)", gaps_markdown(gaps))
+    w.csv("gaps.csv", gaps.configs, ["dataset", "train", "test", "metric", "false_vfl", "false_vfl_mean",
+                                     "best_other", "best_other_mean", "gap", "oracle_other", "oracle_gap",
+                                     "selected_on"])
+    w.part("ratios.md", "Robustness to severe missingness (Table 18 layout)", ratios_markdown(ratios))
+    w.csv("ratios.csv", ratios, ["dataset", "label", "method", "test", "metric", "ratio"])
+    w.part("paper_comparison.md", "Beside the paper's numbers", comparison_markdown(comparison))
+    w.csv("paper_comparison.csv", comparison, ["table", "dataset", "train", "method", "test", "ours", "ours_std",
+                                               "paper", "paper_std", "diff", "ours_labelled_only",
+                                               "paper_labelled_only"])
+    _ablation(w, rows, aggs, figures)
     n_val = len({r["cell_hash"] for r in rows if is_validation(r)})
-    sections += ["## Cost", "", cost_markdown(rows), ""] + ([
+    w.sections += ["## Cost", "", cost_markdown(rows), ""] + ([
         f"The {n_val} validation fits (selection fits on 80 % of the labels) are part of the total above; the "
         "table counts the fits scored on test sets.", ""] if n_val else [])
-    if failed:
-        seen = {}
-        for r in failed:
-            seen.setdefault(r["cell_hash"], r)
-        sections += ["## Failed fits", "", md_table(
-            ["Dataset", "Method", "Train", "Seed", "Error"],
-            [[r["dataset"], r["label"], r["train_mechanism"], str(r["seed"]),
-              (r["error"] or "").strip().splitlines()[-1][:200] if r["error"] else ""] for r in seen.values()],
-        ), ""]
+    w.sections += _failures(failed)
     if figures:
-        written += write_figures(aggs, out)
-    report = out / "report.md"
-    report.write_text("\n".join(sections))
-    written.insert(0, report)
-    return WrittenReport(written, headline(gaps, len({r["cell_hash"] for r in rows})))
+        w.written += write_figures(aggs, w.out)
+    report = w.out / "report.md"
+    report.write_text("\n".join(w.sections))
+    return WrittenReport([report, *w.written], headline(gaps, len({r["cell_hash"] for r in rows})))
