@@ -66,6 +66,9 @@ def test_partial_model_aggregation_averages_exactly_the_top_encoders(aggregate: 
 def test_average_state_dicts_checks_keys() -> None:
     a = {"w": torch.ones(2)}
     torch.testing.assert_close(average_state_dicts([a, {"w": torch.zeros(2)}])["w"], torch.full((2,), 0.5))
+    # keys match by name in any order (the wire does not keep a party's order)
+    mixed = average_state_dicts([{"w": torch.ones(2), "b": torch.ones(1)}, {"b": torch.zeros(1), "w": torch.zeros(2)}])
+    assert mixed.keys() == {"w", "b"} and float(mixed["b"]) == 0.5
     with pytest.raises(ValueError, match="same parameters"):
         average_state_dicts([a, {"v": torch.ones(2)}])
 
