@@ -12,7 +12,8 @@ Every method needs an entry in :data:`TINY`: parameters that make a fit take wel
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,16 +93,20 @@ def test_data() -> VerticalDataset:
     return make_data(24, seed=1, prefix="te")
 
 
+@contextmanager
+def running_parties(directory: Path, data: VerticalDataset, extra: tuple[VerticalDataset, ...] = ()
+                    ) -> Iterator[LocalDeployment]:
+    """Party processes for ``data`` (and ``extra``), generous deadlines; killed at the end."""
+    with LocalDeployment(directory, data, extra=extra, deadline=PATIENCE, start_timeout=600.0) as dep:
+        dep.start()
+        yield dep
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, train, test_data):  # noqa: ANN001, ANN201
     """One set of party processes for every method: each party's table holds its training and test rows."""
-    dep = LocalDeployment(tmp_path_factory.mktemp("contract"), train, extra=[test_data], deadline=PATIENCE,
-                          start_timeout=600.0)
-    try:
-        dep.start()
+    with running_parties(tmp_path_factory.mktemp("contract"), train, (test_data,)) as dep:
         yield dep
-    finally:
-        dep.close()
 
 
 # ---------------------------------------------------------------------- checkpointers that count or crash

@@ -21,7 +21,7 @@ import torch
 from partialvfl.cli import main
 from partialvfl.federation.checkpoint import LATEST
 from partialvfl.federation.grpc_local import LocalDeployment
-from test_contract import PATIENCE, TINY, assert_same, make_data, saved_states
+from test_contract import TINY, assert_same, make_data, running_parties, saved_states
 
 #: a coordinator that dies by SIGKILL right after the checkpoint of step argv[1], then ``partialvfl argv[2:]``
 KILLED_AFTER = """
@@ -59,13 +59,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], int, list[tuple[int, str]]]] = {
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):  # noqa: ANN201
-    dep = LocalDeployment(tmp_path_factory.mktemp("kill"), make_data(48, seed=0, prefix="tr"), deadline=PATIENCE,
-                          start_timeout=600.0)
-    try:
-        dep.start()
+    with running_parties(tmp_path_factory.mktemp("kill"), make_data(48, seed=0, prefix="tr")) as dep:
         yield dep
-    finally:
-        dep.close()
 
 
 def fit_args(deployment: LocalDeployment, method: str, params: dict[str, Any], out: Path) -> list[str]:
