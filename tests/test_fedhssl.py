@@ -1,4 +1,7 @@
-"""FedHSSL: partial model aggregation, cross-party pairing, fine-tuning set, zero-imputation, audit, save/load."""
+"""FedHSSL: partial model aggregation, cross-party pairing, fine-tuning set, zero-imputation.
+
+What every method must do (no raw feature crosses, save/load, seeds, wrong parameters, gRPC equals in process,
+crash + resume) is tested for FedHSSL too, in tests/test_contract.py and tests/test_kill_resume.py."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import pytest
 import torch
 
 from partialvfl import Task, VerticalDataset
-from partialvfl.federation import MessageLog, find_raw_feature_leaks
+from partialvfl.federation import MessageLog
 from partialvfl.methods import get_method
 from partialvfl.methods.fedhssl import FedHSSL, average_state_dicts, split_encoder
 
@@ -66,6 +69,9 @@ def test_partial_model_aggregation_averages_exactly_the_top_encoders(aggregate: 
 def test_average_state_dicts_checks_keys() -> None:
     a = {"w": torch.ones(2)}
     torch.testing.assert_close(average_state_dicts([a, {"w": torch.zeros(2)}])["w"], torch.full((2,), 0.5))
+    # keys match by name in any order (the wire does not keep a party's order)
+    mixed = average_state_dicts([{"w": torch.ones(2), "b": torch.ones(1)}, {"b": torch.zeros(1), "w": torch.zeros(2)}])
+    assert mixed.keys() == {"w", "b"} and float(mixed["b"]) == 0.5
     with pytest.raises(ValueError, match="same parameters"):
         average_state_dicts([a, {"v": torch.ones(2)}])
 
@@ -79,14 +85,13 @@ def test_split_encoder_tops_have_one_shape_for_different_pieces() -> None:
         assert top(bottom(torch.zeros(2, int(np.prod(shapes[1]))))).shape == (2, 6)
 
 
-def test_cross_party_pairs_and_finetuning_rows_and_audit() -> None:
+def test_cross_party_pairs_and_finetuning_rows() -> None:
     data = _data()
     log = MessageLog(keep_payloads=True)
     m = _method().fit(data, log=log)
     m.predict_proba(data)
     kinds = {e.kind for e in log.crossing()}
     assert {"cross_project", "cross_update", "local_ssl", "get_top", "set_top", "embed", "grad_embedding"} <= kinds
-    assert find_raw_feature_leaks(log, data) == []
     aligned_labelled = set(np.flatnonzero(data.observed.all(1) & data.labeled).tolist())
     entries = list(zip(log.entries, log.payloads))
     fit_end = max(i for i, (e, _) in enumerate(entries) if e.kind == "grad_embedding")
@@ -117,14 +122,6 @@ def test_zero_imputation_equals_feeding_a_zero_block() -> None:
                              y=data.y, labeled=data.labeled, task=data.task, active_party=0)
     np.testing.assert_allclose(m.predict_proba(data)[missing], m.predict_proba(filled)[missing], rtol=1e-5,
                                atol=1e-7)
-
-
-def test_save_load_gives_identical_predictions(tmp_path) -> None:  # noqa: ANN001
-    data = _data()
-    m = _method(pool="concat").fit(data)
-    m.save(tmp_path / "m")
-    loaded = get_method("fedhssl").load(tmp_path / "m")
-    np.testing.assert_array_equal(loaded.predict_proba(data), m.predict_proba(data))
 
 
 def test_needs_aligned_labelled_samples() -> None:

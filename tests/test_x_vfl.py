@@ -1,4 +1,8 @@
-"""X-VFL: loss terms per sample type, DS-Align, the XCom routing on the wire, local inference, audit, save/load."""
+"""X-VFL: loss terms per sample type, DS-Align, the XCom routing on the wire, local inference, the audit and
+save/load with features missing inside blocks.
+
+What every method must do (no raw feature crosses, save/load, seeds, wrong parameters, gRPC equals in process,
+crash + resume) is tested for X-VFL too, in tests/test_contract.py and tests/test_kill_resume.py (PAGE)."""
 
 from __future__ import annotations
 
@@ -225,7 +229,7 @@ def test_federated_gradients_equal_the_centralised_gradient_of_the_objective(inp
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
-def test_message_audit_finds_no_raw_features_in_training_and_prediction() -> None:
+def test_no_raw_features_cross_with_features_missing_inside_blocks() -> None:
     data = _data()
     rng = np.random.default_rng(5)
     inc = data.observed & (rng.random(data.observed.shape) < 0.3)
@@ -277,7 +281,7 @@ def test_collaborative_inference_works_with_any_subset_of_parties() -> None:
     assert not np.allclose(avail, m.predict_proba(data.with_observed(obs)))
 
 
-def test_save_load_gives_identical_predictions(tmp_path) -> None:  # noqa: ANN001
+def test_save_load_keeps_local_predictions_and_missing_inside_blocks(tmp_path) -> None:  # noqa: ANN001
     data = _data()
     part = with_within_block_missing(data, data.observed & (np.arange(data.n_samples) % 3 == 0)[:, None], 0.5)
     m = _method().fit(part)

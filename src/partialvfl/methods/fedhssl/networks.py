@@ -60,12 +60,15 @@ def split_encoder(feature_shape: Sequence[int], out_dim: int, arch: str = "auto"
 
 
 def average_state_dicts(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of state dicts with the same keys and shapes (integer buffers: rounded mean)."""
+    """Element-wise mean of state dicts with the same keys and shapes (integer buffers: rounded mean).
+
+    Keys are matched by name, in any order (the wire does not keep the order in which a party listed them).
+    """
     if not states:
         raise ValueError("nothing to average")
     keys = list(states[0])
     for s in states[1:]:
-        if list(s) != keys:
+        if set(s) != set(keys):
             raise ValueError("the parties' top encoders do not have the same parameters")
     out = {}
     for key in keys:
