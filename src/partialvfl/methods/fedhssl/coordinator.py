@@ -149,26 +149,31 @@ class FedHSSL(VFLMethod):
         bs = int(p["pretrain_batch_size"])
         augment = {"corruption": float(p["pretrain_corruption"]), "noise": float(p["pretrain_noise"])}
 
-        def items(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray | None]:
+        local_epochs = int(p["local_epochs"])
+
+        def items(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray | int]:
             if aligned.size >= 2:
                 perm = rng.permutation(aligned)
                 for start in range(0, len(perm), bs):
                     batch = np.sort(perm[start:start + bs])
                     if len(batch) >= 2:
                         yield batch
-            yield None  # the epoch's local step
+            yield from range(max(local_epochs, 1))  # the local SimSiam epochs; the last one ends with aggregation
 
-        def step(batch: np.ndarray | None, rng: np.random.Generator) -> Metrics:
-            if batch is not None:
-                return {"cross_loss": (self._cross_step(handle, batch, K, view.active_party) * len(batch),
-                                       len(batch))}
-            replies = self.transport.broadcast(
-                range(K), "local_ssl", data=handle, epochs=int(p["local_epochs"]), batch_size=bs,
-                local_weight=float(p["local_weight"]), guidance_weight=float(p["guidance_weight"]), augment=augment,
-            )
-            self.aggregate_tops(new_step=False)
-            local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
-            return {"local_loss": (float(np.mean(local)) if local else float("nan"), 1.0)}
+        def step(item: np.ndarray | int, rng: np.random.Generator) -> Metrics:
+            if isinstance(item, np.ndarray):
+                return {"cross_loss": (self._cross_step(handle, item, K, view.active_party) * len(item),
+                                       len(item))}
+            out: Metrics = {}
+            if local_epochs > 0:
+                replies = self.transport.broadcast(
+                    range(K), "local_ssl", data=handle, batch_size=bs, local_weight=float(p["local_weight"]),
+                    guidance_weight=float(p["guidance_weight"]), augment=augment)
+                local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
+                out = {"local_loss": (float(np.mean(local)) if local else float("nan"), 1.0)}
+            if item == max(local_epochs, 1) - 1:
+                self.aggregate_tops(new_step=False)
+            return out
 
         return Stage("pretrain", int(p["pretrain_epochs"]), items, step, rng)
 

@@ -30,7 +30,7 @@ class FedHSSLParty(PartyProgram):
     """Party k of FedHSSL: cross-party encoder, local bottom and top encoders, their SimSiam heads.
 
     Message kinds: ``cross_project`` / ``cross_update`` (one cross-party SimSiam step on aligned rows),
-    ``local_ssl`` (guided local SimSiam epochs on its own rows), ``get_top`` / ``set_top`` (partial model
+    ``local_ssl`` (one guided local SimSiam epoch on its own rows), ``get_top`` / ``set_top`` (partial model
     aggregation), ``embed`` / ``grad_embedding`` (fine-tuning by split learning), ``zero_embedding`` (r_k(0), for
     zero-imputation at inference).
     """
@@ -41,7 +41,7 @@ class FedHSSLParty(PartyProgram):
         "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
                                      reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"]),
         "cross_update": MessageSpec(request=[TensorSpec("targets", "float32", ("B", "J", "P"))]),
-        "local_ssl": MessageSpec(meta=["data", "epochs", "batch_size", "local_weight", "guidance_weight", "augment"]),
+        "local_ssl": MessageSpec(meta=["data", "batch_size", "local_weight", "guidance_weight", "augment"]),
         "get_top": MessageSpec(reply=[TensorSpec("top.*", ("float32", "int64")),
                                       TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
                                meta=["aggregate"]),
@@ -129,8 +129,8 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ guided local SimSiam
     def on_local_ssl(self, req: Request) -> Reply:
+        """One epoch of cross-party-guided local SimSiam over all the party's rows (nothing crosses but the loss)."""
         view = self.data(req.meta["data"])
-        epochs = int(req.meta["epochs"])
         bs = max(2, int(req.meta["batch_size"]))
         wl, wg = float(req.meta["local_weight"]), float(req.meta["guidance_weight"])
         cfg = SimSiamConfig.from_dict(dict(req.meta["augment"]))
@@ -140,28 +140,26 @@ class FedHSSLParty(PartyProgram):
             return Reply(meta={"loss": None})
         augment = make_augmenter(self.feature_shape, x_all.numpy(), cfg)
         self.net.train()
+        perm = torch.randperm(n, generator=self._gen)
         total, count = 0.0, 0
-        for _ in range(epochs):
-            perm = torch.randperm(n, generator=self._gen)
-            total, count = 0.0, 0
-            for start in range(0, n, bs):
-                idx = perm[start:start + bs]
-                if len(idx) < 2:
-                    continue
-                x1, x2 = augment(x_all[idx], self._gen), augment(x_all[idx], self._gen)
-                z1, p1 = self.net["local_head"](self.net["top"](self.net["bottom"](x1)))
-                z2, p2 = self.net["local_head"](self.net["top"](self.net["bottom"](x2)))
-                loss = wl * 2 * simsiam_loss(p1, z1, p2, z2)  # = wl * (negcos(p1, z2) + negcos(p2, z1))
-                if wg > 0:
-                    with torch.no_grad():
-                        zc1 = self.net["cross_head"].projector(self.net["cross"](x1))
-                        zc2 = self.net["cross_head"].projector(self.net["cross"](x2))
-                    loss = loss + wg * (_neg_cos(p1, zc1) + _neg_cos(p2, zc2))
-                self.local_opt.zero_grad()
-                loss.backward()
-                self.local_opt.step()
-                total += float(loss.detach()) * len(idx)
-                count += len(idx)
+        for start in range(0, n, bs):
+            idx = perm[start:start + bs]
+            if len(idx) < 2:
+                continue
+            x1, x2 = augment(x_all[idx], self._gen), augment(x_all[idx], self._gen)
+            z1, p1 = self.net["local_head"](self.net["top"](self.net["bottom"](x1)))
+            z2, p2 = self.net["local_head"](self.net["top"](self.net["bottom"](x2)))
+            loss = wl * 2 * simsiam_loss(p1, z1, p2, z2)  # = wl * (negcos(p1, z2) + negcos(p2, z1))
+            if wg > 0:
+                with torch.no_grad():
+                    zc1 = self.net["cross_head"].projector(self.net["cross"](x1))
+                    zc2 = self.net["cross_head"].projector(self.net["cross"](x2))
+                loss = loss + wg * (_neg_cos(p1, zc1) + _neg_cos(p2, zc2))
+            self.local_opt.zero_grad()
+            loss.backward()
+            self.local_opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
         return Reply(meta={"loss": total / max(count, 1)})
 
     # ------------------------------------------------------------------ partial model aggregation
