@@ -276,8 +276,11 @@ def test_sigint_to_an_in_process_fit_checkpoints_and_exits_130(tmp_path, monkeyp
     assert restored == [2]
 
 
-def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(dep, data, tmp_path,
-                                                                             monkeypatch) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("chunk", "kept"), [(None, 0), (20, 20)])
+def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(dep, data, tmp_path, monkeypatch,
+                                                                             chunk, kept) -> None:  # noqa: ANN001
+    """Party 1 crashes while rows are predicted: the whole request (default) or the chunk being predicted (chunks of
+    20 rows) is predicted again without it; no row predicted after the loss claims it."""
     out = tmp_path / "model"
     assert main(fit_argv(dep, out)) == 0
     ids = tmp_path / "ids.csv"
@@ -286,20 +289,21 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
 
     original = federated.predict_reporting_parties
 
-    def small_chunks(model: Any, fed: Any, view: Any, handle: str, chunk: int = 1024) -> Any:
+    def losing_party(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None,
+                     size: int | None = chunk) -> Any:
         calls = {"n": 0}
         predict = model.predict_output_federated
 
         def predict_and_lose(v: Any, h: str) -> Any:
             calls["n"] += 1
-            if calls["n"] == 2:  # party 1 crashes after the first chunk of rows was predicted
+            if calls["n"] == (2 if size else 1):  # after the first 20 rows / before any row
                 dep.kill(1)
             return predict(v, h)
 
         monkeypatch.setattr(model, "predict_output_federated", predict_and_lose)
-        return original(model, fed, view, handle, chunk=20)
+        return original(model, fed, view, handle, chunk=size)
 
-    monkeypatch.setattr(federated, "predict_reporting_parties", small_chunks)
+    monkeypatch.setattr(federated, "predict_reporting_parties", losing_party)
     try:
         pred_file = tmp_path / "pred.csv"
         assert main(["predict", "--federation", str(dep.federation_file), "--model", str(out), "--ids", str(ids),
@@ -308,8 +312,6 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
         dep.start([1])
     pred = pd.read_csv(pred_file, dtype={"id": str}, keep_default_na=False)
     held = [";".join(n for k, n in enumerate(data.party_names) if data.observed[i, k]) for i in range(len(data.ids))]
-    first = pred.index < 20
-    assert list(pred["parties"][first]) == held[:20]
-    later = [";".join(n for n in h.split(";") if n != "shop") for h in held[20:]]
-    assert list(pred["parties"][~first]) == later  # no row after the loss claims the lost party
+    without = [";".join(n for n in h.split(";") if n != "shop") for h in held]
+    assert list(pred["parties"]) == held[:kept] + without[kept:]
     assert list(pred["n_parties"]) == [len(p.split(";")) if p else 0 for p in pred["parties"]]

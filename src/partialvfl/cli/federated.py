@@ -177,9 +177,10 @@ def run_federated_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chunk: int = 1024
+def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None
                               ) -> tuple[np.ndarray, np.ndarray]:
-    """Predict ``view``'s rows in chunks; returns the outputs and which parties each row's prediction used.
+    """Predict ``view``'s rows (in chunks of ``chunk`` rows; default: all at once, exactly as the model's own
+    ``predict_output_federated``); returns the outputs and which parties each row's prediction used.
 
     A party that fails while a chunk is predicted is treated as absent from then on: the chunk is predicted again
     without it, so every row's output comes from exactly the parties its row of the returned mask names.
@@ -192,8 +193,9 @@ def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chun
     used = np.array(view.observed, dtype=bool)
     lost: set[int] = set(fed.absent)
     out: np.ndarray | None = None
-    for start in range(0, n, chunk):
-        rows = np.arange(start, min(n, start + chunk))
+    size = max(1, chunk or n)
+    for start in range(0, n, size):
+        rows = np.arange(start, min(n, start + size))
         while True:
             observed = np.zeros_like(used)
             observed[rows] = used[rows]
