@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a resume command repeats
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, KeyError) as e:

@@ -31,8 +31,12 @@ def add_commands(sub: Any) -> None:
 
 def run_party_serve(args: argparse.Namespace) -> int:
     """Register every method's party program (a broken method is logged, the others are served), then serve the
-    party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT."""
+    party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT.
+
+    A configuration error, an address already in use or a plugin that does not import is one line and exit 2.
+    """
     import logging
+    import sys
 
     from partialvfl.federation.grpc_party import load_party_config, run
     from partialvfl.methods import load_all
@@ -40,7 +44,11 @@ def run_party_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_party_config(args.config)  # a bad file fails before the methods are imported
     load_all(skip_broken=True)
-    return run(cfg)
+    try:
+        return run(cfg)
+    except (OSError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def run_certs_init(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from partialvfl.cli.checkpoints import checkpointer, report_checkpoints
+from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import add_protocol_options, emit, protocol_config
 from partialvfl.cli.params import method_from_args
 
@@ -36,6 +36,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint coordinator and parties every N training steps (every method)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT/checkpoints")
+    p.add_argument("--party-timeout", type=float, default=None, metavar="SECONDS",
+                   help="with --federation: when a party stops answering, wait this long for it to come back, then "
+                        "continue from the last checkpoint (default: stop at the first failure)")
+    p.add_argument("--party-retries", type=int, default=3, metavar="N",
+                   help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism")
@@ -58,6 +63,9 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--federation", help="the coordinator's federation file: predict across party processes")
     p.add_argument("--ids", help="CSV/Parquet (or text, one per line) with the IDs to predict")
     p.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
+    p.add_argument("--table-set", default=None, metavar="NAME",
+                   help="predict from the parties' prediction tables of this name ([[data.predict]] in party.toml: "
+                        "new users, never trained on) instead of their training tables")
     p.set_defaults(func=_cmd_predict)
 
 
@@ -68,18 +76,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from partialvfl.cli.federated import federated, run_federated_fit
 
         return federated(run_federated_fit, args)
+    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.data.protocol import make_protocol
+    from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
 
     model = method_from_args(args)
-    ck = checkpointer(args)
+    ck = fit_checkpointer(args)  # SIGINT/SIGTERM checkpoint where the fit is, then stop
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
     t0 = time.perf_counter()
-    model.fit(train, log=log, checkpointer=ck)
+    try:
+        with stop_on_signals(ck):
+            model.fit(train, log=log, checkpointer=ck)
+    except FitInterrupted as e:
+        return report_interrupted(args, e)
     fit_s = time.perf_counter() - t0
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)

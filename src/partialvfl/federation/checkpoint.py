@@ -7,11 +7,18 @@ A :class:`Checkpointer` is driven by a method's training loop (in process or ove
 2. writes the coordinator's state (whatever the method hands it: modules, optimisers, RNG states, loop counters),
 3. and only then moves the ``LATEST`` marker (atomic rename).
 
-A crash at any point leaves ``LATEST`` on the previous complete checkpoint.  Only the last ``keep`` checkpoints are
-kept: older ones are deleted at the coordinator and, through a ``forget`` message, at every reachable party.
+A crash at any point leaves ``LATEST`` on the previous complete checkpoint; a checkpoint a party could not save is
+removed (at the coordinator and at the parties that saved their half) and the fit stops (:class:`PartyLost`).  Only
+the last ``keep`` checkpoints are kept: older ones are deleted at the coordinator and, through a ``forget`` message,
+at every party; where a party could not be reached, the checkpoint's record stays at the coordinator and the party
+is asked again at the next prune (after the next checkpoint, or once it rejoined and the fit resumed).
 :meth:`Checkpointer.restore` loads the parties' states and returns the coordinator's, so the loop continues from
 exactly that step: steps done after the checkpoint are redone once from the same state (party states are rolled
 back too), never applied twice.
+
+A party that fails during a training step ends the step with :class:`PartyLost` (the training loop raises it), and
+a stop requested by a signal (:meth:`Checkpointer.request_stop`) makes the loop checkpoint at the next step
+boundary and raise :class:`FitInterrupted`: the caller says how to resume.
 
 Every method's training goes through :class:`~partialvfl.methods.training.TrainingLoop`, which takes the
 checkpointer as an argument (``method.fit(data, checkpointer=Checkpointer(dir, every=N))``, or
@@ -38,10 +45,28 @@ import torch
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.transport import PartyUnavailable
 
-__all__ = ["Checkpoint", "Checkpointer", "rng_state", "set_rng_state"]
+__all__ = ["Checkpoint", "Checkpointer", "FitInterrupted", "PartyLost", "rng_state", "set_rng_state"]
 
 LATEST = "LATEST"
 log = logging.getLogger("partialvfl.checkpoint")
+
+
+class PartyLost(PartyUnavailable):
+    """A party did not answer during a training step (or while a checkpoint was taken): the fit stops there."""
+
+    def __init__(self, party: int, reason: str, step: int) -> None:
+        super().__init__(party, f"{reason} (training step {step})")
+        self.step = step
+
+
+class FitInterrupted(Exception):
+    """A fit stopped on request (SIGINT/SIGTERM) after checkpointing at ``step``."""
+
+    def __init__(self, step: int, directory: Path, signum: int | None) -> None:
+        super().__init__(f"fit interrupted after step {step}; checkpoint in {directory}")
+        self.step = step
+        self.directory = directory
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -88,9 +113,10 @@ class Checkpointer:
         self.every = int(every)
         self.keep = int(keep)
         self.saved_steps: list[int] = []
-        self.skipped_steps: list[int] = []
         self.restore_called = False  # whether the training loop asked for a resume (methods that support it do)
         self.restored_step: int | None = None  # the step of the checkpoint restore() loaded, if any
+        self.stop_signal: int | None = None  # set by request_stop (a signal handler): checkpoint and stop
+        self.stop_requested = False
 
     def bind(self, federation: Federation) -> None:
         """Use ``federation``'s parties (a fit calls this); refuses a checkpointer bound to another federation."""
@@ -107,11 +133,24 @@ class Checkpointer:
     def _step_dir(self, step: int) -> Path:
         return self.directory / f"step-{step:09d}"
 
+    def request_stop(self, signum: int | None = None) -> None:
+        """Ask the training loop to checkpoint at the next step boundary and stop (safe in a signal handler)."""
+        self.stop_signal = signum
+        self.stop_requested = True
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Checkpoint now, after ``step`` steps, with the coordinator's ``state``."""
+        """Checkpoint now, after ``step`` steps, with the coordinator's ``state``.
+
+        A party that cannot save raises :class:`PartyLost`; the incomplete checkpoint is removed first.
+        """
         d = self._step_dir(step)
         d.mkdir(parents=True, exist_ok=True)
-        self._fed.save(d)
+        try:
+            self._fed.save(d)
+        except PartyUnavailable as e:
+            log.warning("checkpoint after step %d failed: %s", step, e)
+            self._discard(d)
+            raise PartyLost(e.party, e.reason, step) from None
         tmp = d / "coordinator.pt.tmp"
         torch.save({"step": int(step), "state": state}, tmp)
         os.replace(tmp, d / "coordinator.pt")
@@ -125,27 +164,49 @@ class Checkpointer:
     def maybe_save(self, step: int, state: Callable[[], dict[str, Any]] | dict[str, Any]) -> bool:
         """Checkpoint if ``step`` is a multiple of the interval; ``state`` may be a callable (built only then).
 
-        A party that is unavailable at that moment makes the checkpoint be skipped (logged), not the run fail.
+        A party that cannot save its half stops the fit (:class:`PartyLost`): the last complete checkpoint stays.
         """
         if step <= 0 or step % self.every:
             return False
-        try:
-            self.save(step, state() if callable(state) else state)
-        except PartyUnavailable as e:  # a checkpoint needs every party: skip this one, keep training
-            log.warning("checkpoint at step %d skipped: %s", step, e)
-            self.skipped_steps.append(int(step))
-            return False
+        self.save(step, state() if callable(state) else state)
         return True
 
+    def after_step(self, step: int, state: Callable[[], dict[str, Any]]) -> None:
+        """What the training loop calls after every step: a checkpoint every N steps and, when a stop was
+        requested, a checkpoint now and :class:`FitInterrupted`."""
+        saved = self.maybe_save(step, state)
+        if self.stop_requested:
+            if not saved:
+                self.save(step, state())
+            raise FitInterrupted(step, self.directory, self.stop_signal)
+
+    def _discard(self, d: Path) -> None:
+        """Remove a checkpoint: at the parties first (reachable ones), then here if every party confirmed."""
+        try:
+            done = self._fed.forget(d)
+        except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps its file until the next prune
+            log.warning("parties could not delete their state of %s: %s", d, e)
+            done = False
+        if done is False:  # keep the record (party_states.json) so a later prune asks again
+            (d / "coordinator.pt").unlink(missing_ok=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
     def _prune(self, keep_dir: str) -> None:
+        """Keep the last ``keep`` complete checkpoints; delete older ones, incomplete ones and those a party had
+        not deleted yet (everywhere)."""
         dirs = sorted(p for p in self.directory.glob("step-*") if p.is_dir())
-        for p in dirs[: max(0, len(dirs) - self.keep)]:
-            if p.name != keep_dir:
-                try:  # the parties delete their halves first (over gRPC they live on the parties' disks)
-                    self._fed.forget(p)
-                except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
-                    log.warning("parties could not delete their state of %s: %s", p, e)
-                shutil.rmtree(p, ignore_errors=True)
+        complete = [p for p in dirs if (p / "coordinator.pt").exists()]
+        keep = {p.name for p in complete[-self.keep:]} | {keep_dir}
+        for p in dirs:
+            if p.name not in keep:
+                self._discard(p)
+
+    def prune(self) -> None:
+        """Delete everything but the last ``keep`` complete checkpoints, here and at the parties."""
+        latest = self.latest()
+        if latest is not None:
+            self._prune(keep_dir=latest.directory.name)
 
     def latest(self) -> Checkpoint | None:
         """The last complete checkpoint (coordinator side only), or ``None``."""
@@ -167,4 +228,5 @@ class Checkpointer:
         if ckpt is not None:
             self._fed.load(ckpt.directory)
             self.restored_step = ckpt.step
+            self.prune()  # a party that was away when older checkpoints were pruned deletes them now
         return ckpt

@@ -7,20 +7,25 @@ tells each party where its own rows sit in the shared order (``attach``).  Three
 
 * :meth:`GrpcFederation.align` (``partialvfl fit --federation``): the union of the parties' hashed IDs and of the
   labelled IDs, sorted by hash; labels come from the coordinator's own label table;
-* :meth:`GrpcFederation.attach_ids` (``partialvfl predict --federation --ids``): the given IDs, in that order;
+* :meth:`GrpcFederation.attach_ids` (``partialvfl predict --federation --ids``): the given IDs, in that order, from
+  the parties' training tables or from a *table set*: the prediction tables of that name the parties serve beside
+  their training tables (new users; their rows are only predicted, never trained on);
 * :meth:`GrpcFederation.attach` (the :class:`~partialvfl.federation.coordinator.Federation` contract, used by
   ``method.fit(data, federation=...)`` in tests and benchmarks): the order and observed matrix of a
   :class:`VerticalDataset` the coordinator holds for simulation; every party must hold the rows the dataset says it
   observes (it reads them from its own file) and no feature leaves the coordinator.
 
 ``save``/``load`` send each party a directory *relative to its own state directory*; the model directory on the
-coordinator records it in ``party_states.json``.
+coordinator records it in ``party_states.json``.  :meth:`GrpcFederation.rejoin` waits for every party to answer a
+``hello`` again (a party restarted after a crash), so a fit can continue from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +39,13 @@ from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observe
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
+from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.tomlfile import read_toml
 
 __all__ = ["FederationConfig", "GrpcFederation", "LabelSource", "load_federation_config", "read_labels"]
 
 PARTY_STATES_FILE = "party_states.json"
+log = logging.getLogger("partialvfl.federation")
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,23 @@ class GrpcFederation(Federation):
             self.party_info[k] = dict(r.meta)
         return self.party_info
 
+    def rejoin(self, timeout: float, poll: float = 1.0) -> dict[int, dict[str, Any]]:
+        """Open a new session and wait (up to ``timeout`` seconds) until every party answers ``hello`` again.
+
+        A party restarted with the same configuration and state directory is then set up again by the fit, which
+        loads its last checkpoint there.  Raises the last :class:`PartyUnavailable` after ``timeout``.
+        """
+        limit = time.monotonic() + max(0.0, timeout)
+        self.grpc_transport.new_session()
+        while True:
+            try:
+                return self.connect()
+            except PartyUnavailable as e:
+                if time.monotonic() >= limit:
+                    raise
+                log.info("waiting for party %d (%s) to come back: %s", e.party, self.party_names[e.party], e.reason)
+                time.sleep(poll)
+
     def _present(self) -> list[int]:
         return [k for k in range(self.n_parties) if k not in self.absent]
 
@@ -234,7 +258,7 @@ class GrpcFederation(Federation):
 
     # ------------------------------------------------------------------ attaching data
     def _attach_order(self, order: np.ndarray, observed: np.ndarray, handle: str,
-                      y: np.ndarray | None = None, labeled: np.ndarray | None = None) -> None:
+                      y: np.ndarray | None = None, labeled: np.ndarray | None = None, table: str | None = None) -> None:
         self.transport.new_step()
         n = int(order.shape[0])
         requests = {}
@@ -244,7 +268,10 @@ class GrpcFederation(Federation):
             if k == self.active_party and y is not None and labeled is not None:
                 tensors["labels"] = torch.from_numpy(np.array(y))
                 tensors["labeled"] = torch.from_numpy(np.array(labeled, dtype=bool))
-            requests[k] = Request("attach", tensors, {"handle": handle, "n_samples": n})
+            meta: dict[str, Any] = {"handle": handle, "n_samples": n}
+            if table is not None and table in self.party_info.get(k, {}).get("tables", {}):
+                meta["table"] = table  # a party without this table set holds none of its rows (an empty handle)
+            requests[k] = Request("attach", tensors, meta)
         replies = self.transport.call_many(requests, tolerate=self.allow_absent)
         self.absent |= set(requests) - set(replies)
 
@@ -299,22 +326,36 @@ class GrpcFederation(Federation):
                                feature_shapes=shapes)
         return view, handle
 
+    def table_hashes(self, table: str) -> list[np.ndarray | None]:
+        """Every present party's hashed IDs of its prediction table ``table`` (``None``: it serves no such table)."""
+        serving = [k for k in self._present() if table in self.party_info.get(k, {}).get("tables", {})]
+        if not serving:
+            raise ValueError(f"no party serves a prediction table {table!r} (configure [[data.predict]] with "
+                             f"name = {table!r} in the parties' files)")
+        self.transport.new_step()
+        replies = self.transport.call_many({k: Request("ids", {}, {"table": table}) for k in serving},
+                                           tolerate=self.allow_absent)
+        self.absent |= set(serving) - set(replies)
+        return [replies[k].tensors["hashes"].numpy() if k in replies else None for k in range(self.n_parties)]
+
     def attach_ids(self, ids: Sequence[Any] | np.ndarray, handle: str | None = None, *, task: Task | None = None,
-                   feature_dims: Sequence[int] | None = None,
-                   feature_shapes: Sequence[Sequence[int]] | None = None) -> tuple[CoordinatorView, str]:
-        """Attach exactly ``ids`` (in that order, e.g. a prediction request): each party holds those it has."""
+                   feature_dims: Sequence[int] | None = None, feature_shapes: Sequence[Sequence[int]] | None = None,
+                   table: str | None = None) -> tuple[CoordinatorView, str]:
+        """Attach exactly ``ids`` (in that order, e.g. a prediction request): each party holds those it has, in its
+        training table or, with ``table``, in its prediction table of that name (only predicted, never trained on).
+        """
         handle = handle or self.new_handle("predict")
         ids = np.asarray(ids)
         order = hash_ids(ids, self._require_key())
         if len({bytes(h) for h in order}) != len(order):
             raise DataValidationError("the ID list has duplicates")
-        held = self.party_hashes()
+        held = self.party_hashes() if table is None else self.table_hashes(table)
         observed = np.zeros((len(order), self.n_parties), dtype=bool)
         for k, hashes in enumerate(held):
             if hashes is not None:
                 pos = positions_in(order, hashes)
                 observed[pos[pos >= 0], k] = True
-        self._attach_order(order, observed, handle)
+        self._attach_order(order, observed, handle, table=table)
         observed[:, sorted(self.absent)] = False
         dims, shapes = self.feature_dims()
         if feature_dims is not None:
@@ -352,9 +393,10 @@ class GrpcFederation(Federation):
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         rel = self.party_dir_for(d)
+        # recorded first: if a party fails, the others' files can still be found and deleted (``forget``)
+        (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
         self.transport.new_step()
         self.transport.broadcast(range(self.n_parties), "save", dir=rel)
-        (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
 
     @staticmethod
     def saved_party_dir(directory: str | Path) -> str:
@@ -364,14 +406,16 @@ class GrpcFederation(Federation):
             raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
         return json.loads(f.read_text())["party_dir"]
 
-    def forget(self, directory: str | Path) -> None:
-        """Have every reachable party delete its state of ``directory`` (a pruned checkpoint); absent ones keep it."""
+    def forget(self, directory: str | Path) -> bool:
+        """Have every party delete its state of ``directory`` (a pruned checkpoint); whether all of them did (an
+        unreachable party keeps its file until it is asked again)."""
         try:
             rel = self.saved_party_dir(directory)
         except FileNotFoundError:  # nothing was saved there at the parties
-            return
+            return True
         self.transport.new_step()
-        self.transport.broadcast(self._present(), "forget", tolerate=True, dir=rel)
+        replies = self.transport.broadcast(range(self.n_parties), "forget", tolerate=True, dir=rel)
+        return len(replies) == self.n_parties
 
     def load(self, directory: str | Path) -> None:
         rel = self.saved_party_dir(directory)

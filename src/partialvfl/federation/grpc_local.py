@@ -4,6 +4,11 @@
 shared HMAC key, its party configuration), starts one ``party serve`` process per
 party on 127.0.0.1 with an OS-chosen port, and writes the coordinator's federation file.  Processes are killed when
 the deployment is closed (use it as a context manager).
+
+Each party's ``[policy]`` is ``policy``: ``"research"`` (the default: the in-process simulation's permissive policy,
+seeded by the coordinator, so federated runs reproduce in-process ones), ``"default"`` (no ``[policy]`` table: the
+safe policy a deployed party gets) or a table of ``[policy]`` keys.  ``predict`` adds prediction tables: name ->
+dataset whose rows every party serves as ``[[data.predict]]`` (they are never in its training table).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +70,30 @@ def _q(p: Path | str) -> str:
     return '"' + str(p).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str | Path):
+        return _q(v)
+    if isinstance(v, Sequence):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as a TOML value")
+
+
+def policy_table(table: Mapping[str, Any]) -> str:
+    """A ``[policy]`` table of a party file with these keys."""
+    return "\n[policy]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())
+
+
+def _policy_dict(policy: str | Mapping[str, Any]) -> dict[str, Any]:
+    """``"research"``, ``"default"`` or explicit keys, as ``[policy]`` keys."""
+    if policy == "research":
+        return {"preset": "research"}
+    return {} if policy == "default" else dict(policy)  # type: ignore[arg-type]
+
+
 class LocalDeployment:
     """Party processes for ``data`` under ``directory``; ``federation_file`` is the coordinator's file.
 
@@ -83,6 +112,8 @@ class LocalDeployment:
         deadline: float = 10.0,
         max_message_mb: float = 64.0,
         start_timeout: float = 60.0,
+        policy: str | Mapping[str, Any] = "research",
+        predict: Mapping[str, VerticalDataset] | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.data = data
@@ -92,6 +123,8 @@ class LocalDeployment:
         self.deadline = deadline
         self.max_message_mb = max_message_mb
         self.start_timeout = start_timeout
+        self.policy: dict[int, str | Mapping[str, Any]] = {k: policy for k in range(data.n_parties)}
+        self.predict = dict(predict or {})
         self.names = list(data.party_names)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.ports: dict[int, int] = {}
@@ -105,6 +138,15 @@ class LocalDeployment:
         init_dev_pki(self.certs, [*self.names, "coordinator"])
         write_key(self.key_file)
         write_party_tables(self.data, self.dir / "data", extra=self.extra)
+        for name, ds in self.predict.items():
+            write_party_tables(ds, self.dir / "data" / name)
+
+    def _predict_tables(self, k: int) -> str:
+        return "".join(f"""
+[[data.predict]]
+name = {_q(name)}
+path = {_q(self.dir / "data" / name / f"party-{k}.parquet")}
+""" for name in self.predict)
 
     def party_config_file(self, k: int) -> Path:
         return self.dir / f"party-{k}.toml"
@@ -121,19 +163,18 @@ port_file = {_q(self.dir / f"party-{k}.port")}
 state_dir = {_q(self.dir / "state" / name)}
 hmac_key_file = {_q(self.key_file)}
 allowed_peers = ["coordinator"]
-max_message_mb = {self.max_message_mb}
 plugins = [{plugins}]
 
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}
 id_column = "id"
 feature_shape = [{shape}]
-
+{self._predict_tables(k)}
 [tls]
 ca = {_q(self.certs / "ca.pem")}
 cert = {_q(self.certs / f"{name}.pem")}
 key = {_q(self.certs / f"{name}.key")}
-"""
+{policy_table({"max_request_mb": self.max_message_mb, **_policy_dict(self.policy[k])})}"""
         p = self.party_config_file(k)
         p.write_text(text)
         return p

@@ -1,40 +1,47 @@
 """The party process: one long-lived gRPC server per institution (``partialvfl party serve --config FILE``).
 
-It reads the party's own table (CSV or Parquet with an ID column) and nothing else, keeps one
-:class:`~partialvfl.federation.party.PartyRuntime` (so a program's forward state lives between the calls of a step),
-and answers the coordinator over mutual TLS.  Before a request reaches the runtime the server checks, in order:
+It reads the party's own tables (CSV or Parquet with an ID column: its training table and, separately, tables of
+users to predict) and nothing else, keeps one :class:`~partialvfl.federation.party.PartyRuntime` (so a program's
+forward state lives between the calls of a step), and answers the coordinator over mutual TLS.  Before a request
+reaches the runtime the server checks, in order:
 
-1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``;
-2. the bytes are a well-formed frame of allowed dtypes within the size limit -> else ``INVALID_ARGUMENT``
-   (gRPC itself refuses frames over the maximum message size with ``RESOURCE_EXHAUSTED``);
+1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``; this is
+   checked when the call starts, *before* the request body is read (gRPC itself refuses bodies over the size limit
+   with ``RESOURCE_EXHAUSTED``, and at most ``max_concurrent_rpcs`` calls are served at once);
+2. the bytes are a well-formed frame of allowed dtypes -> else ``INVALID_ARGUMENT``;
 3. the message belongs to the current coordinator session, its sequence number is new, its step is not older
    than the last one and its ``(step, round, kind)`` was not served yet -> else ``FAILED_PRECONDITION`` (stale)
-   or ``ALREADY_EXISTS`` (replay);
-4. the kind is declared (a built-in or one of the program's ``messages``) -> else ``UNIMPLEMENTED``
+   or ``ALREADY_EXISTS`` (replay); a ``hello`` changes the session only once it passed every check;
+4. the party's policy (:mod:`partialvfl.federation.policy`) admits it: the program and its architecture at
+   ``setup``, learning rates, weight sharing, the number of data sets held, and that rows of a prediction table
+   are only predicted -> else ``PERMISSION_DENIED`` naming the rule;
+5. the kind is declared (a built-in or one of the program's ``messages``) -> else ``UNIMPLEMENTED``
    (``FAILED_PRECONDITION`` before any setup), and its tensors and metadata match the declaration -> else
    ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.schema`).
 
 A handler that raises on bad input (``ValueError``, ``KeyError``, shape errors...) becomes ``INVALID_ARGUMENT``
-with the party's message; a reply that does not match its declaration (the program's own bug) ``INTERNAL``.  Every
-refusal is logged and the server keeps serving.
+with the party's message; a reply that does not match its declaration (the program's own bug) ``INTERNAL``; a reply
+that would carry one of the party's own parameters or optimiser-state tensors is not sent (``PERMISSION_DENIED``)
+unless the policy allows weight sharing.  Every request, served or refused, is written to the party's access log
+(:mod:`partialvfl.federation.access_log`), and the server keeps serving.
 
-Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``): ``hello`` (open a
-coordinator session), ``ids`` (the party's IDs as HMAC hashes), ``attach`` (hold the rows at the given positions
-of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved inside the party's
-own state directory: a party's model state stays on its own disk.
+Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
+(open a coordinator session), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows of a table at
+the given positions of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved
+inside the party's own state directory: a party's model state stays on its own disk.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -43,40 +50,46 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import PartyView
+from partialvfl.federation.access_log import AccessLog, AccessLogConfig, tensor_summary
 from partialvfl.federation.alignment import hash_ids, load_key
+from partialvfl.federation.audit import disclosed_state
 from partialvfl.federation.grpc_transport import (
     CALL_METHOD,
-    DEFAULT_MAX_MESSAGE_BYTES,
     SECONDS_KEY,
     SERVICE_NAME,
-    TlsFiles,
     WireError,
+    WireRequest,
     decode_request,
     encode_reply,
 )
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import NotSetUp, PartyRuntime
+from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
+from partialvfl.federation.policy import InferenceGuard, PolicyViolation
 from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
-from partialvfl.utils.tomlfile import read_toml
 
-__all__ = ["PartyConfig", "PartyServer", "PartyTable", "import_plugins", "load_party_config", "run", "serve"]
+__all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "TRAINING_TABLE", "import_plugins",
+           "load_party_config", "run", "serve"]
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
+#: Request metadata copied into the access log (what was asked for, never a value the party computed).
+LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
 
 #: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
 SERVER_MESSAGES: dict[str, MessageSpec] = {
-    "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count and feature "
-                             "shape as metadata."),
-    "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))],
-                       doc="The party's IDs as HMAC-SHA256 hashes."),
+    "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count, feature "
+                             "shape and the names and row counts of its prediction tables as metadata."),
+    "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
+                       doc="The IDs of the training table (or of prediction table `table`) as HMAC-SHA256 hashes."),
     "attach": MessageSpec(
         request=[TensorSpec("hashes", "uint8", ("R", 32)), TensorSpec("rows", "int64", ("R",)),
                  TensorSpec("labels", ("int64", "float64"), ("N",), optional=True),
                  TensorSpec("labeled", "bool", ("N",), optional=True)],
-        meta=["handle", "n_samples"],
+        meta=["handle", "n_samples"], optional_meta=["table"],
         doc="Hold the rows with these hashed IDs at these positions of the shared order (of `n_samples`) under "
-            "`handle`; the active party also gets the labels."),
+            "`handle`, from the training table or from prediction table `table` (then only predicted, never "
+            "trained on); the active party also gets the labels (training table only)."),
     "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
 }
 
@@ -87,73 +100,6 @@ class Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-# ---------------------------------------------------------------------- configuration
-@dataclass(frozen=True)
-class PartyConfig:
-    """A party process's configuration file, paths resolved against the file's folder."""
-
-    name: str
-    index: int
-    address: str
-    data_path: Path
-    id_column: str
-    tls: TlsFiles
-    state_dir: Path
-    hmac_key_file: Path
-    allowed_peers: tuple[str, ...] = ("coordinator",)
-    feature_columns: tuple[str, ...] | None = None
-    exclude_columns: tuple[str, ...] = ()
-    feature_shape: tuple[int, ...] | None = None
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    port_file: Path | None = None
-    plugins: tuple[str, ...] = ()
-    threads: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _need(table: dict[str, Any], key: str, where: str, path: Path) -> Any:
-    if key not in table:
-        raise ValueError(f"{path}: [{where}] needs '{key}'")
-    return table[key]
-
-
-def load_party_config(path: str | Path) -> PartyConfig:
-    """Read a party's TOML configuration (see ``docs/deployment.md`` for every key)."""
-    p = Path(path)
-    raw = read_toml(p, "party configuration")
-    base = p.parent
-
-    def rel(v: str) -> Path:
-        q = Path(v).expanduser()
-        return q if q.is_absolute() else (base / q)
-
-    party = _need(raw, "party", "party", p)
-    data = _need(raw, "data", "data", p)
-    tls = _need(raw, "tls", "tls", p)
-    fc = data.get("feature_columns")
-    shape = data.get("feature_shape")
-    return PartyConfig(
-        name=str(_need(party, "name", "party", p)),
-        index=int(_need(party, "index", "party", p)),
-        address=str(party.get("address", "127.0.0.1:0")),
-        data_path=rel(_need(data, "path", "data", p)),
-        id_column=str(_need(data, "id_column", "data", p)),
-        tls=TlsFiles(rel(_need(tls, "ca", "tls", p)), rel(_need(tls, "cert", "tls", p)),
-                     rel(_need(tls, "key", "tls", p))),
-        state_dir=rel(party.get("state_dir", f"state-{party.get('name', 'party')}")),
-        hmac_key_file=rel(_need(party, "hmac_key_file", "party", p)),
-        allowed_peers=tuple(party.get("allowed_peers", ["coordinator"])),
-        feature_columns=tuple(fc) if fc is not None else None,
-        exclude_columns=tuple(data.get("exclude_columns", [])),
-        feature_shape=tuple(int(s) for s in shape) if shape is not None else None,
-        max_message_bytes=int(float(party.get("max_message_mb", DEFAULT_MAX_MESSAGE_BYTES / 2**20)) * 2**20),
-        port_file=rel(party["port_file"]) if "port_file" in party else None,
-        plugins=tuple(party.get("plugins", [])),
-        threads=int(party.get("threads", 1)),
-        extra=raw,
-    )
 
 
 # ---------------------------------------------------------------------- the party's own table
@@ -208,41 +154,23 @@ class PartyTable:
         self.index = {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
-# ---------------------------------------------------------------------- the server
-class PartyServer:
-    """The party's request handler: authentication, replay checks, then the runtime (declarations, handlers)."""
+# ---------------------------------------------------------------------- sessions
+class SessionGuard:
+    """Which coordinator session the party serves, and the replay rules within it.
 
-    def __init__(self, cfg: PartyConfig, key: bytes | None = None) -> None:
-        self.cfg = cfg
-        self.table = PartyTable(cfg, key if key is not None else load_key(cfg.hmac_key_file))
-        handlers = {"hello": self._hello, "ids": self._ids, "attach": self._attach, "release": self._release}
-        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
-                                    builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()})
-        self.state_dir = cfg.state_dir.resolve()
-        self._lock = threading.Lock()
+    :meth:`check` changes nothing; :meth:`commit` records a message that passed every check (a ``hello`` opens its
+    session only then, so a refused ``hello`` leaves a live session as it was).
+    """
+
+    def __init__(self) -> None:
         self.session: str | None = None
         self.last_seq = 0
         self.last_step = -1
         self.served: set[tuple[int, int, str]] = set()
-        self.refusals = 0
 
-    # -- checks
-    def _check_peer(self, context: grpc.ServicerContext) -> str:
-        auth = context.auth_context()
-        names = [v.decode() for key in ("x509_common_name", "x509_subject_alternative_name")
-                 for v in auth.get(key, [])]
-        for n in names:
-            if n in self.cfg.allowed_peers:
-                return n
-        raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                      f"party {self.cfg.name!r} does not accept peer {names or 'without certificate'}: not on its "
-                      f"allowlist {list(self.cfg.allowed_peers)}")
-
-    def _check_fresh(self, wire: Any) -> None:
+    def check(self, wire: WireRequest) -> None:
         kind = wire.request.kind
         if kind == "hello":
-            self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
-            self.served.clear()
             return
         if self.session is None or wire.session != self.session:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
@@ -259,14 +187,68 @@ class PartyServer:
                           f"replayed message: {kind!r} was already served in step {wire.step} round {wire.round} "
                           "(a method calling the same kind twice must start a new round in between)")
 
-    def _commit(self, wire: Any) -> None:
-        """Record a message that passed every check as served."""
+    def commit(self, wire: WireRequest) -> None:
         if wire.request.kind == "hello":
+            self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
+            self.served.clear()
             return
         if wire.step > self.last_step:
             self.served.clear()
         self.last_seq, self.last_step = wire.seq, wire.step
         self.served.add((wire.step, wire.round, wire.request.kind))
+
+
+# ---------------------------------------------------------------------- the server
+class PartyServer:
+    """The party's request handler: authentication, replay checks, policy, then the runtime (declarations,
+    handlers); every request is written to the access log."""
+
+    def __init__(self, cfg: PartyConfig, key: bytes | None = None) -> None:
+        self.cfg = cfg
+        key = key if key is not None else load_key(cfg.hmac_key_file)
+        self.table = PartyTable(cfg, key)
+        self.tables = {TRAINING_TABLE: self.table}
+        for spec in cfg.predict_tables:
+            self.tables[spec.name] = self._predict_table(spec, key)
+        handlers = {"hello": self._hello, "ids": self._ids, "attach": self._attach, "release": self._release}
+        self.state_dir = cfg.state_dir.resolve()
+        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
+                                    builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()},
+                                    policy=cfg.policy, feature_shape=self.table.feature_shape)
+        self.policy = cfg.policy
+        self._lock = threading.Lock()
+        self.sessions = SessionGuard()
+        self.inference = InferenceGuard()
+        self.handles: set[str] = set()
+        self.prediction_handles: set[str] = set()
+        self.refusals = 0
+        self.access = AccessLog(cfg.access_log or AccessLogConfig(self.state_dir / "access.log"))
+
+    @property
+    def session(self) -> str | None:
+        return self.sessions.session
+
+    def _predict_table(self, spec: PredictTable, key: bytes) -> PartyTable:
+        """A prediction table, read like the training table; its feature columns must be the training table's."""
+        cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
+                                  feature_columns=self.table.feature_names)
+        table = PartyTable(cfg, key)
+        if table.feature_shape != self.table.feature_shape:
+            raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "
+                             f"{table.feature_shape}, the training table {self.table.feature_shape}")
+        return table
+
+    # -- checks
+    def _check_peer(self, context: grpc.ServicerContext) -> str:
+        auth = context.auth_context()
+        names = [v.decode() for key in ("x509_common_name", "x509_subject_alternative_name")
+                 for v in auth.get(key, [])]
+        for n in names:
+            if n in self.cfg.allowed_peers:
+                return n
+        raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                      f"party {self.cfg.name!r} does not accept peer {names or 'without certificate'}: not on its "
+                      f"allowlist {list(self.cfg.allowed_peers)}")
 
     def _state_path(self, rel: Any) -> str:
         if not isinstance(rel, str) or not rel:
@@ -277,97 +259,174 @@ class PartyServer:
                           f"state directory {rel!r} must be relative and stay inside the party's state directory")
         return str(self.state_dir.joinpath(*pp.parts))
 
+    def _table(self, req: Request) -> tuple[str, PartyTable]:
+        name = req.meta.get("table", TRAINING_TABLE)
+        if not isinstance(name, str) or name not in self.tables:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"party {self.cfg.name!r} serves no table {name!r}; it serves "
+                                                     f"{sorted(self.tables)}")
+        return name, self.tables[name]
+
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
         t = self.table
+        tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
-                           "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape)})
+                           "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
+                           "tables": tables})
 
     def _attach(self, req: Request) -> Reply:
         handle = req.meta.get("handle")
         n = req.meta.get("n_samples")
         if not isinstance(handle, str) or not handle or not isinstance(n, int) or n < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach needs meta 'handle' (str) and 'n_samples' (int)")
+        name, table = self._table(req)
+        self.policy.check_handles(len(self.handles), handle, handle in self.handles)
         hashes, rows = req.tensors["hashes"], req.tensors["rows"].numpy()  # shapes: declared in SERVER_MESSAGES
         if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         local = np.empty(rows.size, dtype=np.int64)
         for i, h in enumerate(hashes.numpy()):
-            j = self.table.index.get(bytes(h))
+            j = table.index.get(bytes(h))
             if j is None:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"party {self.cfg.name!r} holds no row with hashed ID {bytes(h).hex()[:16]}...")
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with hashed "
+                                                                f"ID {bytes(h).hex()[:16]}... in table {name!r}")
             local[i] = j
         order = np.argsort(rows, kind="stable")
         rows, local = rows[order], local[order]
         labels = labeled = None
         if "labels" in req.tensors or "labeled" in req.tensors:
+            if name != TRAINING_TABLE:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels go with the training table, not "
+                                                                f"with prediction table {name!r}")
             if "labels" not in req.tensors or "labeled" not in req.tensors:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send both 'labels' and 'labeled'")
             labels, labeled = req.tensors["labels"].numpy(), req.tensors["labeled"].numpy()
             if labels.shape != (n,) or labeled.shape != (n,):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
-        feats = self.table.features[local]
+        feats = table.features[local]
         feats.flags.writeable = False
         view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=rows,
-                         ids=self.table.ids[local], feature_names=self.table.feature_names,
-                         feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
+                         ids=table.ids[local], feature_names=table.feature_names,
+                         feature_shape=table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
+        self.handles.add(handle)
+        if name == TRAINING_TABLE:
+            self.prediction_handles.discard(handle)
+        else:
+            self.prediction_handles.add(handle)
         return Reply(meta={"n_rows": int(rows.size)})
 
     def _ids(self, req: Request) -> Reply:
-        return Reply({"hashes": torch.from_numpy(self.table.hashes.copy())})
+        _, table = self._table(req)
+        return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
 
     def _release(self, req: Request) -> Reply:
-        self.runtime.release(str(req.meta["handle"]))
+        handle = str(req.meta["handle"])
+        self.runtime.release(handle)
+        self.handles.discard(handle)
+        self.prediction_handles.discard(handle)
         return Reply()
 
     # -- the gRPC entry point
-    def handle_bytes(self, data: bytes, context: grpc.ServicerContext) -> bytes:
-        kind = "?"
+    def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """One call: the peer is checked when the call starts, the body is read only for an allowed peer."""
+        entry: dict[str, Any] = {"peer": None, "address": context.peer(), "kind": "?"}
         try:
-            peer = self._check_peer(context)
+            entry["peer"] = self._check_peer(context)
+            data = next(requests, None)
+            if data is None:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              "no request arrived (larger than the party's size limit, or cancelled)")
+            entry["request_bytes"] = len(data)
             try:
                 wire = decode_request(data, self.cfg.max_message_bytes)
             except WireError as e:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}") from None
-            kind = wire.request.kind
-            with self._lock:
-                t0 = time.perf_counter()
-                self._check_fresh(wire)
-                try:
-                    reply = self.runtime.handle(wire.request, accepted=lambda: self._commit(wire))
-                except Refused:
-                    raise
-                except UnknownKindError as e:
-                    raise Refused(grpc.StatusCode.UNIMPLEMENTED, str(e)) from None
-                except MessageError as e:  # the same text as in process; a bad reply is the party's own bug
-                    code = grpc.StatusCode.INVALID_ARGUMENT if e.direction == "request" else grpc.StatusCode.INTERNAL
-                    raise Refused(code, str(e)) from None
-                except NotSetUp as e:
-                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
-                except (ValueError, KeyError, TypeError, IndexError, RuntimeError, FileNotFoundError) as e:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None
-                reply = Reply(reply.tensors, {**reply.meta, SECONDS_KEY: time.perf_counter() - t0})
-            log.debug("served %s for %s (step %d round %d)", kind, peer, wire.step, wire.round)
-            return encode_reply(reply)
+            reply = self._serve(wire, entry)
+            payload = encode_reply(reply)
+            self._log(entry, "served", grpc.StatusCode.OK, reply_bytes=len(payload),
+                      reply=tensor_summary(reply.tensors))
+            return payload
         except Refused as e:
-            self.refusals += 1
-            log.warning("refused %r: %s: %s", kind, e.code.name, e)
-            context.abort(e.code, str(e))
+            self._refuse(context, entry, e.code, str(e))
         except Exception as e:  # noqa: BLE001 - anything else is the party's own bug: report, keep serving
-            self.refusals += 1
-            log.exception("internal error while serving %r", kind)
-            context.abort(grpc.StatusCode.INTERNAL, f"party {self.cfg.name!r} failed on {kind!r}: "
-                                                    f"{type(e).__name__}: {e}")
+            log.exception("internal error while serving %r", entry["kind"])
+            self._refuse(context, entry, grpc.StatusCode.INTERNAL,
+                         f"party {self.cfg.name!r} failed on {entry['kind']!r}: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")  # context.abort raises
 
+    def _serve(self, wire: WireRequest, entry: dict[str, Any]) -> Reply:
+        request = wire.request
+        kind = request.kind
+        entry.update(kind=kind, step=wire.step, round=wire.round, session=wire.session[:8],
+                     request=tensor_summary(request.tensors),
+                     meta={k: request.meta[k] for k in LOGGED_META if k in request.meta})
+        with self._lock:
+            t0 = time.perf_counter()
+            self.sessions.check(wire)
+            program = self.runtime.program.program_name if self.runtime.program is not None else None
+            try:
+                if kind not in self.runtime.builtins:
+                    self.inference.check(program, kind, request.meta, self.prediction_handles)
+                reply = self.runtime.handle(request, accepted=lambda: self._accepted(wire))
+            except Refused:
+                raise
+            except PolicyViolation as e:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"party {self.cfg.name!r} refused {kind!r}: {e}") \
+                    from None
+            except UnknownKindError as e:
+                raise Refused(grpc.StatusCode.UNIMPLEMENTED, str(e)) from None
+            except MessageError as e:  # the same text as in process; a bad reply is the party's own bug
+                code = grpc.StatusCode.INVALID_ARGUMENT if e.direction == "request" else grpc.StatusCode.INTERNAL
+                raise Refused(code, str(e)) from None
+            except NotSetUp as e:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError, FileNotFoundError) as e:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None
+            self._check_disclosure(kind, reply)
+            return Reply(reply.tensors, {**reply.meta, SECONDS_KEY: time.perf_counter() - t0})
 
-def generic_handler(fn: Callable[[bytes, grpc.ServicerContext], bytes]) -> grpc.GenericRpcHandler:
-    """The one-method service, bytes in and out (no protoc)."""
+    def _accepted(self, wire: WireRequest) -> None:
+        """A request passed every check: record it as served (and, for ``setup``, forget the old program's rows)."""
+        self.sessions.commit(wire)
+        if wire.request.kind == "setup":
+            self.inference.reset()
+        elif wire.request.kind not in self.runtime.builtins:
+            self.inference.accepted(wire.request.meta, self.prediction_handles)
+
+    def _check_disclosure(self, kind: str, reply: Reply) -> None:
+        """Never send the party's own parameters or optimiser state (unless its policy allows weight sharing)."""
+        if self.policy.allow_weight_sharing or not reply.tensors:
+            return
+        hit = disclosed_state(reply.tensors, self.runtime.program)
+        if hit is not None:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                          f"party {self.cfg.name!r} did not send its reply to {kind!r}: policy rule "
+                          f"'allow_weight_sharing': tensor {hit[0]!r} holds the values of its state tensor {hit[1]}")
+
+    def _log(self, entry: dict[str, Any], outcome: str, code: grpc.StatusCode, **more: Any) -> None:
+        self.access.write(**entry, outcome=outcome, status=code.name, **more)
+
+    def _refuse(self, context: grpc.ServicerContext, entry: dict[str, Any], code: grpc.StatusCode,
+                reason: str) -> None:
+        self.refusals += 1
+        log.warning("refused %r: %s: %s", entry["kind"], code.name, reason)
+        self._log(entry, "refused", code, reason=reason)
+        context.abort(code, reason)
+
+    def close(self) -> None:
+        self.access.close()
+
+
+def generic_handler(fn: Callable[[Iterator[bytes], grpc.ServicerContext], bytes]) -> grpc.GenericRpcHandler:
+    """The one-method service, bytes in and out (no protoc).
+
+    Registered as stream-unary so the handler runs when the call starts and checks the peer before it reads the
+    body; on the wire it is the same as the unary call the coordinator makes.
+    """
     method = CALL_METHOD.rsplit("/", 1)[1]
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, {method: grpc.unary_unary_rpc_method_handler(fn)})
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {method: grpc.stream_unary_rpc_method_handler(fn)})
 
 
 def import_plugins(cfg: PartyConfig) -> None:
@@ -387,8 +446,9 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     """Start the party's server (not blocking); returns the server, its bound port and the handler.
 
     The party runs the programs registered in :data:`~partialvfl.federation.party.PROGRAMS` when a ``setup``
-    arrives: those its caller registered before (``partialvfl party serve`` registers every method's) and those of
-    the plugin modules in ``cfg.plugins``, imported here.
+    arrives (and its policy agrees): those its caller registered before (``partialvfl party serve`` registers every
+    method's) and those of the plugin modules in ``cfg.plugins``, imported here.  An address already in use is an
+    error (:class:`OSError`): the port is never shared with another process (``SO_REUSEPORT`` off).
     """
     torch.set_num_threads(max(1, cfg.threads))
     import_plugins(cfg)
@@ -396,28 +456,39 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     ca, cert, key = cfg.tls.read()
     creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        handlers=[generic_handler(handler.handle_bytes)],
+        futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs),
+        handlers=[generic_handler(handler.handle_stream)],
         options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
-                 ("grpc.max_send_message_length", cfg.max_message_bytes)],
+                 ("grpc.max_send_message_length", cfg.max_message_bytes),
+                 ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
     )
-    port = server.add_secure_port(cfg.address, creds)
+    try:
+        port = server.add_secure_port(cfg.address, creds)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"party {cfg.name!r}: cannot listen on {cfg.address}")
+        handler.close()
+        raise OSError(f"party {cfg.name!r}: cannot listen on {cfg.address}: the address is in use (is another "
+                      "party serving there?) or not an address of this host")
     server.start()
     if cfg.port_file is not None:
         cfg.port_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cfg.port_file.with_suffix(".tmp")
         tmp.write_text(f"{port}\n")
         os.replace(tmp, cfg.port_file)
-    log.info("party %d (%s) serving %d rows on port %d", cfg.index, cfg.name, len(handler.table.ids), port)
+    log.info("party %d (%s) serving %d rows on port %d; %s", cfg.index, cfg.name, len(handler.table.ids), port,
+             cfg.policy.describe())
+    if cfg.policy.seed == "coordinator":
+        log.warning("party %s builds its parameters from the coordinator's seed ([policy] seed = 'coordinator'): "
+                    "for research only, a coordinator knowing the initial weights can invert embeddings", cfg.name)
     return server, port, handler
 
 
 def run(config: str | Path | PartyConfig) -> int:
     """Serve until SIGTERM/SIGINT (the caller has registered the programs to run and configured logging)."""
     cfg = config if isinstance(config, PartyConfig) else load_party_config(config)
-    server, port, _ = serve(cfg)
+    server, port, handler = serve(cfg)
     print(f"party {cfg.name} listening on port {port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -430,4 +501,5 @@ def run(config: str | Path | PartyConfig) -> int:
             break
     log.info("party %d (%s) stopping", cfg.index, cfg.name)
     server.stop(grace=1.0).wait()
+    handler.close()
     return 0

@@ -7,8 +7,10 @@ kind) plus coordinator code that talks to the programs through a Transport; the 
 behind a gRPC server.
 
 Built-in message kinds handled by the runtime itself (:data:`RUNTIME_MESSAGES`): ``setup`` (build the program
-named in ``meta['program']`` with ``meta['config']`` and ``meta['seed']``), ``save``/``load``/``forget`` (the
-program's state file in ``meta['dir']``, ``party-<k>.pt``), ``ping``.  A server adds its own built-ins.
+named in ``meta['program']`` with ``meta['config']``, if the party's :class:`~partialvfl.federation.policy.PartyPolicy`
+agrees, seeded as the policy says: in a deployment by a seed the party draws itself), ``save``/``load``/``forget``
+(the program's state file in ``meta['dir']``, ``party-<k>.pt``, which keeps the seed the program was built with),
+``ping``.  A server adds its own built-ins.
 
 Every message is checked against its declaration (:mod:`partialvfl.federation.schema`) in :meth:`PartyRuntime.handle`,
 the one path of both transports: the request before the handler runs, the reply after.
@@ -17,6 +19,7 @@ the one path of both transports: the request before the handler runs, the reply 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +28,7 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.policy import PartyPolicy
 from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
 
 __all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "register_program",
@@ -125,12 +129,17 @@ class PartyRuntime:
 
     ``builtins`` adds kinds a server answers itself (``{kind: (declaration, handler)}``); ``resolve_dir`` maps the
     ``dir`` of ``save``/``load``/``forget`` to a path (a server keeps states inside its own state directory).
+    ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
+    simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).
     """
 
     def __init__(self, index: int, name: str, *, builtins: Mapping[str, tuple[MessageSpec, Handler]] | None = None,
-                 resolve_dir: Callable[[Any], str | Path] = Path) -> None:
+                 resolve_dir: Callable[[Any], str | Path] = Path, policy: PartyPolicy | None = None,
+                 feature_shape: tuple[int, ...] | None = None) -> None:
         self.index = index
         self.name = name
+        self.policy = policy if policy is not None else PartyPolicy.research()
+        self.feature_shape = feature_shape
         self._data: dict[str, PartyView] = {}
         self.program: PartyProgram | None = None
         self.resolve_dir = resolve_dir
@@ -185,6 +194,8 @@ class PartyRuntime:
         """
         kind = request.kind
         spec, fn, where, config = self._declaration(kind)
+        if kind not in self.builtins and self.program is not None:
+            self.policy.check_request(self.program.program_name, kind, request.meta)
         check_request(spec, request.tensors, request.meta, where=where, kind=kind, config=config)
         if accepted is not None:
             accepted()
@@ -198,12 +209,16 @@ class PartyRuntime:
 
     def _setup(self, request: Request) -> Reply:
         name = request.meta["program"]
+        config = dict(request.meta.get("config", {}))
+        shape = self.feature_shape
+        self.policy.check_setup(name, config, n_features=None if shape is None else math.prod(shape),
+                                feature_shape=shape)  # the party's own policy first: PolicyViolation
         if name not in PROGRAMS:
             raise ValueError(f"unknown party program {name!r}; known: {sorted(PROGRAMS)}")
         shadowed = sorted(set(PROGRAMS[name].messages) & set(self.builtins))
         if shadowed:
             raise ValueError(f"party program {name!r} declares this party's built-in kind(s) {shadowed}")
-        self.program = PROGRAMS[name](self, dict(request.meta.get("config", {})), int(request.meta["seed"]))
+        self.program = PROGRAMS[name](self, config, self.policy.init_seed(int(request.meta["seed"])))
         return Reply(meta={"ok": True})
 
     def _program(self, kind: str) -> PartyProgram:
@@ -215,7 +230,7 @@ class PartyRuntime:
         program = self._program("save")
         path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"program": program.program_name, "state": program.state_dict()}, path)
+        torch.save({"program": program.program_name, "seed": program.seed, "state": program.state_dict()}, path)
         return Reply(meta={"path": str(path)})
 
     def _forget(self, request: Request) -> Reply:
@@ -235,5 +250,7 @@ class PartyRuntime:
         saved = torch.load(path, weights_only=True)
         if saved["program"] != program.program_name:
             raise ValueError(f"{path} holds a {saved['program']!r} state, not {program.program_name!r}")
+        if saved.get("seed", program.seed) != program.seed:  # rebuilt as it was saved (a party draws its seeds)
+            program = self.program = type(program)(self, program.config, int(saved["seed"]))
         program.load_state_dict(saved["state"])
         return Reply(meta={"ok": True})

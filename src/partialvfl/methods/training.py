@@ -10,6 +10,10 @@ whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step
 * running sums per epoch: a step returns ``{metric: (value_sum, weight)}``; at the end of the epoch the loop
   reports ``value_sum / weight`` (a weight of 0 marks a plain total, reported as the sum);
 * progress (a bar over epochs) and a report per epoch to the method and to the caller's ``on_epoch`` callback;
+* a party that fails during a step stops the fit at the end of that step
+  (:class:`~partialvfl.federation.checkpoint.PartyLost`; the step's partial effects are discarded with the process
+  state, the last checkpoint is intact), and a stop requested by a signal checkpoints at the next step boundary
+  (:class:`~partialvfl.federation.checkpoint.FitInterrupted`);
 * checkpoints every N steps through a :class:`~partialvfl.federation.checkpoint.Checkpointer` and an exact resume:
   parties are rolled back by ``Checkpointer.restore``; the loop skips the stages and epochs before the checkpoint,
   replays the checkpointed epoch's item iterator from the generator state saved at that epoch's start (so lazily
@@ -28,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from partialvfl.federation.checkpoint import rng_state, set_rng_state
+from partialvfl.federation.checkpoint import PartyLost, rng_state, set_rng_state
+from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.progress import progress
 
 if TYPE_CHECKING:
@@ -137,7 +142,15 @@ class TrainingLoop:
         for item in items:
             self.transport.new_step()
             self.step_count += 1
-            for key, (value, weight) in (stage.step(item, stage.rng) or {}).items():
+            failures = len(self.transport.failures)
+            try:
+                metrics = stage.step(item, stage.rng) or {}
+            except PartyUnavailable as e:
+                raise PartyLost(e.party, e.reason, self.step_count) from None
+            if len(self.transport.failures) > failures:  # a party missed part of this training step: stop here
+                _, party, reason = self.transport.failures[failures]
+                raise PartyLost(party, reason, self.step_count)
+            for key, (value, weight) in metrics.items():
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += float(value)
                 acc[1] += float(weight)
@@ -189,7 +202,7 @@ class TrainingLoop:
                 "stage_state": stage.state() if stage.state is not None else {},
             }
 
-        self.checkpointer.maybe_save(self.step_count, state)
+        self.checkpointer.after_step(self.step_count, state)
 
     def finish(self) -> None:
         """Refuse a checkpoint this run never reached (it came from other parameters or data)."""

@@ -79,6 +79,8 @@ class FedHSSL(VFLMethod):
                                    "momentum": float(p["pretrain_momentum"])},
             "finetune_optimizer": {"name": p["optimizer"], "lr": float(p["lr"]),
                                    "weight_decay": float(p["weight_decay"]), "momentum": float(p["momentum"])},
+            # what the party's top encoder is shared for (its policy decides whether it agrees); "none": never
+            "aggregate": p["aggregate"] if p["pretrain"] else "none",
         }
 
     @property

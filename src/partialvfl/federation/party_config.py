@@ -1,0 +1,132 @@
+"""A party's configuration file (``party.toml``): who it is, where it listens, its tables, TLS files, its policy and
+its access log.  Every key is documented in ``docs/deployment.md``; relative paths are resolved against the file's
+folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from partialvfl.federation.access_log import AccessLogConfig
+from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
+from partialvfl.federation.policy import PartyPolicy
+from partialvfl.utils.tomlfile import read_toml
+
+__all__ = ["TRAINING_TABLE", "PartyConfig", "PredictTable", "load_party_config"]
+
+#: The name of the party's training table in ``ids``/``attach`` (prediction tables have their own names).
+TRAINING_TABLE = "training"
+
+
+@dataclass(frozen=True)
+class PredictTable:
+    """A table of users to predict (``[[data.predict]]``): served beside the training table, never trained on."""
+
+    name: str
+    path: Path
+    id_column: str | None = None
+
+
+@dataclass(frozen=True)
+class PartyConfig:
+    """A party process's configuration file, paths resolved against the file's folder."""
+
+    name: str
+    index: int
+    address: str
+    data_path: Path
+    id_column: str
+    tls: TlsFiles
+    state_dir: Path
+    hmac_key_file: Path
+    allowed_peers: tuple[str, ...] = ("coordinator",)
+    feature_columns: tuple[str, ...] | None = None
+    exclude_columns: tuple[str, ...] = ()
+    feature_shape: tuple[int, ...] | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    port_file: Path | None = None
+    plugins: tuple[str, ...] = ()
+    threads: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+    policy: PartyPolicy = field(default_factory=PartyPolicy.default)
+    predict_tables: tuple[PredictTable, ...] = ()
+    access_log: AccessLogConfig | None = None  # default: access.log in the state directory
+    max_concurrent_rpcs: int = 4
+
+
+def _need(table: dict[str, Any], key: str, where: str, path: Path) -> Any:
+    if key not in table:
+        raise ValueError(f"{path}: [{where}] needs '{key}'")
+    return table[key]
+
+
+def _predict_tables(data: dict[str, Any], p: Path, rel: Callable[[str], Path]) -> tuple[PredictTable, ...]:
+    entries = data.get("predict", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"{p}: list prediction tables as [[data.predict]] tables with 'name' and 'path'")
+    out: list[PredictTable] = []
+    for i, t in enumerate(entries):
+        if not isinstance(t, dict) or "name" not in t or "path" not in t:
+            raise ValueError(f"{p}: [[data.predict]] entry {i} needs 'name' and 'path'")
+        name = str(t["name"])
+        if name == TRAINING_TABLE or name in {o.name for o in out}:
+            raise ValueError(f"{p}: prediction table name {name!r} is reserved or used twice")
+        out.append(PredictTable(name, rel(t["path"]), str(t["id_column"]) if "id_column" in t else None))
+    return tuple(out)
+
+
+def _message_bytes(party: dict[str, Any], policy_table: dict[str, Any], policy: PartyPolicy, p: Path) -> int:
+    """The request size limit: ``[policy] max_request_mb`` (or its older name ``[party] max_message_mb``)."""
+    if "max_message_mb" in party and "max_request_mb" in policy_table:
+        raise ValueError(f"{p}: give the request size limit once, as [policy] max_request_mb")
+    mb = float(party.get("max_message_mb", policy.max_request_mb))
+    return int(mb * 2**20)
+
+
+def load_party_config(path: str | Path) -> PartyConfig:
+    """Read a party's TOML configuration (see ``docs/deployment.md`` for every key)."""
+    p = Path(path)
+    raw = read_toml(p, "party configuration")
+    base = p.parent
+
+    def rel(v: str) -> Path:
+        q = Path(v).expanduser()
+        return q if q.is_absolute() else (base / q)
+
+    party = _need(raw, "party", "party", p)
+    data = _need(raw, "data", "data", p)
+    tls = _need(raw, "tls", "tls", p)
+    policy_table = raw.get("policy", {})
+    policy = PartyPolicy.from_table(policy_table, f"{p}: [policy]")
+    access = raw.get("access_log", {})
+    state_dir = rel(party.get("state_dir", f"state-{party.get('name', 'party')}"))
+    fc = data.get("feature_columns")
+    shape = data.get("feature_shape")
+    return PartyConfig(
+        name=str(_need(party, "name", "party", p)),
+        index=int(_need(party, "index", "party", p)),
+        address=str(party.get("address", "127.0.0.1:0")),
+        data_path=rel(_need(data, "path", "data", p)),
+        id_column=str(_need(data, "id_column", "data", p)),
+        tls=TlsFiles(rel(_need(tls, "ca", "tls", p)), rel(_need(tls, "cert", "tls", p)),
+                     rel(_need(tls, "key", "tls", p))),
+        state_dir=state_dir,
+        hmac_key_file=rel(_need(party, "hmac_key_file", "party", p)),
+        allowed_peers=tuple(party.get("allowed_peers", ["coordinator"])),
+        feature_columns=tuple(fc) if fc is not None else None,
+        exclude_columns=tuple(data.get("exclude_columns", [])),
+        feature_shape=tuple(int(s) for s in shape) if shape is not None else None,
+        max_message_bytes=_message_bytes(party, policy_table, policy, p),
+        port_file=rel(party["port_file"]) if "port_file" in party else None,
+        plugins=tuple(party.get("plugins", [])),
+        threads=int(party.get("threads", 1)),
+        extra=raw,
+        policy=policy,
+        predict_tables=_predict_tables(data, p, rel),
+        access_log=AccessLogConfig(rel(access.get("path", str(state_dir / "access.log"))),
+                                   int(float(access.get("max_mb", 10)) * 2**20), int(access.get("backups", 5))),
+        max_concurrent_rpcs=max(1, int(party.get("max_concurrent_rpcs", 4))),
+    )
