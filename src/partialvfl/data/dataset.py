@@ -8,7 +8,8 @@ A :class:`VerticalDataset` holds, for N samples (users) and K parties:
 * ``observed``, an ``(N, K)`` boolean matrix (``True`` = party k holds sample i; the FALSE-VFL paper's ``m`` is its
   negation);
 * labels ``y`` with a ``labeled`` mask (``True`` = label known), held by the active party;
-* the task (classification with its classes, or regression).
+* the task (classification with its classes, or regression); ``None`` for data without labels (new users to
+  predict: the model knows its classes).
 
 A party's block is reached only through :meth:`VerticalDataset.party`, which returns that party's
 :class:`PartyView` (its own observed rows).  Code that plays the coordinator (the active party's label-side role)
@@ -144,12 +145,14 @@ class CoordinatorView:
     observed: np.ndarray
     y: np.ndarray
     labeled: np.ndarray
-    task: Task
+    task: Task | None
     active_party: int
     party_names: tuple[str, ...]
     feature_dims: tuple[int, ...]
     feature_shapes: tuple[tuple[int, ...], ...]
     info: dict[str, Any] = field(default_factory=dict)
+    #: each party's column names, where the coordinator knows them (schema, not data: a fitted model keeps them)
+    feature_names: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def n_samples(self) -> int:
@@ -330,6 +333,7 @@ class VerticalDataset:
             feature_dims=self.feature_dims,
             feature_shapes=tuple(self.feature_shapes),
             info=dict(self.info),
+            feature_names=tuple(self.feature_names),
         )
 
     # ------------------------------------------------------------------ derived datasets
@@ -378,7 +382,7 @@ class VerticalDataset:
         rng = np.random.default_rng(seed)
         n = self.n_samples
         test = np.zeros(n, dtype=bool)
-        if stratify and self.task.is_classification:
+        if stratify and self.task is not None and self.task.is_classification:
             groups = np.where(self.labeled, self.y, -1)
             for g in np.unique(groups):
                 idx = np.flatnonzero(groups == g)
@@ -420,7 +424,7 @@ class VerticalDataset:
             i = int(np.flatnonzero(labeled & ~self.labeled)[0])
             raise DataValidationError(f"sample ID {_id(self.ids[i])} has no label to reveal")
         y = self.y.copy()
-        y[~labeled] = UNLABELED if self.task.is_classification else np.nan
+        y[~labeled] = UNLABELED if self.task is None or self.task.is_classification else np.nan
         return self._replace(y=y, labeled=labeled)
 
     # ------------------------------------------------------------------ summaries
@@ -446,7 +450,8 @@ class VerticalDataset:
     def __repr__(self) -> str:
         return (
             f"VerticalDataset(name={self.name!r}, n_samples={self.n_samples}, parties={list(self.party_names)}, "
-            f"dims={list(self.feature_dims)}, labeled={self.n_labeled}, task={self.task.kind}, "
+            f"dims={list(self.feature_dims)}, labeled={self.n_labeled}, "
+            f"task={self.task.kind if self.task is not None else None}, "
             f"active={self.active_party})"
         )
 
@@ -490,12 +495,16 @@ def _check_block_values(
 
 def _check_labels(
     task: Task | None, y: Any, labeled: Any, n: int, ids: np.ndarray
-) -> tuple[Task, np.ndarray, np.ndarray]:
-    if y is None:
-        if task is None:
-            raise DataValidationError("give labels `y` with a `task`, or a `task` for unlabelled data")
-        y_arr = np.full(n, UNLABELED if task.is_classification else np.nan)
+) -> tuple[Task | None, np.ndarray, np.ndarray]:
+    if y is None:  # unlabelled data (e.g. new users to predict): the task is optional
+        if labeled is not None and np.any(labeled):
+            raise DataValidationError("a label mask marks samples labelled, but no labels `y` were given")
+        classification = task is None or task.is_classification
+        out = np.full(n, UNLABELED if classification else np.nan, dtype=np.int64 if classification else np.float64)
         lab = np.zeros(n, dtype=bool)
+        out.flags.writeable = False
+        lab.flags.writeable = False
+        return task, out, lab
     else:
         y_arr = np.asarray(y)
         if y_arr.shape != (n,):
@@ -516,6 +525,8 @@ def _check_labels(
                     raise DataValidationError("label mask must be boolean (or 0/1)")
                 lab = lab.astype(bool)
         if task is None:
+            if not lab.any():  # no label known: nothing to say about the task
+                return _check_labels(None, None, None, n, ids)
             raise DataValidationError(
                 "say what the labels are: task=Task.classification(classes) or Task.regression()"
             )

@@ -168,7 +168,7 @@ class FedHSSL(VFLMethod):
             )
             self.aggregate_tops(new_step=False)
             local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
-            return {"local_loss": (float(np.mean(local)) if local else float("nan"), 1.0)}
+            return {"local_loss": (float(np.mean(local)), 1.0)} if local else None  # no party had rows: no value
 
         return Stage("pretrain", int(p["pretrain_epochs"]), items, step, rng)
 
