@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from example_tables import write_example
 from partialvfl.cli import build_parser, main
 from partialvfl.cli.common import MECHANISMS, SPLITTERS
 from partialvfl.data.mechanisms import parse_mechanism
@@ -25,14 +26,7 @@ PARTIES = ("bank", "shop", "telco")
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_example_tables
-    finally:
-        sys.path.pop(0)
-    d = tmp_path_factory.mktemp("example")
-    make_example_tables.write(d, seed=2, n_train=400, n_new=80)
-    return d
+    return write_example(tmp_path_factory.mktemp("example"), seed=2, n_train=400, n_new=80)
 
 
 def tables(d: Path, folder: str, bank: str | None = None) -> list[str]:

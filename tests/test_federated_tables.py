@@ -5,13 +5,13 @@ ordered by the same key.  Also: what ``predict --federation`` writes and when it
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from example_tables import write_example
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -26,14 +26,7 @@ PARAMS = {"epochs": 4}
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_example_tables
-    finally:
-        sys.path.pop(0)
-    d = tmp_path_factory.mktemp("example")
-    make_example_tables.write(d, seed=3, n_train=400, n_new=60)
-    return d
+    return write_example(tmp_path_factory.mktemp("example"), seed=3, n_train=400, n_new=60)
 
 
 def train_tables(d: Path) -> dict[str, Path]:

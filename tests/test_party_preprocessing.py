@@ -6,7 +6,6 @@ through unchanged, so the benchmark numbers do not move."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from example_tables import write_example
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.data.preprocessing import ColumnScaler
@@ -30,14 +30,7 @@ KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worked example's tables (bank income: std ~600; shop shares: max 0.76), smaller."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_example_tables
-    finally:
-        sys.path.pop(0)
-    d = tmp_path_factory.mktemp("example")
-    make_example_tables.write(d, seed=1, n_train=600, n_new=200)
-    return d
+    return write_example(tmp_path_factory.mktemp("example"), seed=1, n_train=600, n_new=200)
 
 
 def raw_tables(d: Path, split: str) -> dict[str, pd.DataFrame]:

@@ -149,7 +149,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         output = model.predict_output_local(test, args.party)
     else:
         output = model.predict_output(test)
-    res = metrics_from_predictions(output, test)
+    task = model.index_.task
+    res = metrics_from_predictions(output, test, task.classes if task.is_classification else None)
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
         "predict_seconds": time.perf_counter() - t0, "params": model.params_,
