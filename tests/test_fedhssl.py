@@ -117,7 +117,7 @@ def test_zero_imputation_equals_feeding_a_zero_block() -> None:
     m = _method(pretrain=False).fit(data)
     missing = np.flatnonzero(~data.observed[:, 0])
     blocks = [np.array(b) for b in data.blocks]
-    blocks[0][missing] = 0.0
+    blocks[0][missing] = m.federation_.runtimes[0].scaler.mean  # a zero block once the party standardised it
     filled = VerticalDataset(blocks, np.ones_like(data.observed) & (data.observed | (np.arange(3) == 0)),
                              y=data.y, labeled=data.labeled, task=data.task, active_party=0)
     np.testing.assert_allclose(m.predict_proba(data)[missing], m.predict_proba(filled)[missing], rtol=1e-5,

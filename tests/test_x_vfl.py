@@ -207,7 +207,7 @@ def test_federated_gradients_equal_the_centralised_gradient_of_the_objective(inp
     comp = np.array(data.observed)
     cols = []
     for k, p in enumerate(progs):
-        x = torch.tensor(np.nan_to_num(data.blocks[k]), dtype=torch.float32)
+        x = torch.tensor(np.nan_to_num(fed.runtimes[k].scaler.transform(data.blocks[k])), dtype=torch.float32)
         cols.append(p.net["bottom"](x) * torch.tensor(comp[:, k], dtype=torch.float32)[:, None])
     E = torch.stack(cols, 1)
     cf = torch.as_tensor(comp, dtype=torch.float32)
@@ -260,7 +260,8 @@ def test_locally_independent_inference_asks_only_that_party_and_is_h_of_f_k() ->
     prog = m.federation_.runtimes[0].program
     view = data.party(0)
     with torch.no_grad():
-        want = torch.softmax(m.top_(prog.net["bottom"](torch.tensor(view.features))), -1).numpy()
+        x = m.federation_.runtimes[0].scaler.transform(view.features)  # the party's own standardisation
+        want = torch.softmax(m.top_(prog.net["bottom"](torch.tensor(x))), -1).numpy()
     out = m.predict_output_local(data, 0)
     np.testing.assert_allclose(out[view.rows], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[~data.observed[:, 0]], np.tile(m.label_prior_, (int((~data.observed[:, 0]).sum()),

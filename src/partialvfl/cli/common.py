@@ -1,4 +1,10 @@
-"""What several commands share: the protocol options (dataset, parties, labels, missingness) and output."""
+"""What several commands share: the protocol options (dataset, parties, labels, missingness), the own-tables options
+(``--table PARTY=FILE``, ``--id``, ``--label``, ``--active``) and output.
+
+The splitter and mechanism forms listed in ``--help`` are written here (importing the data layer would slow down
+``--help``); ``tests/test_cli_tables.py`` checks them against :func:`~partialvfl.data.splitters.parse_splitter` and
+:func:`~partialvfl.data.mechanisms.parse_mechanism`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,20 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["PROTOCOL_DEFAULTS", "add_protocol_options", "emit", "protocol_config"]
+__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "add_protocol_options",
+           "add_table_options", "emit", "parse_tables", "protocol_config", "refuse_protocol_options"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
+PROTOCOL_DESTS = ("dataset", "data_dir", "parties", "labels", "aligned", "train_missing", "test_missing", "splitter",
+                  "max_train", "max_test")
+#: every splitter form (see docs/data.md)
+SPLITTERS = ("contiguous", "grid", "grid:RxC", "views", "columns:G1;G2;...")
+#: every mechanism form (see docs/data.md): P a probability, K a party index, T/D/B/A numbers
+MECHANISMS = ("none", "mcar:P", "mcar0", "mcar2", "mcar5", "mar1", "mar1:threshold=T,decrement=D", "mar2",
+              "mar2:threshold=T,budget=B,decrement=D", "mnar:P", "mnar7", "mnar9", "beta", "beta:a=A,b=B", "absent:K",
+              "absent:K1,K2")
+SPLITTER_FORMS = " | ".join(SPLITTERS) + " (e.g. columns:0-76;77,80)"
+MECHANISM_FORMS = " | ".join(MECHANISMS)
 
 
 def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool = True) -> None:
@@ -25,11 +42,12 @@ def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool 
                    help="labelled samples kept fully aligned (paper: 100 / 200); default: %(default)s")
     if train:
         g.add_argument("--train-missing", default="mcar:0.2",
-                       help="mechanism for all other training samples (none, mcar:P, mar1, mar2, mnar:P, beta, "
-                            "absent:K); default: %(default)s")
+                       help=f"mechanism for all other training samples: {MECHANISM_FORMS}; default: %(default)s")
     if test:
-        g.add_argument("--test-missing", default="none", help="mechanism for every test sample; default: %(default)s")
-    g.add_argument("--splitter", default=None, help="party split: contiguous, grid, grid:RxC, columns:...")
+        g.add_argument("--test-missing", default="none",
+                       help=f"mechanism for every test sample: {MECHANISM_FORMS}; default: %(default)s")
+    g.add_argument("--splitter", default=None, help=f"party split: {SPLITTER_FORMS}; default: grid for images, "
+                                                    "views for multi-view sources, contiguous otherwise")
     g.add_argument("--max-train", type=int, default=None, help="cap the training set (quick runs)")
     g.add_argument("--max-test", type=int, default=None, help="cap the test set (quick runs)")
     g.add_argument("--seed", type=int, default=0, help="seed for split, labels, mechanisms, model; default: 0")
@@ -52,6 +70,46 @@ def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -
         max_test=args.max_test,
         data_dir=args.data_dir,
     )
+
+
+def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
+    """``--table PARTY=FILE`` (repeatable), ``--id``, ``--label`` (and for ``fit`` ``--active``, ``--hmac-key``)."""
+    g = p.add_argument_group("your own tables (one per party, joined on an ID column; docs/own-data.md)")
+    g.add_argument("--table", action="append", default=[], metavar="PARTY=FILE",
+                   help="one party's table (CSV or Parquet), repeatable: one per party"
+                        + ("" if fit else "; default columns: the model's"))
+    g.add_argument("--id", dest="id_column", default=None, metavar="COLUMN",
+                   help="the ID column of every table" + ("" if fit else " (default: the one the model was fitted on)"))
+    g.add_argument("--label", dest="label_column", default=None, metavar="COLUMN",
+                   help="the label column, in the active party's table" + (
+                       "" if fit else " (default: the model's; tables of new users need none)"))
+    if fit:
+        g.add_argument("--active", default=None, metavar="PARTY", help="the party that holds the labels")
+        g.add_argument("--hmac-key", default=None, metavar="FILE",
+                       help="order samples by the federation's HMAC key (the order a federated fit uses; default: "
+                            "the public default key, see docs/own-data.md)")
+
+
+def parse_tables(items: list[str]) -> dict[str, str]:
+    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party is an error."""
+    out: dict[str, str] = {}
+    for item in items:
+        party, eq, path = item.partition("=")
+        if not eq or not party.strip() or not path.strip():
+            raise ValueError(f"--table takes PARTY=FILE, got {item!r}")
+        if party.strip() in out:
+            raise ValueError(f"--table names party {party.strip()!r} twice")
+        out[party.strip()] = path.strip()
+    return out
+
+
+def refuse_protocol_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With ``--table`` the protocol options (but ``--seed``) do not apply: refuse any given a non-default value."""
+    given = [f"--{dest.replace('_', '-')}" for dest in PROTOCOL_DESTS
+             if hasattr(args, dest) and getattr(args, dest) != p.get_default(dest)]
+    if given:
+        raise ValueError(f"{', '.join(given)} belong to the benchmark protocol (--dataset); they do not apply to "
+                         "--table")
 
 
 def emit(obj: Any, as_json: bool, text: str) -> None:

@@ -2,8 +2,9 @@
 
 :func:`run_federated_fit` aligns the parties' hashed IDs, trains (checkpointing and resuming, waiting for a lost
 party with ``--party-timeout``) and saves the model; :func:`run_federated_predict` predicts for a list of IDs, from
-the parties' training tables or from a table set of their prediction tables (``--table-set``).  A party that cannot
-be reached ends a fit with exit code 3 and the command that resumes it; SIGINT/SIGTERM end it with 130/143 after a
+the parties' training tables or from a table set of their prediction tables (``--table-set``), and writes the same
+file as ``predict --table``.  A party that cannot be reached ends a fit with exit code 3 and the command that
+resumes it (the active party unreachable in a prediction too); SIGINT/SIGTERM end a fit with 130/143 after a
 checkpoint.
 """
 
@@ -96,8 +97,10 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
             report_line(f"aligned {view.n_samples} samples over {fed.n_parties} parties "
                         f"({int(view.labeled.sum())} labelled); observed per party: "
                         f"{view.observed.sum(axis=0).tolist()}", verbose and attempt == 0)
-            method.fit_federated(fed, view, handle, data_info={"federation": str(args.federation),
-                                                               "n_samples": view.n_samples}, checkpointer=ck)
+            labels = fed.config.labels if fed.config is not None else None
+            info = {"federation": str(args.federation), "n_samples": view.n_samples,
+                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column}
+            method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
             return handle
         except PartyUnavailable as e:
             if timeout is None or attempt >= retries:
@@ -111,67 +114,62 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
                         + (f"the checkpoint after step {latest.step}" if latest else "the start"), True)
 
 
-def read_id_list(path: str | Path, column: str | None = None) -> np.ndarray:
-    """IDs from a CSV/Parquet table (``column`` or its first column) or a text file with one ID per line."""
-    import pandas as pd
+def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarray, str | None]:
+    """IDs from a CSV/Parquet table (``column``, default its first column) or a text file with one ID per line,
+    normalised by the one ID rule; returns them and the column's name (``None`` for a text file)."""
+    from partialvfl.data.ids import normalize_ids
+    from partialvfl.data.tables import read_table
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"ID file not found: {p}")
-    if p.suffix.lower() in (".parquet", ".pq"):
-        df = pd.read_parquet(p)
-        col = column or df.columns[0]
+    if p.suffix.lower() in (".parquet", ".pq", ".csv"):
+        fmt = "csv" if p.suffix.lower() == ".csv" else "parquet"
+        df, _ = read_table(f"ID file {p}", p, column or "", fmt)
+        col = column or str(df.columns[0])
         if col not in df.columns:
             raise ValueError(f"{p} has no column {col!r}")
-        return df[col].astype(str).to_numpy()
-    if p.suffix.lower() == ".csv":
-        df = pd.read_csv(p, dtype=str)
-        col = column or df.columns[0]
-        if col not in df.columns:
-            raise ValueError(f"{p} has no column {col!r}")
-        return df[col].to_numpy()
-    return np.array([line.strip() for line in p.read_text().splitlines() if line.strip()], dtype=object)
+        raw: Any = df[col].to_numpy(dtype=object)
+    else:
+        col, raw = None, [line for line in p.read_text().splitlines() if line.strip()]
+    return np.array(normalize_ids(raw, f"ID file {p}"), dtype=object), col
 
 
 def run_federated_predict(args: argparse.Namespace) -> int:
-    """Predict for ``--ids`` with a saved model; absent parties count as missing blocks. Writes a CSV."""
-    import pandas as pd
+    """Predict for ``--ids`` with a saved model across the parties; write the prediction CSV.
 
+    A passive party that is unreachable is a missing block (said on stderr); the active party unreachable, or IDs
+    no reachable party holds (predicted from the label prior alone), are errors unless ``--allow-prior-only``.
+    """
+    from partialvfl.cli.tables import prediction_frame, refuse_prior_only, write_predictions
     from partialvfl.federation.grpc_federation import GrpcFederation
     from partialvfl.methods.base import VFLMethod
 
     if not args.ids:
         raise ValueError("predict --federation needs --ids FILE")
+    ids, column = read_id_list(args.ids, getattr(args, "id_column", None))
     fed = GrpcFederation.from_config(args.federation, allow_absent=True)
     try:
         n_failures = len(fed.transport.failures)  # those so far are the parties unreachable from the start
+        _refuse_missing_active(fed, "is unreachable")
         if fed.absent:
             print(f"parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: predicting without "
                   "them", file=sys.stderr)
         model = VFLMethod.load(args.model, federation=fed)
-        ids = read_id_list(args.ids, getattr(args, "id_column", None))
         idx = model.index_
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))
+        _refuse_missing_active(fed, "failed while the IDs were attached")
+        refuse_prior_only(view.observed, ids, args.allow_prior_only)
         out, used = predict_reporting_parties(model, fed, view, handle)
         fed.release(handle)
-        df = pd.DataFrame({"id": ids})
-        if idx.task.is_classification:
-            classes = list(idx.task.classes)
-            df["prediction"] = [classes[i] for i in out.argmax(axis=1)]
-            for j, c in enumerate(classes):
-                df[f"p_{c}"] = out[:, j]
-        else:
-            df["prediction"] = out
-        df["n_parties"] = used.sum(axis=1)  # the parties whose blocks this row's prediction actually used
-        df["parties"] = [";".join(fed.party_names[k] for k in np.flatnonzero(row)) for row in used]
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(args.out, index=False)
         failed = sorted({f[1] for f in fed.transport.failures[n_failures:]})
         if failed:
             print(f"parties {[fed.party_names[k] for k in failed]} failed during prediction; their blocks were "
                   "treated as missing", file=sys.stderr)
-        print(f"{len(df)} predictions written to {args.out}", file=sys.stderr)
+        id_column = column or model.data_info_.get("id_column") or "id"
+        # the parties whose blocks each row's prediction actually used (a party lost mid-prediction is not named)
+        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
     finally:
         fed.close()
     return 0
@@ -218,3 +216,12 @@ def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chun
         out[rows] = res[rows]
     fed.absent |= lost
     return (out if out is not None else model.predict_output_federated(view, handle)), used
+
+
+def _refuse_missing_active(fed: Any, what: str) -> None:
+    from partialvfl.federation.transport import PartyUnavailable
+
+    if fed.active_party in fed.absent:
+        name = fed.party_names[fed.active_party]
+        raise PartyUnavailable(fed.active_party, f"the active party {name!r} (the label holder's own features) {what}: "
+                                                 "start it and predict again")

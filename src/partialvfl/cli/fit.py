@@ -1,8 +1,9 @@
 """Fitting and using a model: ``fit``, ``evaluate`` and ``predict``, in process or across a federation.
 
-``fit`` trains under the paper's protocol in this process, or with ``--federation FILE`` across the federation's
-party processes (:mod:`.federated`); ``evaluate`` scores a saved in-process model under a test mechanism;
-``predict --federation FILE`` predicts for a list of IDs across the parties (:mod:`.federated`).
+``fit`` trains under the paper's protocol in this process, on your own tables (``--table PARTY=FILE``, see
+:mod:`.tables`), or with ``--federation FILE`` across the federation's party processes (:mod:`.federated`);
+``evaluate`` scores a saved model under a test mechanism of its protocol, or on labelled tables; ``predict``
+predicts the users of tables (in process) or a list of IDs across a federation's parties.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import time
 from typing import Any
 
 from partialvfl.cli.checkpoints import report_checkpoints
-from partialvfl.cli.common import add_protocol_options, emit, protocol_config
+from partialvfl.cli.common import (
+    add_protocol_options,
+    add_table_options,
+    emit,
+    protocol_config,
+    refuse_protocol_options,
+)
 from partialvfl.cli.params import method_from_args
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
@@ -22,8 +29,12 @@ __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 # ---------------------------------------------------------------------- parsers
 def add_commands(sub: Any) -> None:
     """Add ``fit`` (in process, or with ``--federation``) and ``evaluate`` to the ``partialvfl`` sub-parsers."""
-    p = sub.add_parser("fit", help="fit a method under the paper's protocol and save it")
+    p = sub.add_parser("fit", help="fit a method (protocol dataset, your own tables, or a federation) and save it",
+                       description="Fit a method and save it: under the paper's protocol on a dataset (--dataset), "
+                                   "on your own tables in this process (--table PARTY=FILE ... --id --label --active) "
+                                   "or across a federation's party processes (--federation FILE).")
     add_protocol_options(p, test=False)
+    add_table_options(p, fit=True)
     p.add_argument("--method", default="false-vfl-1", help="method name (see `partialvfl methods`)")
     p.add_argument("--preset", default="fast", help="fast (CPU) or paper; default: %(default)s")
     p.add_argument("--epochs", type=int, default=None,
@@ -41,10 +52,11 @@ def add_commands(sub: Any) -> None:
                         "continue from the last checkpoint (default: stop at the first failure)")
     p.add_argument("--party-retries", type=int, default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
-    p.set_defaults(func=cmd_fit)
+    p.set_defaults(func=cmd_fit, parser=p)
 
-    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism")
+    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, or on labelled tables")
     p.add_argument("--model", required=True, help="directory of a saved model")
+    add_table_options(p, fit=False)
     p.add_argument("--test-missing", default="none", help="mechanism applied to every test sample")
     p.add_argument("--seed", type=int, default=None, help="must equal the training seed (the default)")
     p.add_argument("--data-dir", default=None, help="where the dataset's files are, if not where they were")
@@ -56,16 +68,24 @@ def add_commands(sub: Any) -> None:
 
 
 def add_predict_command(sub: Any) -> None:
-    """Add ``predict`` (across a federation) to the ``partialvfl`` sub-parsers."""
-    p = sub.add_parser("predict", help="predict for a list of IDs across a federation's parties")
-    p.add_argument("--model", required=True, help="a model directory written by fit --federation")
+    """Add ``predict`` (tables in process, or IDs across a federation) to the ``partialvfl`` sub-parsers."""
+    p = sub.add_parser("predict", help="predict the users of tables (in process) or a list of IDs (federation)",
+                       description="Write one row per user: the ID (under its own column name), the predicted class "
+                                   "label, one probability column per class and the parties used. In process: "
+                                   "--table PARTY=FILE for every party of the model; across a federation: "
+                                   "--federation FILE --ids FILE.")
+    p.add_argument("--model", required=True, help="a saved model directory")
     p.add_argument("--out", required=True, help="CSV of predictions")
+    add_table_options(p, fit=False)
     p.add_argument("--federation", help="the coordinator's federation file: predict across party processes")
-    p.add_argument("--ids", help="CSV/Parquet (or text, one per line) with the IDs to predict")
+    p.add_argument("--ids", help="with --federation: CSV/Parquet (or text, one per line) with the IDs to predict")
     p.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
     p.add_argument("--table-set", default=None, metavar="NAME",
                    help="predict from the parties' prediction tables of this name ([[data.predict]] in party.toml: "
                         "new users, never trained on) instead of their training tables")
+    p.add_argument("--allow-prior-only", action="store_true",
+                   help="write rows that no party holds (or that every party failed to answer) as the training label "
+                        "prior; without it such a prediction is an error")
     p.set_defaults(func=_cmd_predict)
 
 
@@ -76,6 +96,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from partialvfl.cli.federated import federated, run_federated_fit
 
         return federated(run_federated_fit, args)
+    if args.table:
+        from partialvfl.cli.tables import fit_tables
+
+        refuse_protocol_options(args.parser, args)
+        return fit_tables(args, method_from_args(args))
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.data.protocol import make_protocol
     from partialvfl.federation.checkpoint import FitInterrupted
@@ -110,10 +135,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import metrics_from_predictions
 
+    if args.table:
+        from partialvfl.cli.tables import evaluate_tables
+
+        return evaluate_tables(args)
     model = VFLMethod.load(args.model)
     info = model.data_info_.get("protocol")
     if not info:
-        raise ValueError(f"the model in {args.model} does not record the protocol it was trained under")
+        raise ValueError(f"the model in {args.model} was not fitted under the protocol: evaluate it on labelled "
+                         "tables (--table PARTY=FILE ...)")
     cfg = dict(info)
     cfg["test_missing"] = args.test_missing
     if args.seed is not None and args.seed != cfg.get("seed"):
@@ -133,7 +163,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         output = model.predict_output_local(test, args.party)
     else:
         output = model.predict_output(test)
-    res = metrics_from_predictions(output, test)
+    task = model.index_.task
+    res = metrics_from_predictions(output, test, task.classes if task.is_classification else None)
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
         "predict_seconds": time.perf_counter() - t0, "params": model.params_,
@@ -155,6 +186,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    if args.table:
+        if args.federation or args.ids:
+            raise ValueError("predict takes --table files (in process) or --federation with --ids, not both")
+        from partialvfl.cli.tables import predict_tables
+
+        return predict_tables(args)
     from partialvfl.cli.federated import cmd_predict
 
     return cmd_predict(args)

@@ -8,7 +8,8 @@ A :class:`VerticalDataset` holds, for N samples (users) and K parties:
 * ``observed``, an ``(N, K)`` boolean matrix (``True`` = party k holds sample i; the FALSE-VFL paper's ``m`` is its
   negation);
 * labels ``y`` with a ``labeled`` mask (``True`` = label known), held by the active party;
-* the task (classification with its classes, or regression).
+* the task (classification with its classes, or regression); ``None`` for data without labels (new users to
+  predict: the model knows its classes).
 
 A party's block is reached only through :meth:`VerticalDataset.party`, which returns that party's
 :class:`PartyView` (its own observed rows).  Code that plays the coordinator (the active party's label-side role)
@@ -28,6 +29,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from partialvfl.data.checks import (
+    UNLABELED,
+    DataValidationError,
+    check_block_values,
+    check_labels,
+    check_unique_ids,
+    show_id,
+)
+
 __all__ = [
     "CoordinatorView",
     "DataValidationError",
@@ -35,13 +45,6 @@ __all__ = [
     "Task",
     "VerticalDataset",
 ]
-
-UNLABELED = -1
-
-
-class DataValidationError(ValueError):
-    """Raised when data handed to partialvfl is malformed; the message names the party, column or ID at fault."""
-
 
 @dataclass(frozen=True)
 class Task:
@@ -144,12 +147,14 @@ class CoordinatorView:
     observed: np.ndarray
     y: np.ndarray
     labeled: np.ndarray
-    task: Task
+    task: Task | None
     active_party: int
     party_names: tuple[str, ...]
     feature_dims: tuple[int, ...]
     feature_shapes: tuple[tuple[int, ...], ...]
     info: dict[str, Any] = field(default_factory=dict)
+    #: each party's column names, where the coordinator knows them (schema, not data: a fitted model keeps them)
+    feature_names: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def n_samples(self) -> int:
@@ -237,7 +242,7 @@ class VerticalDataset:
         ids = np.arange(n) if self.ids is None else np.asarray(self.ids)
         if ids.ndim != 1 or ids.shape[0] != n:
             raise DataValidationError(f"ids must be a 1-D sequence of length {n}, got shape {ids.shape}")
-        _check_unique_ids(ids)
+        check_unique_ids(ids)
         self.ids = ids
 
         obs = np.asarray(self.observed)
@@ -266,7 +271,7 @@ class VerticalDataset:
         self.feature_names = tuple(fnames)
 
         for j, b in enumerate(flat):
-            _check_block_values(b, obs[:, j], j, names[j], self.feature_names[j], ids)
+            check_block_values(b, obs[:, j], j, names[j], self.feature_names[j], ids)
             b.flags.writeable = False
         self.blocks = tuple(flat)
 
@@ -275,7 +280,7 @@ class VerticalDataset:
             raise DataValidationError(f"active party index {self.active_party} is out of range for {k} parties")
         self.active_party = kk % k
 
-        self.task, self.y, self.labeled = _check_labels(self.task, self.y, self.labeled, n, ids)
+        self.task, self.y, self.labeled = check_labels(self.task, self.y, self.labeled, n, ids)
 
     # ------------------------------------------------------------------ shape
     @property
@@ -330,6 +335,7 @@ class VerticalDataset:
             feature_dims=self.feature_dims,
             feature_shapes=tuple(self.feature_shapes),
             info=dict(self.info),
+            feature_names=tuple(self.feature_names),
         )
 
     # ------------------------------------------------------------------ derived datasets
@@ -378,7 +384,7 @@ class VerticalDataset:
         rng = np.random.default_rng(seed)
         n = self.n_samples
         test = np.zeros(n, dtype=bool)
-        if stratify and self.task.is_classification:
+        if stratify and self.task is not None and self.task.is_classification:
             groups = np.where(self.labeled, self.y, -1)
             for g in np.unique(groups):
                 idx = np.flatnonzero(groups == g)
@@ -401,7 +407,7 @@ class VerticalDataset:
         if added.any():
             i, j = np.argwhere(added)[0]
             raise DataValidationError(
-                f"cannot mark party {j} ({self.party_names[j]!r}) as observing ID {_id(self.ids[i])}: it holds no "
+                f"cannot mark party {j} ({self.party_names[j]!r}) as observing ID {show_id(self.ids[i])}: it holds no "
                 "features for it"
             )
         blocks = []
@@ -418,9 +424,9 @@ class VerticalDataset:
             raise DataValidationError(f"label mask must have length {self.n_samples}")
         if (labeled & ~self.labeled).any():
             i = int(np.flatnonzero(labeled & ~self.labeled)[0])
-            raise DataValidationError(f"sample ID {_id(self.ids[i])} has no label to reveal")
+            raise DataValidationError(f"sample ID {show_id(self.ids[i])} has no label to reveal")
         y = self.y.copy()
-        y[~labeled] = UNLABELED if self.task.is_classification else np.nan
+        y[~labeled] = UNLABELED if self.task is None or self.task.is_classification else np.nan
         return self._replace(y=y, labeled=labeled)
 
     # ------------------------------------------------------------------ summaries
@@ -446,114 +452,7 @@ class VerticalDataset:
     def __repr__(self) -> str:
         return (
             f"VerticalDataset(name={self.name!r}, n_samples={self.n_samples}, parties={list(self.party_names)}, "
-            f"dims={list(self.feature_dims)}, labeled={self.n_labeled}, task={self.task.kind}, "
+            f"dims={list(self.feature_dims)}, labeled={self.n_labeled}, "
+            f"task={self.task.kind if self.task is not None else None}, "
             f"active={self.active_party})"
         )
-
-
-# ---------------------------------------------------------------------- validation helpers
-def _id(v: Any) -> str:
-    """An ID or label as the user wrote it (no numpy scalar noise)."""
-    return repr(v.item() if isinstance(v, np.generic) else v)
-
-
-def _check_unique_ids(ids: np.ndarray) -> None:
-    uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-    if len(uniq) != len(ids):
-        dup = uniq[counts > 1][0]
-        where = np.flatnonzero(ids == dup)[:3].tolist()
-        raise DataValidationError(f"duplicate sample ID {_id(dup)} at rows {where}: IDs must be unique")
-
-
-def _check_block_values(
-    block: np.ndarray, obs: np.ndarray, j: int, pname: str, fnames: Sequence[str], ids: np.ndarray
-) -> None:
-    seen = block[obs]
-    if seen.size and not np.all(np.isfinite(seen)):
-        bad = ~np.isfinite(seen)
-        r, c = np.argwhere(bad)[0]
-        row = np.flatnonzero(obs)[r]
-        what = "NaN" if np.isnan(seen[r, c]) else "an infinite value"
-        raise DataValidationError(
-            f"party {j} ({pname!r}), column {fnames[c]!r}: {what} for ID {_id(ids[row])}; features must be finite "
-            "(mark a whole block as missing through `observed`, not with NaN)"
-        )
-    unseen = block[~obs]
-    if unseen.size and not np.all(np.isnan(unseen)):
-        r = int(np.flatnonzero(~np.all(np.isnan(unseen), axis=1))[0])
-        row = np.flatnonzero(~obs)[r]
-        raise DataValidationError(
-            f"party {j} ({pname!r}) has feature values for ID {_id(ids[row])}, but `observed` says that block is "
-            "missing; blank the row (NaN) or mark it observed"
-        )
-
-
-def _check_labels(
-    task: Task | None, y: Any, labeled: Any, n: int, ids: np.ndarray
-) -> tuple[Task, np.ndarray, np.ndarray]:
-    if y is None:
-        if task is None:
-            raise DataValidationError("give labels `y` with a `task`, or a `task` for unlabelled data")
-        y_arr = np.full(n, UNLABELED if task.is_classification else np.nan)
-        lab = np.zeros(n, dtype=bool)
-    else:
-        y_arr = np.asarray(y)
-        if y_arr.shape != (n,):
-            raise DataValidationError(f"labels must be a 1-D array of length {n}, got shape {y_arr.shape}")
-        if labeled is None:
-            if y_arr.dtype.kind == "f":
-                lab = ~np.isnan(y_arr)  # NaN marks an unknown label
-            elif y_arr.dtype.kind in "iu" and (task is None or task.is_classification):
-                lab = y_arr != UNLABELED  # -1 marks an unknown class index
-            else:
-                lab = np.ones(n, dtype=bool)
-        else:
-            lab = np.asarray(labeled)
-            if lab.shape != (n,):
-                raise DataValidationError(f"label mask must have length {n}, got shape {lab.shape}")
-            if lab.dtype != bool:
-                if not np.all(np.isin(lab, (0, 1))):
-                    raise DataValidationError("label mask must be boolean (or 0/1)")
-                lab = lab.astype(bool)
-        if task is None:
-            raise DataValidationError(
-                "say what the labels are: task=Task.classification(classes) or Task.regression()"
-            )
-    lab = lab.copy()
-    if task.is_classification:
-        out = np.full(n, UNLABELED, dtype=np.int64)
-        if lab.any():
-            vals = y_arr[lab]
-            if vals.dtype.kind == "f" and not np.all(np.isfinite(vals)):
-                i = int(np.flatnonzero(lab)[np.flatnonzero(~np.isfinite(vals))[0]])
-                raise DataValidationError(f"label of ID {_id(ids[i])} is not finite but the sample is marked labelled")
-            if vals.dtype.kind == "f" and not np.all(vals == np.round(vals)):
-                i = int(np.flatnonzero(lab)[np.flatnonzero(vals != np.round(vals))[0]])
-                raise DataValidationError(f"label {_id(y_arr[i])} of ID {_id(ids[i])} is not a class index")
-            if vals.dtype.kind not in "iuf":
-                raise DataValidationError(
-                    "classification labels must be class indices 0..C-1; map names with the builders "
-                    f"(got dtype {vals.dtype})"
-                )
-            bad = (vals < 0) | (vals >= task.n_classes)
-            if bad.any():
-                i = int(np.flatnonzero(lab)[np.flatnonzero(bad)[0]])
-                raise DataValidationError(
-                    f"label {_id(y_arr[i])} of ID {_id(ids[i])} is outside the declared classes (indices 0.."
-                    f"{task.n_classes - 1} for {list(task.classes)})"
-                )
-            out[lab] = vals.astype(np.int64)
-    else:
-        out = np.full(n, np.nan, dtype=np.float64)
-        if lab.any():
-            try:
-                vals = y_arr[lab].astype(np.float64)
-            except (TypeError, ValueError) as e:
-                raise DataValidationError(f"regression targets must be numeric: {e}") from None
-            if not np.all(np.isfinite(vals)):
-                i = int(np.flatnonzero(lab)[np.flatnonzero(~np.isfinite(vals))[0]])
-                raise DataValidationError(f"regression target of ID {_id(ids[i])} is not finite")
-            out[lab] = vals
-    out.flags.writeable = False
-    lab.flags.writeable = False
-    return task, out, lab

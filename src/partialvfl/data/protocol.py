@@ -9,7 +9,8 @@
    (``RawSource.kind == "multiview"``), ``contiguous`` for tabular ones);
 4. standardise every party's columns with a :class:`~partialvfl.data.preprocessing.Standardizer` fitted on the
    (at this point fully observed) training set and applied to the test set: the paper normalises before the
-   mechanisms, and MAR / MNAR read the standardised values;
+   mechanisms, and MAR / MNAR read the standardised values.  The datasets say so (``info["standardized"]``), and
+   the methods' own per-party standardisation (parameter ``standardize``) leaves them as they are;
 5. choose ``n_labels`` labelled training samples at random; the other training labels are erased;
 6. keep ``n_aligned`` of the labelled samples fully observed (the aligned reserve) and apply the training mechanism
    to every other training sample (the other labelled ones and all unlabelled ones);
@@ -47,6 +48,10 @@ STAGES = {
     "train_mechanism": 5,
     "test_mechanism": 6,
 }
+
+
+#: What ``info["standardized"]`` says of protocol data: methods do not standardise it again (``standardize``).
+STANDARDIZED = "per party, on the fully observed training set before the mechanisms (the paper's protocol)"
 
 
 def stage_rng(seed: int, stage: str) -> np.random.Generator:
@@ -226,7 +231,8 @@ def make_protocol(
         observed_tr[rest] = train_mech.sample([b[rest] for b in train.blocks], stage_rng(seed, "train_mechanism"))
     observed_te = test_mech.sample(test.blocks, stage_rng(seed, "test_mechanism"))
 
-    info = {"protocol": config.to_dict(), "splitter": splitter.name, "test_split": split}
+    info = {"protocol": config.to_dict(), "splitter": splitter.name, "test_split": split,
+            "standardized": STANDARDIZED}
     if split_report:
         info["split"] = split_report
     train = train.with_observed(observed_tr).with_labels(labeled)

@@ -1,5 +1,7 @@
 """Entity alignment without a central table: parties report their IDs as HMAC-SHA256 keyed hashes.
 
+IDs are normalised by the one rule of :mod:`partialvfl.data.ids` (text, NFC, surrounding white space removed;
+integral numbers as digits) before hashing, exactly as :func:`~partialvfl.data.builders.from_tables` joins them.
 Each party holds the same secret key (a file given to every institution, never sent over the wire) and reports
 ``HMAC-SHA256(key, id)`` for every ID it holds.  The coordinator builds the shared sample order and the observed
 matrix (which party holds which sample) from those hash lists alone, then tells each party the positions of *its
@@ -13,8 +15,6 @@ learns membership for every ID it can enumerate.  Passive parties learn only N a
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,34 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from partialvfl.data.ids import HASH_BYTES, hash_ids, normalize_ids, read_key
+
 __all__ = [
     "HASH_BYTES", "canonical_id", "hash_ids", "hex_ids", "load_key", "observed_from_hashes", "positions_in",
     "write_key",
 ]
 
-HASH_BYTES = 32
-MIN_KEY_BYTES = 16
-
 
 def canonical_id(value: Any) -> bytes:
-    """The bytes an ID is hashed as: its text, stripped (so ``12`` read as an int or as ``"12"`` match)."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bytes):
-        value = value.decode()
-    return str(value).strip().encode("utf-8")
-
-
-def hash_ids(ids: Sequence[Any] | np.ndarray, key: bytes) -> np.ndarray:
-    """``(n, 32)`` uint8 array of HMAC-SHA256(key, id) for every ID."""
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"the HMAC key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
-    out = np.empty((len(ids), HASH_BYTES), dtype=np.uint8)
-    for i, v in enumerate(ids):
-        out[i] = np.frombuffer(hmac.new(key, canonical_id(v), hashlib.sha256).digest(), dtype=np.uint8)
-    return out
+    """The bytes an ID is hashed as: its normalised text (:func:`partialvfl.data.ids.normalize_id`), UTF-8."""
+    return normalize_ids([value], "ID", unique=False)[0].encode("utf-8")
 
 
 def hex_ids(hashes: np.ndarray) -> np.ndarray:
@@ -96,17 +79,7 @@ def positions_in(order: np.ndarray, hashes: np.ndarray) -> np.ndarray:
 
 def load_key(path: str | Path) -> bytes:
     """Read an HMAC key file: hex text (as :func:`write_key` makes it) or raw bytes."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"HMAC key file not found: {p} (make one with `partialvfl certs init`)")
-    raw = p.read_bytes()
-    try:
-        key = bytes.fromhex(raw.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        key = raw
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"HMAC key in {p} is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
-    return key
+    return read_key(path)
 
 
 def write_key(path: str | Path, n_bytes: int = 32) -> Path:

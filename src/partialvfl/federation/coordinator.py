@@ -59,13 +59,20 @@ class Federation(ABC):
              for k in range(self.n_parties)}
         )
 
-    def save(self, directory: str | Path) -> None:
+    def preprocess(self, handle: str, *, standardize: bool) -> None:
+        """Have every party fit its own preprocessing on its rows under ``handle`` (statistics stay at the party)."""
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "save", dir=str(directory))
+        self.transport.broadcast(range(self.n_parties), "preprocess", data=handle, standardize=bool(standardize))
 
-    def load(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, *, model: str | None = None) -> None:
+        """Have every party save its state for ``directory``, tagged with the digest ``model`` of the whole model."""
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "load", dir=str(directory))
+        self.transport.broadcast(range(self.n_parties), "save", dir=str(directory), **_tag(model))
+
+    def load(self, directory: str | Path, *, model: str | None = None) -> None:
+        """Have every party restore its state of ``directory`` (refused where it belongs to another ``model``)."""
+        self.transport.new_step()
+        self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **_tag(model))
 
     def forget(self, directory: str | Path) -> None:
         """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints)."""
@@ -77,6 +84,10 @@ class Federation(ABC):
 
     def close(self) -> None:
         self.transport.close()
+
+
+def _tag(model: str | None) -> dict[str, str]:
+    return {} if model is None else {"model": str(model)}
 
 
 class LocalFederation(Federation):

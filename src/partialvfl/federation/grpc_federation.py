@@ -35,17 +35,28 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationError, Task, VerticalDataset
+from partialvfl.data.ids import normalize_ids
+from partialvfl.data.labels import encode_labels
+from partialvfl.data.tables import columns_hint, read_table, table_ids
 from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observed_from_hashes, positions_in
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
 from partialvfl.federation.transport import PartyUnavailable
-from partialvfl.utils.tomlfile import read_toml
+from partialvfl.utils.tomlfile import check_keys, read_toml
 
 __all__ = ["FederationConfig", "GrpcFederation", "LabelSource", "load_federation_config", "read_labels"]
 
 PARTY_STATES_FILE = "party_states.json"
 log = logging.getLogger("partialvfl.federation")
+
+#: every section and key of a federation file (docs/deployment.md); anything else is an error naming it
+FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
+    "coordinator": ("identity", "active_party", "hmac_key_file", "deadline_seconds", "max_message_mb", "state_dir"),
+    "tls": ("ca", "cert", "key"),
+    "labels": ("path", "id_column", "label_column", "task", "classes"),
+    "parties": ("name", "address", "identity"),
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ def load_federation_config(path: str | Path) -> FederationConfig:
     """Read a federation TOML file (see ``docs/deployment.md``)."""
     p = Path(path)
     raw = read_toml(p, "federation file")
+    check_keys(raw, FEDERATION_KEYS, p)
 
     def rel(v: str) -> Path:
         q = Path(v).expanduser()
@@ -111,6 +123,8 @@ def load_federation_config(path: str | Path) -> FederationConfig:
         for k in ("path", "id_column", "label_column"):
             if k not in lab:
                 raise ValueError(f"{p}: [labels] needs '{k}'")
+        if lab.get("task", "classification") not in ("classification", "regression"):
+            raise ValueError(f"{p}: [labels] task must be 'classification' or 'regression', got {lab['task']!r}")
         labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
                              str(lab.get("task", "classification")),
                              tuple(lab["classes"]) if "classes" in lab else None)
@@ -128,34 +142,25 @@ def load_federation_config(path: str | Path) -> FederationConfig:
 
 
 def read_labels(src: LabelSource) -> tuple[np.ndarray, np.ndarray, Task]:
-    """The label table as (IDs, label values (class indices or floats), task); rows without a label are dropped."""
-    import pandas as pd
+    """The label table as (normalised IDs, labels (class indices or floats), task); rows without a label dropped.
 
+    Read and encoded exactly as :func:`~partialvfl.data.builders.from_tables` reads the active party's label column
+    (:mod:`partialvfl.data.labels`): integer labels stay integers (``0``..``9``, never ``0.0``..``9.0``), classes are
+    sorted unless ``classes`` lists them, IDs follow the one rule of :mod:`partialvfl.data.ids`.
+    """
+    where = f"label table {src.path}"
     if not src.path.is_file():
         raise FileNotFoundError(f"label table not found: {src.path}")
-    if src.path.suffix.lower() in (".parquet", ".pq"):
-        df = pd.read_parquet(src.path)
-        if src.id_column in df.columns:
-            df[src.id_column] = df[src.id_column].astype(str)
-    else:
-        df = pd.read_csv(src.path, dtype={src.id_column: str})
-    for c in (src.id_column, src.label_column):
-        if c not in df.columns:
-            raise DataValidationError(f"label table {src.path} has no column {c!r}")
-    df = df[df[src.label_column].notna()]
-    ids = df[src.id_column].to_numpy()
-    vals = df[src.label_column].to_numpy()
-    if src.task == "regression":
-        return ids, vals.astype(np.float64), Task.regression()
-    classes = list(src.classes) if src.classes is not None else sorted(pd.unique(vals).tolist())
-    lookup = {c: i for i, c in enumerate(classes)}
-    y = np.empty(len(vals), dtype=np.int64)
-    for i, v in enumerate(vals):
-        v = v.item() if isinstance(v, np.generic) else v
-        if v not in lookup:
-            raise DataValidationError(f"label {v!r} of ID {ids[i]!r} is not one of the classes {classes}")
-        y[i] = lookup[v]
-    return ids, y, Task.classification(classes)
+    df, _ = read_table(where, src.path, src.id_column,
+                       "parquet" if src.path.suffix.lower() in (".parquet", ".pq") else "csv")
+    ids, _ = table_ids(where, df, src.id_column)
+    if src.label_column not in df.columns:
+        raise DataValidationError(f"{where}: label column {src.label_column!r} not found; {columns_hint(df)}")
+    task = Task.regression() if src.task == "regression" else None
+    ids_arr = np.array(ids, dtype=object)
+    out_task, y, labeled = encode_labels(df[src.label_column].to_numpy(dtype=object), task, src.classes, ids_arr,
+                                         f"{where}, column {src.label_column!r}")
+    return ids_arr[labeled], np.asarray(y)[labeled], out_task
 
 
 class GrpcFederation(Federation):
@@ -256,6 +261,13 @@ class GrpcFederation(Federation):
         shapes = tuple(tuple(self.party_info.get(k, {}).get("feature_shape", [d])) for k, d in enumerate(dims))
         return dims, shapes
 
+    def feature_names(self) -> tuple[tuple[str, ...], ...] | None:
+        """Every party's column names as its ``hello`` reported them (``None`` unless every party did)."""
+        names = [self.party_info.get(k, {}).get("feature_names") for k in range(self.n_parties)]
+        if any(n is None for n in names):
+            return None
+        return tuple(tuple(f"{self.party_names[k]}:{c}" for c in n) for k, n in enumerate(names))
+
     # ------------------------------------------------------------------ attaching data
     def _attach_order(self, order: np.ndarray, observed: np.ndarray, handle: str,
                       y: np.ndarray | None = None, labeled: np.ndarray | None = None, table: str | None = None) -> None:
@@ -323,7 +335,7 @@ class GrpcFederation(Federation):
         dims, shapes = self.feature_dims()
         view = CoordinatorView(ids=hex_ids(order), observed=observed, y=y, labeled=labeled, task=task,
                                active_party=self.active_party, party_names=self.party_names, feature_dims=dims,
-                               feature_shapes=shapes)
+                               feature_shapes=shapes, feature_names=self.feature_names())
         return view, handle
 
     def table_hashes(self, table: str) -> list[np.ndarray | None]:
@@ -345,7 +357,7 @@ class GrpcFederation(Federation):
         training table or, with ``table``, in its prediction table of that name (only predicted, never trained on).
         """
         handle = handle or self.new_handle("predict")
-        ids = np.asarray(ids)
+        ids = np.asarray(normalize_ids(ids, "the IDs to predict"), dtype=object)  # empty or repeated: refused
         order = hash_ids(ids, self._require_key())
         if len({bytes(h) for h in order}) != len(order):
             raise DataValidationError("the ID list has duplicates")
@@ -389,14 +401,20 @@ class GrpcFederation(Federation):
         d = Path(directory).resolve()
         return f"models/{d.name}-{hashlib.sha256(str(d).encode()).hexdigest()[:10]}"
 
-    def save(self, directory: str | Path) -> None:
+    def preprocess(self, handle: str, *, standardize: bool) -> None:
+        self.transport.new_step()
+        replies = self.transport.broadcast(self._present(), "preprocess", tolerate=self.allow_absent, data=handle,
+                                           standardize=bool(standardize))
+        self.absent |= set(self._present()) - set(replies)
+
+    def save(self, directory: str | Path, *, model: str | None = None) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         rel = self.party_dir_for(d)
         # recorded first: if a party fails, the others' files can still be found and deleted (``forget``)
         (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "save", dir=rel)
+        self.transport.broadcast(range(self.n_parties), "save", dir=rel, **({} if model is None else {"model": model}))
 
     @staticmethod
     def saved_party_dir(directory: str | Path) -> str:
@@ -417,8 +435,9 @@ class GrpcFederation(Federation):
         replies = self.transport.broadcast(range(self.n_parties), "forget", tolerate=True, dir=rel)
         return len(replies) == self.n_parties
 
-    def load(self, directory: str | Path) -> None:
+    def load(self, directory: str | Path, *, model: str | None = None) -> None:
         rel = self.saved_party_dir(directory)
         self.transport.new_step()
-        replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel)
+        replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel,
+                                           **({} if model is None else {"model": model}))
         self.absent |= set(self._present()) - set(replies)

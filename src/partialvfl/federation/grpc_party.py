@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import PartyView
+from partialvfl.data.tables import feature_values, read_table, select_features, table_ids
 from partialvfl.federation.access_log import AccessLog, AccessLogConfig, tensor_summary
 from partialvfl.federation.alignment import hash_ids, load_key
 from partialvfl.federation.audit import disclosed_state
@@ -104,53 +105,31 @@ class Refused(Exception):
 
 # ---------------------------------------------------------------------- the party's own table
 class PartyTable:
-    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only."""
+    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only.
+
+    Read by the same functions as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
+    IDs normalised by the one rule (:mod:`partialvfl.data.ids`; empty and colliding IDs refused, naming them),
+    numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
+    """
 
     def __init__(self, cfg: PartyConfig, key: bytes) -> None:
-        import pandas as pd
-
-        path = cfg.data_path
-        if not path.is_file():
-            raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {path}")
-        if path.suffix.lower() in (".parquet", ".pq"):
-            df = pd.read_parquet(path)
-            if cfg.id_column in df.columns:
-                df[cfg.id_column] = df[cfg.id_column].astype(str)
-        else:
-            df = pd.read_csv(path, dtype={cfg.id_column: str})
-        if cfg.id_column not in df.columns:
-            raise ValueError(f"party {cfg.index} ({cfg.name!r}): {path} has no ID column {cfg.id_column!r}; "
-                             f"columns: {list(df.columns)[:10]}")
-        ids = df[cfg.id_column].to_numpy()
-        dup = pd.Series(ids).duplicated()
-        if dup.any():
-            raise ValueError(f"party {cfg.index} ({cfg.name!r}): ID {ids[int(np.flatnonzero(dup)[0])]!r} appears "
-                             f"twice in {path}")
-        cols = list(cfg.feature_columns) if cfg.feature_columns is not None else [
-            c for c in df.columns if c != cfg.id_column and c not in cfg.exclude_columns]
-        if not cols:
-            raise ValueError(f"party {cfg.index} ({cfg.name!r}): {path} has no feature column")
-        for c in cols:
-            if c not in df.columns:
-                raise ValueError(f"party {cfg.index} ({cfg.name!r}): feature column {c!r} not in {path}")
-            if not (pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c])):
-                raise ValueError(f"party {cfg.index} ({cfg.name!r}): column {c!r} of {path} is not numeric "
-                                 f"(dtype {df[c].dtype})")
-        feats = df[cols].to_numpy(dtype=np.float32)
-        bad = ~np.isfinite(feats)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            raise ValueError(f"party {cfg.index} ({cfg.name!r}), column {cols[c]!r}: non-finite value for ID "
-                             f"{ids[r]!r}; drop rows the party does not hold instead of leaving them empty")
+        where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
+        if not cfg.data_path.is_file():
+            raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
+        fmt = "parquet" if cfg.data_path.suffix.lower() in (".parquet", ".pq") else "csv"
+        df, _ = read_table(where, cfg.data_path, cfg.id_column, fmt)
+        ids, _ = table_ids(where, df, cfg.id_column)
+        cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
+                               exclude=cfg.exclude_columns)
         shape = cfg.feature_shape or (len(cols),)
         if int(np.prod(shape)) != len(cols):
             raise ValueError(f"party {cfg.index} ({cfg.name!r}): feature_shape {shape} does not match its "
                              f"{len(cols)} columns")
-        self.ids = ids
-        self.features = feats
-        self.feature_names = tuple(str(c) for c in cols)
+        self.ids = np.array(ids, dtype=object)
+        self.features = feature_values(where, df, cols, ids)
+        self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = hash_ids(ids, key)
+        self.hashes = hash_ids(self.ids, key)
         self.index = {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
@@ -272,7 +251,7 @@ class PartyServer:
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
                            "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
-                           "tables": tables})
+                           "tables": tables, "feature_names": list(t.feature_names)})
 
     def _attach(self, req: Request) -> Reply:
         handle = req.meta.get("handle")

@@ -8,9 +8,14 @@ behind a gRPC server.
 
 Built-in message kinds handled by the runtime itself (:data:`RUNTIME_MESSAGES`): ``setup`` (build the program
 named in ``meta['program']`` with ``meta['config']``, if the party's :class:`~partialvfl.federation.policy.PartyPolicy`
-agrees, seeded as the policy says: in a deployment by a seed the party draws itself), ``save``/``load``/``forget``
-(the program's state file in ``meta['dir']``, ``party-<k>.pt``, which keeps the seed the program was built with),
-``ping``.  A server adds its own built-ins.
+agrees, seeded as the policy says: in a deployment by a seed the party draws itself), ``preprocess`` (fit the
+party's own standardisation on a dataset it holds), ``save``/``load``/``forget`` (the program's state, the seed it
+was built with and the party's preprocessing in ``meta['dir']``, ``party-<k>.pt``, written atomically and tagged
+with the model's digest), ``ping``.  A server adds its own built-ins.
+
+Preprocessing belongs to the party: :meth:`PartyRuntime.data` hands programs the party's rows already standardised
+with the statistics the party fitted on its own training rows (:class:`~partialvfl.data.preprocessing.ColumnScaler`);
+they never leave the party.
 
 Every message is checked against its declaration (:mod:`partialvfl.federation.schema`) in :meth:`PartyRuntime.handle`,
 the one path of both transports: the request before the handler runs, the reply after.
@@ -19,7 +24,9 @@ the one path of both transports: the request before the handler runs, the reply 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,12 +34,13 @@ from typing import Any, ClassVar
 import torch
 
 from partialvfl.data.dataset import PartyView
+from partialvfl.data.preprocessing import ColumnScaler
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PartyPolicy
 from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
 
-__all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "register_program",
-           "state_file"]
+__all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
+           "register_program", "state_file"]
 
 PROGRAMS: dict[str, type[PartyProgram]] = {}
 
@@ -41,8 +49,15 @@ RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
     "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config"],
                          doc="Build the named party program with this config and seed."),
-    "save": MessageSpec(meta=["dir"], doc="Save the program's state (`party-<k>.pt` in `dir`)."),
-    "load": MessageSpec(meta=["dir"], doc="Restore the program's state saved in `dir`."),
+    "preprocess": MessageSpec(meta=["data", "standardize"],
+                              doc="Fit this party's own preprocessing on its rows attached under `data` (with "
+                                  "`standardize`: per-column mean and scale; else none). The statistics stay at the "
+                                  "party, are saved with its state and applied to every dataset it is handed."),
+    "save": MessageSpec(meta=["dir"], optional_meta=["model"],
+                        doc="Save the program's state and preprocessing (`party-<k>.pt` in `dir`), tagged with the "
+                            "digest of the model it belongs to (`model`)."),
+    "load": MessageSpec(meta=["dir"], optional_meta=["model"],
+                        doc="Restore the state saved in `dir`; refused if it belongs to another model than `model`."),
     "forget": MessageSpec(meta=["dir"], doc="Delete the state saved in `dir` (a pruned checkpoint)."),
 }
 
@@ -51,6 +66,10 @@ Handler = Callable[[Request], Reply]
 
 class NotSetUp(RuntimeError):
     """A program's message kind arrived before any ``setup`` (e.g. at a party restarted since)."""
+
+
+class StateFileError(ValueError):
+    """A party's saved state is missing, corrupted, truncated, foreign, or belongs to another model."""
 
 
 def _handler_kinds(cls: type) -> set[str]:
@@ -141,10 +160,12 @@ class PartyRuntime:
         self.policy = policy if policy is not None else PartyPolicy.research()
         self.feature_shape = feature_shape
         self._data: dict[str, PartyView] = {}
+        self._scaled: dict[str, PartyView] = {}
+        self.scaler: ColumnScaler | None = None  # the party's own standardisation (None: features as they are)
         self.program: PartyProgram | None = None
         self.resolve_dir = resolve_dir
-        own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "save": self._save,
-                                   "load": self._load, "forget": self._forget}
+        own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "preprocess": self._preprocess,
+                                   "save": self._save, "load": self._load, "forget": self._forget}
         self.builtins: dict[str, tuple[MessageSpec, Handler]] = {k: (RUNTIME_MESSAGES[k], h) for k, h in own.items()}
         for kind, entry in (builtins or {}).items():
             if kind in self.builtins:
@@ -156,17 +177,35 @@ class PartyRuntime:
         if view.party != self.index:
             raise ValueError(f"party {self.index} ({self.name!r}) was handed the view of party {view.party}")
         self._data[handle] = view
+        self._scaled.pop(handle, None)
 
     def release(self, handle: str) -> None:
         self._data.pop(handle, None)
+        self._scaled.pop(handle, None)
 
-    def data(self, handle: str) -> PartyView:
+    def raw_data(self, handle: str) -> PartyView:
+        """The rows attached under ``handle`` as the party's table holds them."""
         try:
             return self._data[handle]
         except KeyError:
             raise KeyError(
                 f"party {self.index} ({self.name!r}) has no data attached as {handle!r}; has {sorted(self._data)}"
             ) from None
+
+    def data(self, handle: str) -> PartyView:
+        """The rows attached under ``handle`` as programs see them: after the party's own preprocessing."""
+        view = self.raw_data(handle)
+        if self.scaler is None:
+            return view
+        if handle not in self._scaled:
+            feats = self.scaler.transform(view.features, f"party {self.index} ({self.name!r})")
+            feats.flags.writeable = False
+            self._scaled[handle] = dataclasses.replace(view, features=feats)
+        return self._scaled[handle]
+
+    def _set_scaler(self, scaler: ColumnScaler | None) -> None:
+        self.scaler = scaler
+        self._scaled.clear()
 
     # ------------------------------------------------------------------ dispatch
     def _declaration(self, kind: str) -> tuple[MessageSpec, Handler, str, dict[str, Any]]:
@@ -226,11 +265,26 @@ class PartyRuntime:
             raise NotSetUp(f"party {self.index} ({self.name!r}) got {kind!r} before any setup")
         return self.program
 
+    def _preprocess(self, request: Request) -> Reply:
+        """Fit the party's standardisation on its own rows under ``data`` (or switch it off)."""
+        view = self.raw_data(str(request.meta["data"]))
+        if request.meta["standardize"] is True:
+            self._set_scaler(ColumnScaler.fit(view.features, f"party {self.index} ({self.name!r})"))
+        elif request.meta["standardize"] is False:
+            self._set_scaler(None)
+        else:
+            raise ValueError(f"preprocess: 'standardize' must be true or false, got {request.meta['standardize']!r}")
+        return Reply(meta={"n_rows": view.n_observed})
+
     def _save(self, request: Request) -> Reply:
         program = self._program("save")
         path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"program": program.program_name, "seed": program.seed, "state": program.state_dict()}, path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"program": program.program_name, "seed": program.seed, "state": program.state_dict(),
+                    "model": request.meta.get("model"),
+                    "preprocessing": self.scaler.state_dict() if self.scaler is not None else None}, tmp)
+        os.replace(tmp, path)  # a crash leaves the previous file or the new one, never half of one
         return Reply(meta={"path": str(path)})
 
     def _forget(self, request: Request) -> Reply:
@@ -245,12 +299,28 @@ class PartyRuntime:
     def _load(self, request: Request) -> Reply:
         program = self._program("load")
         path = state_file(self.resolve_dir(request.meta["dir"]), self.index)
+        who = f"party {self.index} ({self.name!r})"
         if not path.exists():
-            raise FileNotFoundError(f"party {self.index} ({self.name!r}): no state file at {path}")
-        saved = torch.load(path, weights_only=True)
+            raise StateFileError(f"{who}: no state file at {path}")
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
+            raise StateFileError(f"{who}: {path} is not a readable partialvfl party state (corrupted, truncated or "
+                                 f"foreign: {type(e).__name__})") from None
+        if not isinstance(saved, dict) or not {"program", "state"} <= set(saved):
+            raise StateFileError(f"{who}: {path} is not a partialvfl party state")
         if saved["program"] != program.program_name:
-            raise ValueError(f"{path} holds a {saved['program']!r} state, not {program.program_name!r}")
-        if saved.get("seed", program.seed) != program.seed:  # rebuilt as it was saved (a party draws its seeds)
-            program = self.program = type(program)(self, program.config, int(saved["seed"]))
-        program.load_state_dict(saved["state"])
-        return Reply(meta={"ok": True})
+            raise StateFileError(f"{who}: {path} holds a {saved['program']!r} state, not {program.program_name!r}")
+        expected, got = request.meta.get("model"), saved.get("model")
+        if expected is not None and got != expected:
+            raise StateFileError(f"{who}: {path} belongs to another model (digest {str(got)[:12]}, this model "
+                                 f"{str(expected)[:12]}): a party file was swapped or left from an older save")
+        try:
+            scaler = ColumnScaler.from_state(saved["preprocessing"]) if saved.get("preprocessing") else None
+            if saved.get("seed", program.seed) != program.seed:  # rebuilt as it was saved (a party draws its seeds)
+                program = self.program = type(program)(self, program.config, int(saved["seed"]))
+            program.load_state_dict(saved["state"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise StateFileError(f"{who}: {path} does not fit this model ({type(e).__name__}: {e})") from None
+        self._set_scaler(scaler)  # files saved before party preprocessing existed hold none: features as they are
+        return Reply(meta={"ok": True, "model": got})

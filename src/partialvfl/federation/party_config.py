@@ -13,9 +13,9 @@ from typing import Any
 from partialvfl.federation.access_log import AccessLogConfig
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
 from partialvfl.federation.policy import PartyPolicy
-from partialvfl.utils.tomlfile import read_toml
+from partialvfl.utils.tomlfile import check_keys, read_toml
 
-__all__ = ["TRAINING_TABLE", "PartyConfig", "PredictTable", "load_party_config"]
+__all__ = ["PARTY_KEYS", "TRAINING_TABLE", "PartyConfig", "PredictTable", "load_party_config"]
 
 #: The name of the party's training table in ``ids``/``attach`` (prediction tables have their own names).
 TRAINING_TABLE = "training"
@@ -57,6 +57,18 @@ class PartyConfig:
     max_concurrent_rpcs: int = 4
 
 
+#: every section and key of a party file (docs/deployment.md); anything else is an error naming it ([policy] keys are
+#: checked by :meth:`PartyPolicy.from_table`)
+PARTY_KEYS: dict[str, tuple[str, ...]] = {
+    "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "allowed_peers",
+              "max_message_mb", "plugins", "threads", "max_concurrent_rpcs"),
+    "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
+    "tls": ("ca", "cert", "key"),
+    "policy": PartyPolicy.keys(),
+    "access_log": ("path", "max_mb", "backups"),
+}
+
+
 def _need(table: dict[str, Any], key: str, where: str, path: Path) -> Any:
     if key not in table:
         raise ValueError(f"{path}: [{where}] needs '{key}'")
@@ -90,6 +102,7 @@ def load_party_config(path: str | Path) -> PartyConfig:
     """Read a party's TOML configuration (see ``docs/deployment.md`` for every key)."""
     p = Path(path)
     raw = read_toml(p, "party configuration")
+    check_keys(raw, PARTY_KEYS, p)
     base = p.parent
 
     def rel(v: str) -> Path:

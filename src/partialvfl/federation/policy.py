@@ -229,6 +229,11 @@ class PartyPolicy:
                    allow_weight_sharing=True, seed="coordinator")
 
     @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The keys a ``[policy]`` table may hold."""
+        return ("preset", *sorted({f.name for f in fields(cls)} - {"preset"}))
+
+    @classmethod
     def from_table(cls, table: Mapping[str, Any], where: str = "[policy]") -> PartyPolicy:
         """The ``[policy]`` table of a party file: a ``preset`` (default or research), then keys overriding it."""
         raw = dict(table)

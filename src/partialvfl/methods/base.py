@@ -26,6 +26,7 @@ the labelled training class frequencies; regression: the labelled training mean)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -35,14 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
-import torch
 
-from partialvfl.data.dataset import CoordinatorView, Task, VerticalDataset
+from partialvfl.data.conform import arrange
+from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDataset
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
-from partialvfl.methods.params import ParamSpace, inferred_space
+from partialvfl.federation.party import StateFileError
+from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
+from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
-from partialvfl.methods.training import EpochCallback, TrainingLoop
+from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import report_line
 
@@ -51,29 +54,33 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.checkpoint import Checkpointer
 
-__all__ = ["IndexInfo", "METHODS", "VFLMethod", "get_method", "load_all", "method_names", "register_method"]
+__all__ = ["IndexInfo", "METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
+           "register_method"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: feature names, preprocessing, digests (format 1 models still load)
 
 
 @dataclass(frozen=True)
 class IndexInfo:
-    """What a fitted model remembers of its federation: task, parties, feature sizes, who holds the labels."""
+    """What a fitted model remembers of its training data: task (with the class labels), party names in order,
+    feature widths, shapes and names per party (``None`` in models saved before names were kept), the label holder."""
 
     task: Task
     party_names: tuple[str, ...]
     feature_dims: tuple[int, ...]
     feature_shapes: tuple[tuple[int, ...], ...]
     active_party: int
+    feature_names: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def n_parties(self) -> int:
         return len(self.party_names)
 
     @classmethod
-    def of(cls, view: CoordinatorView) -> IndexInfo:
+    def of(cls, view: CoordinatorView, feature_names: Any = None) -> IndexInfo:
+        names = None if feature_names is None else tuple(tuple(str(c) for c in f) for f in feature_names)
         return cls(view.task, tuple(view.party_names), tuple(view.feature_dims),
-                   tuple(tuple(s) for s in view.feature_shapes), view.active_party)
+                   tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -82,8 +89,10 @@ class IndexInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
+        names = d.get("feature_names")
         return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
-                   tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]))
+                   tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),
+                   None if names is None else tuple(tuple(f) for f in names))
 
 
 class VFLMethod(ABC):
@@ -114,17 +123,17 @@ class VFLMethod(ABC):
     def param_space(cls) -> ParamSpace:
         """The declared parameters (or, for a method without a declaration, its defaults with names checked)."""
         if cls.params is not None:
-            return cls.params
+            return with_common(cls.params)
         legacy = cls.preset_params.__func__ is not VFLMethod.preset_params.__func__  # type: ignore[attr-defined]
-        return inferred_space(cls.default_params(), {
-            p: (lambda ds, p=p: cls.preset_params(p, ds or None)) if legacy else (lambda ds: {}) for p in cls.presets})
+        return with_common(inferred_space(cls.default_params(), {
+            p: (lambda ds, p=p: cls.preset_params(p, ds or None)) if legacy else (lambda ds: {}) for p in cls.presets}))
 
     @classmethod
     def default_params(cls) -> dict[str, Any]:
         """Every tunable of the method with its default."""
         if cls.params is None:
             raise NotImplementedError(f"{cls.__name__} declares no parameters (params) and lists no defaults")
-        return cls.params.defaults()
+        return with_common(cls.params).defaults()
 
     @classmethod
     def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
@@ -240,12 +249,13 @@ class VFLMethod(ABC):
         if not view.labeled.any():
             raise ValueError(f"{self.name}: the training data has no labelled sample")
         self.federation_ = federation
-        self.index_ = IndexInfo.of(view)
+        self.index_ = IndexInfo.of(view, view.feature_names)
         self.params_ = self.resolve_params(dataset)
         self.data_info_ = dict(data_info or {})
         self.label_prior_ = _label_prior(view)
         self.history_ = []
         federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed)
+        self.preprocessing_ = self._preprocess(federation, handle)
         if checkpointer is not None:
             checkpointer.bind(federation)
         loop = TrainingLoop(
@@ -259,6 +269,16 @@ class VFLMethod(ABC):
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
         return self
+
+    def _preprocess(self, federation: Federation, handle: str) -> dict[str, Any]:
+        """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
+        data is already standardised by the paper's protocol); returns what was done, for ``model.json``."""
+        already = self.data_info_.get("standardized")
+        on = bool(self.params_.get("standardize", False)) and not already
+        federation.preprocess(handle, standardize=on)
+        how = ("each party, on its own training rows" if on else
+               f"none here: the data was standardised already ({already})" if already else "none (standardize=false)")
+        return {"standardize": on, "how": how}
 
     def _fingerprint(self, view: CoordinatorView) -> dict[str, Any]:
         """What must match for a checkpoint to be resumed: method, seed, parameters and a digest of the data index."""
@@ -274,11 +294,24 @@ class VFLMethod(ABC):
         if not hasattr(self, "federation_"):
             raise RuntimeError(f"{self.name}: call fit (or load) before predicting")
 
+    @property
+    def classes_(self) -> np.ndarray:
+        """The class labels as the model saw them in training (scikit-learn's ``classes_``)."""
+        self._check_fitted()
+        if not self.index_.task.is_classification:
+            raise AttributeError(f"{self.name}: a regression model has no classes_")
+        return np.array(list(self.index_.task.classes))
+
+    def conform(self, data: VerticalDataset) -> VerticalDataset:
+        """``data`` with the model's parties and columns, matched by name (any order); data whose parties or
+        feature names disagree with the training data's is refused, naming the party and the first mismatch."""
+        self._check_fitted()
+        idx = self.index_
+        return arrange(data, idx.party_names, idx.feature_names, idx.feature_dims, active_party=idx.active_party)
+
     def predict_output(self, data: VerticalDataset) -> np.ndarray:
         """Probabilities (classification, ``(N, C)``) or predicted values (regression, ``(N,)``) for ``data``."""
-        self._check_fitted()
-        if data.feature_dims != self.index_.feature_dims:
-            raise ValueError(f"data has feature widths {data.feature_dims}, the model {self.index_.feature_dims}")
+        data = self.conform(data)
         handle = self.federation_.attach(data)
         try:
             return self.predict_output_federated(data.coordinator_view(), handle)
@@ -286,10 +319,17 @@ class VFLMethod(ABC):
             self.federation_.release(handle)
 
     def predict_output_federated(self, view: CoordinatorView, handle: str) -> np.ndarray:
+        """As :meth:`predict_output`, for samples already attached at the parties under ``handle``.
+
+        The view's labels are not used (the model predicts with its own task); a non-finite output is an error.
+        """
         self._check_fitted()
         n = view.n_samples
+        task = self.index_.task
+        no_labels = np.full(n, UNLABELED, dtype=np.int64) if task.is_classification else np.full(n, np.nan)
+        view = dataclasses.replace(view, task=task, y=no_labels, labeled=np.zeros(n, dtype=bool))
         some = view.observed.any(axis=1)
-        if self.index_.task.is_classification:
+        if task.is_classification:
             out = np.tile(self.label_prior_, (n, 1)).astype(np.float64)
         else:
             out = np.full(n, float(self.label_prior_[0]))
@@ -298,32 +338,33 @@ class VFLMethod(ABC):
             t0 = time.perf_counter()
             out[rows] = self._predict(view, handle, rows)
             self.predict_seconds_ = time.perf_counter() - t0
+        check_finite_output(self.name, out, view.ids)
         return out
 
     def predict_proba(self, data: VerticalDataset) -> np.ndarray:
+        """Class probabilities ``(N, C)``, columns in the order of :attr:`classes_`."""
         self._check_fitted()
         if not self.index_.task.is_classification:
             raise ValueError(f"{self.name}: predict_proba is for classification; use predict for regression")
         return self.predict_output(data)
 
     def predict(self, data: VerticalDataset) -> np.ndarray:
+        """Class labels (values of :attr:`classes_`, as scikit-learn) or predicted values (regression)."""
         out = self.predict_output(data)
-        return out.argmax(axis=1) if self.index_.task.is_classification else out
+        return self.classes_[out.argmax(axis=1)] if self.index_.task.is_classification else out
 
     def score(self, data: VerticalDataset) -> float:
-        """Accuracy (classification) or RMSE (regression) over the labelled samples of ``data``."""
+        """Accuracy (classification; labels matched by value, a class unseen in training counts as an error) or
+        RMSE (regression) over the labelled samples of ``data``."""
         from partialvfl.methods.evaluation import evaluate
 
         res = evaluate(self, data)
         return res["accuracy"] if self.index_.task.is_classification else res["rmse"]
 
     # ------------------------------------------------------------------ persistence
-    def save(self, directory: str | Path) -> Path:
-        """Write ``model.json`` and ``coordinator.pt`` here, and have each party write its ``party-<k>.pt``."""
-        self._check_fitted()
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        meta = {
+    def _meta(self) -> dict[str, Any]:
+        """What ``model.json`` says about the model."""
+        return {
             "format": FORMAT_VERSION,
             "method": self.name,
             "preset": self.preset,
@@ -332,40 +373,67 @@ class VFLMethod(ABC):
             "params": self.params_,
             "index": self.index_.to_dict(),
             "label_prior": [float(v) for v in self.label_prior_],
+            "preprocessing": getattr(self, "preprocessing_", None),
             "data_info": self.data_info_,
             "fit_seconds": getattr(self, "fit_seconds_", None),
             "history": self.history_,
         }
-        (d / "model.json").write_text(json.dumps(meta, indent=2, default=json_default))
-        torch.save(self._coordinator_state(), d / "coordinator.pt")
-        self.federation_.save(d)
-        return d
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``model.json``, ``coordinator.pt`` and every party's state (``party-<k>.pt`` here in one process, on
+        the party's own disk in a deployment) all at once: see :mod:`partialvfl.methods.model_files`."""
+        self._check_fitted()
+        fed = self.federation_
+        return write_model_dir(Path(directory), self._meta(), self._coordinator_state(),
+                               save_parties=lambda d, digest: fed.save(d, model=digest), forget_parties=fed.forget)
 
     @classmethod
     def load(cls, directory: str | Path, *, federation: Federation | None = None,
              log: MessageLog | None = None) -> VFLMethod:
-        """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states."""
+        """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states.
+
+        Raises :class:`~partialvfl.methods.model_files.ModelFileError` (one line naming the file) for a missing,
+        corrupted, truncated or foreign file, and when a party's file belongs to another model.
+        """
         d = Path(directory)
-        meta_path = d / "model.json"
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{d} holds no saved model (no model.json)")
-        meta = json.loads(meta_path.read_text())
+        meta = read_model_meta(d)
         klass = get_method(meta["method"]) if cls is VFLMethod or not cls.name else cls
         if klass.name != meta["method"]:
-            raise ValueError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
-        space = klass.param_space()
-        obj = klass(meta["preset"], seed=meta["seed"], **space.renamed(meta["overrides"]))
-        obj.index_ = IndexInfo.from_dict(meta["index"])
-        obj.params_ = {**space.defaults(), **space.renamed(meta["params"])}
-        obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
-        obj.data_info_ = meta.get("data_info", {})
-        obj.history_ = meta.get("history", [])
-        obj.fit_seconds_ = meta.get("fit_seconds")
+            raise ModelFileError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
+        obj = klass._from_meta(meta, d)
+        state = read_coordinator_state(d, meta)
         fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log)
         obj.federation_ = fed
         fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)
-        fed.load(d)
-        obj._load_coordinator_state(torch.load(d / "coordinator.pt", weights_only=True))
+        try:
+            fed.load(d, model=meta.get("digest"))
+        except StateFileError as e:
+            raise ModelFileError(str(e)) from None
+        try:
+            obj._load_coordinator_state(state)
+        except (KeyError, RuntimeError, TypeError, ValueError) as e:
+            raise ModelFileError(f"{d / 'coordinator.pt'} does not fit the model model.json describes "
+                                 f"({type(e).__name__}: {str(e)[:200]})") from None
+        return obj
+
+    @classmethod
+    def _from_meta(cls, meta: dict[str, Any], d: Path) -> VFLMethod:
+        """The estimator ``model.json`` describes, before any state is loaded."""
+        space = cls.param_space()
+        try:
+            obj = cls(meta["preset"], seed=meta["seed"], **space.renamed(meta["overrides"]))
+            obj.index_ = IndexInfo.from_dict(meta["index"])
+            saved = space.renamed(meta["params"])
+            # models saved before party standardisation existed were trained on features as they are
+            obj.params_ = {**space.defaults(), "standardize": False, **saved}
+            obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
+                                 f"({type(e).__name__}: {e})") from None
+        obj.preprocessing_ = meta.get("preprocessing")
+        obj.data_info_ = meta.get("data_info", {})
+        obj.history_ = meta.get("history", [])
+        obj.fit_seconds_ = meta.get("fit_seconds")
         return obj
 
 

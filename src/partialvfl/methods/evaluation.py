@@ -1,36 +1,65 @@
-"""Metrics of a fitted method on a dataset: overall and by number of observed parties."""
+"""Metrics of a fitted method on a dataset: overall and by number of observed parties.
+
+Labels are compared **by value**: a predicted class is the model's class label, a true class the data's, and the two
+are equal only if the labels are.  A test set that lacks some class, lists its classes in another order, or holds a
+class the model never saw in training is scored correctly (a sample of an unseen class is an error).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from partialvfl.data.dataset import VerticalDataset
+from partialvfl.data.dataset import DataValidationError, VerticalDataset
 
 __all__ = ["evaluate", "metrics_from_predictions"]
 
 
-def metrics_from_predictions(output: np.ndarray, data: VerticalDataset) -> dict[str, Any]:
+def _true_in_model_classes(data: VerticalDataset, classes: Sequence[Any] | None) -> tuple[np.ndarray, list[Any]]:
+    """The data's labels as indices into the model's ``classes`` (-1: a class the model does not know), and the
+    data's classes the model does not know."""
+    if classes is None:
+        return np.asarray(data.y, dtype=np.int64), []
+    index = {c: i for i, c in enumerate(classes)}
+    mapping = np.array([index.get(c, -1) for c in data.task.classes], dtype=np.int64)
+    y = np.asarray(data.y, dtype=np.int64)
+    true = np.where(data.labeled, mapping[np.clip(y, 0, None)], -1)
+    unseen = [c for j, c in enumerate(data.task.classes) if mapping[j] < 0 and np.any(data.labeled & (y == j))]
+    return true, unseen
+
+
+def metrics_from_predictions(output: np.ndarray, data: VerticalDataset,
+                             classes: Sequence[Any] | None = None) -> dict[str, Any]:
     """Accuracy (classification) or RMSE (regression) over labelled samples, overall and per observed-party count.
 
-    ``by_observed_parties`` maps the number of observed parties (0..K) to ``{"n": count, metric: value}``; the
-    0 bucket holds the samples predicted from the label prior.
+    ``output`` holds the model's probabilities (columns in the order of the model's ``classes``; without
+    ``classes`` the data's and the model's classes are taken to be the same list).  ``by_observed_parties`` maps
+    the number of observed parties (0..K) to ``{"n": count, metric: value}``; the 0 bucket holds the samples
+    predicted from the label prior.  ``unseen_classes`` lists the data's classes the model never saw.
     """
+    if data.task is None:
+        raise DataValidationError("the data carries no labels to score (give the label column)")
     lab = data.labeled
     counts = data.n_observed_parties()
     res: dict[str, Any] = {"n_samples": int(lab.sum()), "all_missing": int((counts[lab] == 0).sum())}
     by: dict[str, dict[str, float]] = {}
     if data.task.is_classification:
-        pred = output.argmax(axis=1)
-        correct = (pred == data.y) & lab
+        if output.ndim != 2:
+            raise DataValidationError("the data's labels are classes but the model predicts values (regression)")
+        true, unseen = _true_in_model_classes(data, classes)
+        correct = (output.argmax(axis=1) == true) & lab & (true >= 0)
         res["accuracy"] = float(correct.sum() / max(lab.sum(), 1))
+        res["unseen_classes"] = unseen
         for c in range(data.n_parties + 1):
             m = lab & (counts == c)
             if m.any():
                 by[str(c)] = {"n": int(m.sum()), "accuracy": float(correct[m].mean())}
     else:
+        if output.ndim != 1:
+            raise DataValidationError("the data's labels are values (regression) but the model predicts classes")
         err = np.where(lab, output - np.nan_to_num(data.y), 0.0)
         res["rmse"] = float(np.sqrt((err[lab] ** 2).mean())) if lab.any() else float("nan")
         for c in range(data.n_parties + 1):
@@ -42,9 +71,12 @@ def metrics_from_predictions(output: np.ndarray, data: VerticalDataset) -> dict[
 
 
 def evaluate(method: Any, data: VerticalDataset) -> dict[str, Any]:
-    """Predict ``data`` with a fitted method and return its metrics plus the prediction time."""
+    """Predict ``data`` with a fitted method and return its metrics (labels matched by value) and the time taken."""
     t0 = time.perf_counter()
+    data = method.conform(data) if hasattr(method, "conform") else data
     out = method.predict_output(data)
-    res = metrics_from_predictions(out, data)
+    task = getattr(getattr(method, "index_", None), "task", None)
+    classes = task.classes if task is not None and task.is_classification else None
+    res = metrics_from_predictions(out, data, classes)
     res["predict_seconds"] = time.perf_counter() - t0
     return res

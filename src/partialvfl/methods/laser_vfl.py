@@ -223,7 +223,7 @@ class LaserVFL(SplitNNMethod):
 
     def predict_heads(self, data: VerticalDataset) -> np.ndarray:
         """``(N, H, C)`` probabilities of each head (H = 1 or K); NaN where head k's party does not observe."""
-        self._check_fitted()
+        data = self.conform(data)  # parties and columns by name, as the model was trained
         handle = self.federation_.attach(data)
         try:
             view = data.coordinator_view()

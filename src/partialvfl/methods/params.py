@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Param", "ParamSpace", "PresetFn", "dataset_key", "inferred_space"]
+__all__ = ["COMMON_PARAMS", "KINDS", "Param", "ParamSpace", "PresetFn", "dataset_key", "inferred_space",
+           "with_common"]
 
 #: Value kinds: ``int``, ``float``, ``bool``, ``str`` (with ``choices``), ``ints`` (a list of positive ints, e.g.
 #: hidden widths), ``range`` (a pair ``[low, high]`` of floats with low < high) and ``any`` (taken as given: for
@@ -256,3 +257,17 @@ def inferred_space(defaults: Mapping[str, Any], presets: Mapping[str, PresetFn])
     """A space for a method that only lists its defaults (a plugin or test method): names checked, values as given."""
     return ParamSpace(tuple(Param(name, default, "any", "(undeclared)", optional=True)
                             for name, default in defaults.items()), dict(presets))
+
+
+#: Parameters every method has, declared once here (the registry and the estimator add them to every space).
+COMMON_PARAMS = (
+    Param("standardize", True, "bool", "each party standardises its own features with statistics it fits on its "
+          "training rows (kept at the party, applied at prediction); data already standardised by the paper's "
+          "protocol passes through"),
+)
+
+
+def with_common(space: ParamSpace) -> ParamSpace:
+    """``space`` with :data:`COMMON_PARAMS` (those it does not declare itself) added."""
+    missing = [p for p in COMMON_PARAMS if p.name not in space.names]
+    return space.extend(*missing) if missing else space

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partialvfl.methods.params import ParamSpace
+from partialvfl.methods.params import ParamSpace, with_common
 
 #: a method class (a :class:`~partialvfl.methods.base.VFLMethod` subclass; not imported here, which would be a cycle)
 VFLMethod = Any
@@ -35,6 +35,9 @@ class MethodSpec:
     summary: str
     implementation: str  # "package.module:ClassName"
     params: ParamSpace
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", with_common(self.params))  # every method's common parameters
 
 
 SPECS: dict[str, MethodSpec] = {}

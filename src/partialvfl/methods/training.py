@@ -9,6 +9,8 @@ whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step
   part of every checkpoint;
 * running sums per epoch: a step returns ``{metric: (value_sum, weight)}``; at the end of the epoch the loop
   reports ``value_sum / weight`` (a weight of 0 marks a plain total, reported as the sum);
+* every metric a step returns (its loss) must be finite: a NaN or infinite loss stops training with a
+  :class:`NonFiniteError` naming the step and the likely cause, for every method alike;
 * progress (a bar over epochs) and a report per epoch to the method and to the caller's ``on_epoch`` callback;
 * a party that fails during a step stops the fit at the end of that step
   (:class:`~partialvfl.federation.checkpoint.PartyLost`; the step's partial effects are discarded with the process
@@ -26,6 +28,7 @@ process and over gRPC).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +43,26 @@ if TYPE_CHECKING:
     from partialvfl.federation.checkpoint import Checkpointer
     from partialvfl.federation.transport import Transport
 
-__all__ = ["EpochCallback", "Metrics", "Stage", "TrainingLoop"]
+__all__ = ["EpochCallback", "Metrics", "NonFiniteError", "Stage", "TrainingLoop", "check_finite_output"]
+
+#: What usually makes a loss or a probability non-finite, for the error message.
+LIKELY_CAUSES = ("features on very different scales or very large values (keep the default standardize=true, or "
+                 "rescale them), a learning rate too high for this data, or a diverging optimiser")
+
+
+class NonFiniteError(ValueError):
+    """A loss or an output that is NaN or infinite: training or prediction stops, naming the step and likely cause."""
+
+
+def check_finite_output(method: str, output: np.ndarray, ids: np.ndarray) -> None:
+    """Refuse predictions that are not finite, naming how many and the first sample's ID."""
+    bad = ~np.isfinite(output)
+    if bad.any():
+        rows = np.flatnonzero(bad.reshape(len(output), -1).any(axis=1))
+        first = ids[rows[0]].item() if isinstance(ids[rows[0]], np.generic) else ids[rows[0]]
+        raise NonFiniteError(
+            f"{method}: the prediction for {rows.size} sample(s) (first: ID {first!r}) is not finite; likely cause: "
+            f"{LIKELY_CAUSES}")
 
 #: What a step returns: per metric, (sum of values, weight); weight 0 marks a total.
 Metrics = Mapping[str, tuple[float, float]]
@@ -151,12 +173,19 @@ class TrainingLoop:
                 _, party, reason = self.transport.failures[failures]
                 raise PartyLost(party, reason, self.step_count)
             for key, (value, weight) in metrics.items():
+                self._check_finite(stage, epoch, key, value)
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += float(value)
                 acc[1] += float(weight)
             index += 1
             self._maybe_checkpoint(stage, epoch, index, epoch_rng, sums)
         self.report(stage.name, epoch + 1, {k: s / w if w else s for k, (s, w) in sums.items()})
+
+    def _check_finite(self, stage: Stage, epoch: int, key: str, value: float) -> None:
+        if not math.isfinite(float(value)):
+            raise NonFiniteError(
+                f"{self.name}: the {key} is {float(value)} at step {self.step_count} (stage {stage.name!r}, epoch "
+                f"{epoch + 1}); training stopped. Likely cause: {LIKELY_CAUSES}")
 
     def _fast_forward(self, stage: Stage) -> tuple[int, dict[str, list[float]], Any, Iterator[Any]]:
         """Land on the checkpointed position of this epoch: replay the items before it, restore every state.

@@ -172,7 +172,7 @@ class FedHSSL(VFLMethod):
                     range(K), "local_ssl", data=handle, batch_size=bs, local_weight=float(p["local_weight"]),
                     guidance_weight=float(p["guidance_weight"]), augment=augment)
                 local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
-                out = {"local_loss": (float(np.mean(local)) if local else float("nan"), 1.0)}
+                out = {"local_loss": (float(np.mean(local)), 1.0)} if local else {}  # no party had rows: no value
             if item == max(local_epochs, 1) - 1:
                 self.aggregate_tops(new_step=False)
             return out

@@ -436,8 +436,7 @@ class XVFL(VFLMethod):
         K = self.index_.n_parties
         if not 0 <= party < K:
             raise ValueError(f"{self.name}: no party {party}; the model has parties 0..{K - 1}")
-        if data.feature_dims != self.index_.feature_dims:
-            raise ValueError(f"data has feature widths {data.feature_dims}, the model {self.index_.feature_dims}")
+        data = self.conform(data)  # parties and columns by name, as the model was trained
         rows = np.flatnonzero(data.observed[:, party])
         partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[rows, party]
         out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))

@@ -1,0 +1,171 @@
+"""Your own tables in one process: ``fit --table``, ``predict --table`` and ``evaluate --table``.
+
+Each party's table is read with :func:`~partialvfl.data.builders.from_tables` (one rule for IDs, numeric columns
+only, the canonical sample order).  ``predict`` and ``evaluate`` take the ID, label and feature columns the model
+was fitted on unless told otherwise, so tables of new users need no label column; their columns may come in any
+order and other columns are ignored (and named).  :func:`prediction_frame` writes what ``predict`` writes, in
+process and across a federation alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partialvfl.cli.common import emit, parse_tables
+
+__all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
+           "write_predictions"]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def fit_tables(args: argparse.Namespace, model: Any) -> int:
+    """Fit ``model`` on ``--table`` files joined on ``--id``, labels in ``--active``'s ``--label`` column."""
+    from partialvfl.data.builders import from_tables
+
+    if not args.id_column or not args.label_column or not args.active:
+        raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
+    data = from_tables(parse_tables(args.table), id_column=args.id_column, label_column=args.label_column,
+                       active_party=args.active, order_key=args.hmac_key)
+    held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
+    _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
+    from partialvfl.cli.checkpoints import report_checkpoints
+    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
+    from partialvfl.federation.checkpoint import FitInterrupted
+
+    ck = fit_checkpointer(args)  # --checkpoint-every/--resume; SIGINT/SIGTERM checkpoint where the fit is, then stop
+    t0 = time.perf_counter()
+    try:
+        with stop_on_signals(ck):
+            model.fit(data, checkpointer=ck)
+    except FitInterrupted as e:
+        return report_interrupted(args, e)
+    report_checkpoints(args, ck, not args.quiet)
+    out = model.save(args.out)
+    how = model.preprocessing_["how"]
+    _say(f"fit {model.name} in {time.perf_counter() - t0:.1f} s (standardisation: {how}); saved to {out}")
+    return 0
+
+
+def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> Any:
+    """The ``--table`` files as the model's dataset: its ID, (label) and feature columns, its parties."""
+    from partialvfl.data.builders import from_tables
+
+    info = model.data_info_
+    tables = parse_tables(args.table)
+    parties = list(model.index_.party_names)
+    lacking = [p for p in parties if p not in tables]
+    unknown = [p for p in tables if p not in parties]
+    if lacking or unknown:
+        raise ValueError(f"the model's parties are {parties}; " + "; ".join(filter(None, [
+            f"no --table for {lacking} (give a table with only the header row for a party that holds none of these "
+            "users)" if lacking else "", f"{unknown} are not parties of the model" if unknown else ""])))
+    id_column = args.id_column or info.get("id_column")
+    if not id_column:
+        raise ValueError("say which column holds the IDs: --id COLUMN")
+    label = (args.label_column or info.get("label_column")) if labels else None
+    if labels and not label:
+        raise ValueError("say which column holds the labels: --label COLUMN")
+    names = model.index_.feature_names
+    columns = None if names is None else {p: [c.split(":", 1)[1] for c in names[k]] for k, p in enumerate(parties)}
+    data = from_tables({p: tables[p] for p in parties}, id_column=id_column, label_column=label,
+                       active_party=model.index_.active_party, feature_columns=columns)
+    _note_ignored(data, tables, id_column, label, columns)
+    return data
+
+
+def _note_ignored(data: Any, tables: dict[str, str], id_column: str, label: str | None,
+                  columns: dict[str, list[str]] | None) -> None:
+    """Name the columns of the tables the model does not use (a label column of new users' tables included)."""
+    import pandas as pd
+
+    if columns is None:
+        return
+    for party, path in tables.items():
+        head = pd.read_parquet(path) if str(path).lower().endswith((".parquet", ".pq")) else pd.read_csv(path, nrows=0)
+        extra = [str(c) for c in head.columns if c not in (id_column, label) and c not in columns[party]]
+        if extra:
+            _say(f"note: party {party!r}: columns {extra} are not used by the model")
+
+
+def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> None:
+    """Rows no party holds would be predicted from the training label prior alone: an error unless ``allow``."""
+    none = ~np.asarray(observed).any(axis=1)
+    if not none.any():
+        return
+    what = f"{int(none.sum())} of {len(ids)} IDs (first: {ids[np.flatnonzero(none)[0]]!r}) are held by no party"
+    if not allow:
+        raise ValueError(f"{what}: their prediction would be the training label prior alone; pass "
+                         "--allow-prior-only to write such rows")
+    _say(f"note: {what}; predicted from the training label prior (--allow-prior-only)")
+
+
+def prediction_frame(model: Any, output: np.ndarray, observed: np.ndarray, ids: np.ndarray, id_column: str) -> Any:
+    """One row per ID: the ID (under its own column name), ``prediction`` (the class label as the model saw it, or
+    the value), ``p_<class>`` per class, ``n_parties`` and ``parties`` (the parties whose features were used)."""
+    import pandas as pd
+
+    df = pd.DataFrame({id_column: list(ids)})
+    task = model.index_.task
+    if task.is_classification:
+        classes = list(task.classes)
+        df["prediction"] = pd.Series([classes[i] for i in output.argmax(axis=1)], dtype=object)
+        for j, c in enumerate(classes):
+            df[f"p_{c}"] = output[:, j]
+    else:
+        df["prediction"] = output
+    names = model.index_.party_names
+    df["n_parties"] = observed.sum(axis=1).astype(int)
+    df["parties"] = [";".join(names[k] for k in np.flatnonzero(row)) for row in observed]
+    return df
+
+
+def write_predictions(df: Any, out: str | Path) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    _say(f"{len(df)} predictions written to {path}")
+
+
+def predict_tables(args: argparse.Namespace) -> int:
+    """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
+    from partialvfl.methods import VFLMethod
+
+    model = VFLMethod.load(args.model)
+    data = _model_tables(args, model, labels=False)
+    refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
+    output = model.predict_output(data)
+    order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
+    id_column = args.id_column or model.data_info_.get("id_column")
+    frame = prediction_frame(model, output[order], data.observed[order], data.ids[order], id_column)
+    write_predictions(frame, args.out)
+    return 0
+
+
+def evaluate_tables(args: argparse.Namespace) -> int:
+    """Score a saved model on ``--table`` files that carry the label (matched by value)."""
+    from partialvfl.methods import VFLMethod
+    from partialvfl.methods.evaluation import evaluate
+
+    model = VFLMethod.load(args.model)
+    data = _model_tables(args, model, labels=True)
+    res = evaluate(model, data)
+    res.update({"method": model.name, "tables": parse_tables(args.table)})
+    metric = "accuracy" if "accuracy" in res else "rmse"
+    lines = [f"{model.name} on the given tables: {metric} {res[metric]:.4f} over {res['n_samples']} labelled samples"]
+    for k, v in res["by_observed_parties"].items():
+        lines.append(f"  {k} observed parties: {metric} {v[metric]:.4f} (n={v['n']})")
+    if res.get("unseen_classes"):
+        lines.append(f"  classes never seen in training (counted as errors): {res['unseen_classes']}")
+    if res["all_missing"]:
+        lines.append(f"  ({res['all_missing']} samples no party holds were predicted from the label prior)")
+    emit(res, args.json, "\n".join(lines))
+    return 0

@@ -1,0 +1,134 @@
+"""A saved model's files: written all at once or not at all, read back only if they belong together.
+
+A model directory holds ``model.json`` (what the model is: method, parameters, parties, features, classes),
+``coordinator.pt`` (the active party's label-side state) and each party's state: ``party-<k>.pt`` in the directory
+(in one process) or, in a deployment, on the party's own disk (``party_states.json`` says where).
+
+* **Atomic save** (:func:`write_model_dir`): everything is written to a fresh sibling directory, then renamed onto
+  the target; a failure at any point leaves the previous model (or no directory) in place, never half of one.  Other
+  entries of an existing target (``checkpoints/``) are kept; the parties' halves of the replaced model are deleted.
+* **Belonging together**: ``model.json`` records the SHA-256 of ``coordinator.pt`` and the model's *digest*; every
+  party file carries the digest of the model it was saved with, and a party refuses to load a file of another model
+  (a swapped or stale ``party-<k>.pt``).
+* **Clear failures**: a missing, corrupted, truncated or foreign file raises :class:`ModelFileError`, one line that
+  names the file (the CLI prints it and exits with code 2).  Models saved before digests existed load as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from partialvfl.utils.jsonable import json_default
+
+__all__ = ["MODEL_FILES", "ModelFileError", "read_coordinator_state", "read_model_meta", "write_model_dir"]
+
+log = logging.getLogger("partialvfl.model")
+MODEL_FILES = ("model.json", "coordinator.pt", "party_states.json")
+_PARTY_FILE = re.compile(r"party-\d+\.pt")
+_REQUIRED = ("method", "preset", "seed", "params", "index", "label_prior")
+
+
+class ModelFileError(ValueError):
+    """A model directory or one of its files is missing, corrupted, truncated, foreign, or mixed with another's."""
+
+
+def _is_model_file(name: str) -> bool:
+    return name in MODEL_FILES or bool(_PARTY_FILE.fullmatch(name))
+
+
+def write_model_dir(target: Path, meta: dict[str, Any], coordinator_state: dict[str, Any],
+                    save_parties: Callable[[Path, str], None], forget_parties: Callable[[Path], None]) -> Path:
+    """Write a model into ``target`` atomically (see the module docstring); returns ``target``.
+
+    ``save_parties(directory, digest)`` has every party save its state for ``directory`` tagged with ``digest``;
+    ``forget_parties(directory)`` has them delete the state of a replaced model.
+    """
+    if target.exists() and not target.is_dir():
+        raise ModelFileError(f"cannot save the model: {target} exists and is not a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = target.parent / f"{target.name}.saving-{tag}"
+    tmp.mkdir()
+    try:
+        buffer = io.BytesIO()
+        torch.save(coordinator_state, buffer)
+        blob = buffer.getvalue()
+        meta = {**meta, "coordinator_sha256": hashlib.sha256(blob).hexdigest()}
+        text = json.dumps(meta, sort_keys=True, default=json_default)
+        meta["digest"] = hashlib.sha256(blob + text.encode()).hexdigest()
+        save_parties(tmp, meta["digest"])
+        (tmp / "coordinator.pt").write_bytes(blob)
+        (tmp / "model.json").write_text(json.dumps(meta, indent=2, default=json_default))
+        _swap(tmp, target, tag, forget_parties)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _swap(tmp: Path, target: Path, tag: str, forget_parties: Callable[[Path], None]) -> None:
+    """Put the complete model in ``tmp`` at ``target``, keeping the target's other entries (e.g. checkpoints)."""
+    if not target.exists():
+        os.rename(tmp, target)
+        return
+    for entry in list(target.iterdir()):
+        if not _is_model_file(entry.name) and not (tmp / entry.name).exists():
+            os.rename(entry, tmp / entry.name)
+    old = target.parent / f"{target.name}.replaced-{tag}"
+    os.rename(target, old)
+    os.rename(tmp, target)
+    if (old / "model.json").exists():
+        try:  # the parties' halves of the replaced model (over gRPC they live on the parties' disks)
+            forget_parties(old)
+        except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
+            log.warning("parties could not delete their state of the replaced model: %s", e)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_model_meta(directory: Path) -> dict[str, Any]:
+    """``model.json`` of a model directory, checked to describe a partialvfl model."""
+    path = directory / "model.json"
+    if not directory.is_dir():
+        raise ModelFileError(f"{directory} is not a model directory (it does not exist)")
+    if not path.is_file():
+        raise ModelFileError(f"{directory} holds no saved model (no model.json)")
+    try:
+        meta = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path} is corrupted or truncated (not valid JSON: {e})") from None
+    if not isinstance(meta, dict) or any(k not in meta for k in _REQUIRED):
+        missing = [k for k in _REQUIRED if not isinstance(meta, dict) or k not in meta]
+        raise ModelFileError(f"{path} is not a partialvfl model description (missing {missing})")
+    return meta
+
+
+def read_coordinator_state(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``coordinator.pt``, checked against the SHA-256 that ``model.json`` recorded (models saved since digests)."""
+    path = directory / "coordinator.pt"
+    if not path.is_file():
+        raise ModelFileError(f"{directory} has model.json but no coordinator.pt")
+    blob = path.read_bytes()
+    expected = meta.get("coordinator_sha256")
+    if expected is not None and hashlib.sha256(blob).hexdigest() != expected:
+        raise ModelFileError(f"{path} does not match {directory / 'model.json'}: the file is corrupted, truncated or "
+                             "from another model")
+    try:
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever torch says, the file is unusable
+        raise ModelFileError(f"{path} is not a readable coordinator state (corrupted, truncated or foreign: "
+                             f"{type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise ModelFileError(f"{path} is not a partialvfl coordinator state")
+    return state

@@ -1,0 +1,113 @@
+"""IDs, one rule: from_tables, the party server's table and the keyed-hash alignment normalise IDs the same way,
+refuse empty IDs and IDs that collide once normalised (naming them), and agree on one canonical sample order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partialvfl import DataValidationError
+from partialvfl.data.builders import from_tables
+from partialvfl.data.ids import DEFAULT_ORDER_KEY, normalize_id, normalize_ids, sample_order
+from partialvfl.federation.alignment import canonical_id, hash_ids, observed_from_hashes
+from partialvfl.federation.grpc_party import PartyConfig, PartyTable
+from partialvfl.federation.grpc_transport import TlsFiles
+
+KEY = b"k" * 32
+
+
+def party_table(tmp_path: Path, text: str, **kwargs: object) -> PartyTable:
+    (tmp_path / "t.csv").write_text(text)
+    cfg = PartyConfig(name="shop", index=1, address="127.0.0.1:0", data_path=tmp_path / "t.csv", id_column="uid",
+                      tls=TlsFiles(tmp_path / "ca", tmp_path / "c", tmp_path / "k"), state_dir=tmp_path / "s",
+                      hmac_key_file=tmp_path / "h", **kwargs)  # type: ignore[arg-type]
+    return PartyTable(cfg, KEY)
+
+
+@pytest.mark.parametrize(("raw", "text"), [(12, "12"), (np.int64(12), "12"), (12.0, "12"), ("12", "12"),
+                                           (" 12\t", "12"), ("007", "007"), (b"ab", "ab"), ("Cafe\u0301", "Café"),
+                                           (1.5, "1.5"), ("AbC", "AbC")])
+def test_normalize_id_one_rule(raw: object, text: str) -> None:
+    assert normalize_id(raw) == text
+    assert canonical_id(raw) == text.encode()  # the alignment hashes exactly this
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["a", ""], r"the ID at row 1 is empty"),
+    (["a", "   "], r"the ID at row 1 is empty"),
+    ([1.0, np.nan], r"the ID at row 1 is missing \(NaN\)"),
+    (["a", None], r"the ID at row 1 is missing"),
+    ([True, 2], r"the ID at row 0 is a boolean"),
+    (["12", " 12"], r"IDs '12' and ' 12', the same ID once normalised \('12'\), at rows 0 and 1"),
+    ([12, 12.0], r"IDs 12 and 12.0, the same ID once normalised \('12'\), at rows 0 and 1"),
+    (["x", "x"], r"ID 'x' at rows 0 and 1; IDs must be unique"),
+])
+def test_refused_ids_are_named(values: list, message: str) -> None:
+    with pytest.raises(DataValidationError, match="my table: " + message):
+        normalize_ids(values, "my table")
+
+
+def test_from_tables_party_table_and_alignment_agree(tmp_path: Path) -> None:
+    """The same IDs, written with white space and as numbers, join and hash identically everywhere."""
+    bank = pd.DataFrame({"uid": [" 7", "u2 ", "12"], "x": [1.0, 2.0, 3.0], "y": [0, 1, 0]})
+    shop = pd.DataFrame({"uid": [7, 12], "z": [5.0, 6.0]})  # integers join with the text "7" / "12"
+    ds = from_tables({"bank": bank, "shop": shop}, id_column="uid", label_column="y", active_party="bank")
+    assert sorted(ds.ids.tolist()) == ["12", "7", "u2"] and ds.observed.sum(axis=0).tolist() == [3, 2]
+    table = party_table(tmp_path, "uid,z\n 7 ,5.0\n12,6.0\n")
+    assert table.ids.tolist() == ["7", "12"]
+    np.testing.assert_array_equal(table.hashes, hash_ids(["7", 12], KEY))
+    # the federation's order (hashes sorted) is from_tables' order with the same key
+    order, _ = observed_from_hashes([hash_ids(bank["uid"], KEY), hash_ids(shop["uid"], KEY)])
+    keyed = from_tables({"bank": bank, "shop": shop}, id_column="uid", label_column="y", active_party="bank",
+                        order_key=KEY)
+    np.testing.assert_array_equal(hash_ids(keyed.ids, KEY), order)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("uid,z\nu1,1.0\n,2.0\n", r"ID column 'uid': the ID at row 1 is missing"),
+    ("uid,z\nu1,1.0\n u1,2.0\n", r"IDs 'u1' and ' u1', the same ID once normalised \('u1'\), at rows 0 and 1"),
+    ("uid,z\nu1,1.0\nu2,\n", r"column 'z': value is missing \(NaN\) for ID 'u2'"),
+    ("uid,city\nu1,Oslo\n", r"feature column 'city' is not numeric"),
+])
+def test_party_table_refuses_what_from_tables_refuses(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(DataValidationError, match=r"party 1 \('shop'\), t.csv.*" + message):
+        party_table(tmp_path, text)
+    df = pd.read_csv(tmp_path / "t.csv", dtype={"uid": str})
+    with pytest.raises(DataValidationError, match=message):
+        from_tables({"shop": df}, id_column="uid")
+
+
+def test_party_table_excluded_column_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(DataValidationError, match=r"excluded column 'label' not found; its columns: \['uid', 'z'\]"):
+        party_table(tmp_path, "uid,z\nu1,1.0\n", exclude_columns=("label",))
+
+
+def test_canonical_order_is_the_keyed_hash_order() -> None:
+    ids = ["u3", "u1", "u2", "u10"]
+    order = sample_order(ids)
+    hashes = hash_ids(ids, DEFAULT_ORDER_KEY)
+    keys = [bytes(h) for h in hashes[order]]
+    assert keys == sorted(keys)
+    other = sample_order(ids, KEY)
+    assert sorted(other.tolist()) == [0, 1, 2, 3]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.integers(-10**6, 10**6), st.text(min_size=1, max_size=6)), max_size=12))
+def test_normalised_ids_collide_only_when_their_texts_do(values: list) -> None:
+    texts = []
+    for v in values:
+        try:
+            texts.append(normalize_id(v))
+        except ValueError:
+            return  # empty after stripping: refused (tested above)
+    if len(set(texts)) == len(texts):
+        assert normalize_ids(values, "t") == texts
+    else:
+        with pytest.raises(DataValidationError, match="t: "):
+            normalize_ids(values, "t")
