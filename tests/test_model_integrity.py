@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from partialvfl import DataValidationError
 from partialvfl.cli import main
@@ -226,16 +227,34 @@ def test_cli_exit_code_2_without_traceback_for_a_missing_model(tmp_path: Path) -
                                                 "exist)"]
 
 
-def test_a_format1_model_still_loads_and_predicts_the_same() -> None:
-    sys.path.insert(0, str(HERE / "data"))
-    try:
-        from make_format1_model import tables as old_tables
-    finally:
-        sys.path.pop(0)
-    expected = json.loads((HERE / "data" / "format1-expected.json").read_text())
-    m = VFLMethod.load(HERE / "data" / "format1-model")
+def _as_format1(directory: Path) -> None:
+    """Rewrite a saved model into format 1 (commit 86ddc4e): no digests, no feature names, no party preprocessing,
+    party files holding only their program and state, parameters without ``standardize``."""
+    meta = json.loads((directory / "model.json").read_text())
+    meta = {k: v for k, v in meta.items() if k not in ("preprocessing", "coordinator_sha256", "digest")}
+    meta["format"] = 1
+    meta["index"].pop("feature_names", None)
+    for key in ("params", "overrides"):
+        meta[key].pop("standardize", None)
+    (directory / "model.json").write_text(json.dumps(meta, indent=2))
+    for f in directory.glob("party-*.pt"):
+        saved = torch.load(f, weights_only=True)
+        torch.save({"program": saved["program"], "state": saved["state"]}, f)
+
+
+def test_a_format1_model_still_loads_and_predicts_the_same(tmp_path: Path) -> None:
+    """A model directory in the format before digests, feature names and party preprocessing (format 1) loads and
+    predicts as the model did (no weights are committed: the old layout is rewritten from a fresh save)."""
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 3, 60)
+    tables = {"a": pd.DataFrame({"uid": np.arange(60), "x": y + rng.normal(0, 0.3, 60), "label": y}),
+              "b": pd.DataFrame({"uid": np.arange(0, 60, 2), "z": y[::2] * 0.5 + rng.normal(0, 0.3, 30)})}
+    data = from_tables(tables, id_column="uid", label_column="label", active_party="a")
+    fitted = get_method("vanilla-vfl")("fast", seed=1, epochs=3, latent_dim=4, encoder_hidden=[8],
+                                       standardize=False).fit(data)
+    fitted.save(tmp_path / "m")
+    _as_format1(tmp_path / "m")
+    m = VFLMethod.load(tmp_path / "m")
     assert m.params_["standardize"] is False and m.index_.feature_names is None
-    data = from_tables(old_tables(), id_column="uid", label_column="label", active_party="a")
-    proba = m.predict_proba(data)
-    by_id = dict(zip(expected["ids"], expected["proba"]))
-    np.testing.assert_allclose(proba, [by_id[int(i)] for i in data.ids], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(m.predict_proba(data), fitted.predict_proba(data))
+
