@@ -237,7 +237,9 @@ def test_new_users_are_predicted_from_their_own_table_and_never_trained_on(dep, 
     ids.write_text("id\n" + "\n".join([*new_users.ids, "u000"]) + "\n")
     out = tmp_path / "pred.csv"
     assert main(["predict", "--federation", str(dep.federation_file), "--model", str(model), "--ids", str(ids),
-                 "--table-set", "new-users", "--out", str(out)]) == 0
+                 "--table-set", "new-users", "--out", str(out)]) == 2  # u000 is held by no party: refused
+    assert main(["predict", "--federation", str(dep.federation_file), "--model", str(model), "--ids", str(ids),
+                 "--table-set", "new-users", "--out", str(out), "--allow-prior-only"]) == 0
     pred = pd.read_csv(out, dtype={"id": str}, keep_default_na=False)
     held = [";".join(n for k, n in enumerate(new_users.party_names) if new_users.observed[i, k])
             for i in range(len(new_users.ids))]
