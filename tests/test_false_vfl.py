@@ -15,10 +15,11 @@ from torch import nn
 from partialvfl import Task, VerticalDataset
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
 from partialvfl.data.sources.synthetic import make_synthetic
-from partialvfl.federation import MessageLog, find_raw_feature_leaks
+from partialvfl.federation import LocalFederation, MessageLog, find_raw_feature_leaks
 from partialvfl.methods import get_method
 from partialvfl.methods.false_vfl import (
     ALLOWED_TENSORS,
+    allowed_tensors,
     fuse_posteriors,
     gaussian_log_density,
     latent_log_weights,
@@ -191,12 +192,15 @@ def _record_draws(obj, store: list) -> None:
     obj._draw = recorder
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per-party", "batched"])
+@pytest.mark.parametrize("wire", ["lean", "samples"])
 @pytest.mark.parametrize("variant", [1, 2])
-def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
+def test_distributed_gradients_equal_centralised_gradients(variant, wire, batched) -> None:
+    """Both wire protocols, per-party and batched parties: every gradient equals the centralised bound's."""
     train, _ = _synthetic(n=200, n_test=20)
-    params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0)
-    method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train)
-    fed = method.federation_
+    params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0, wire=wire)
+    fed = LocalFederation.for_dataset(train, batched=batched)
+    method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train, federation=fed)
     handle = fed.attach(train, "grad")
     view = train.coordinator_view()
     coord_draws: list = []
@@ -237,7 +241,7 @@ def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
             logit = net.indicator(xs[k][held]).squeeze(-1)
             log_w = log_w.index_add(1, torch.as_tensor(held), nn.functional.logsigmoid(-logit).expand(h.shape[0], -1))
             if mis.size:
-                x_mis = reparameterize(net.decoder(h[:, mis]), dec_lv, party_draws[k][0])
+                x_mis = reparameterize(net.decoder(h[:, mis]), dec_lv, party_draws[k][-1])  # its last draw
                 logit = net.indicator(x_mis).squeeze(-1)
                 log_w = log_w.index_add(1, torch.as_tensor(mis), nn.functional.logsigmoid(logit))
     (-log_mean_exp(log_w, 0).mean()).backward()
@@ -282,21 +286,39 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
 
 
 # ---------------------------------------------------------------------- what crosses the boundary
+@pytest.mark.parametrize("wire", ["lean", "samples"])
 @pytest.mark.parametrize("variant", [1, 2])
-def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant) -> None:
+def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant, wire) -> None:
     train, test = _synthetic(n=120, n_test=30)
     log = MessageLog(keep_payloads=True)
-    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1))
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1, wire=wire))
     method.fit(train, log=log)
     method.predict_proba(test)
-    assert log.tensor_names(crossing_only=True) == ALLOWED_TENSORS[variant]
+    assert log.tensor_names(crossing_only=True) == allowed_tensors(variant, wire)
+    assert allowed_tensors(variant, wire) <= ALLOWED_TENSORS[variant]
     assert find_raw_feature_leaks(log, train, test) == []
     kinds = {e.kind for e in log.crossing()}
     assert kinds >= {"encode", "decode", "decode_grad", "update"}
-    for e in log.crossing():  # latents and their gradients are (samples, rows, d_h): never a feature row
+    wide = {"h", "h_mis", "grad_h", "grad_h_mis", "mean", "scale", "mean_mis", "scale_mis", "grad_mean",
+            "grad_scale", "grad_mean_mis", "grad_scale_mis", "mu", "logvar", "grad_mu", "grad_logvar"}
+    for e in log.crossing():  # latents, posteriors and their gradients are (..., d_h): never a feature row
         for name, shape in zip(e.names, e.shapes):
-            if name in ("h", "h_mis", "grad_h", "grad_h_mis"):
+            if name in wide:
                 assert shape[-1] == method.params_["d_h"]
+
+
+def test_lean_wire_moves_over_four_times_fewer_bytes_at_kappa_ten_with_bfloat16() -> None:
+    """Bytes per sample-step from the message log: samples vs lean (float32) vs lean (bfloat16), same fit."""
+    train, _ = _synthetic(n=200, n_test=10)
+    totals = {}
+    for wire, dtype in (("samples", "float32"), ("lean", "float32"), ("lean", "bfloat16")):
+        log = MessageLog(keep_entries=False)
+        params = dict(TINY, d_h=64, importance_samples=10, pretrain_epochs=1, epochs=0, wire=wire, wire_dtype=dtype)
+        get_method("false-vfl-1")("fast", seed=0, **params).fit(train, log=log)
+        totals[(wire, dtype)] = log.total_bytes()
+    # per held row and step: samples 16 + 8 d_h (encode/update) + 8 S d_h + 8 S; lean 16 + 16 d_h + 8 S + 8
+    assert totals[("samples", "float32")] / totals[("lean", "float32")] > 2.5
+    assert totals[("samples", "float32")] / totals[("lean", "bfloat16")] > 4.0
 
 
 # ---------------------------------------------------------------------- persistence and subsets of parties
