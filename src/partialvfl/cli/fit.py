@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from partialvfl.cli.checkpoints import checkpointer, report_checkpoints
-from partialvfl.cli.common import add_protocol_options, emit, protocol_config
+from partialvfl.cli.common import add_protocol_options, add_threads_option, emit, protocol_config, threads_for
 from partialvfl.cli.params import method_from_args
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
@@ -36,6 +36,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint coordinator and parties every N training steps (every method)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT/checkpoints")
+    add_threads_option(p)
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism")
@@ -47,6 +48,7 @@ def add_commands(sub: Any) -> None:
                    help="collaborative (any observed parties) or local (one party alone, methods that support it)")
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
+    add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -71,6 +73,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from partialvfl.data.protocol import make_protocol
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
+    from partialvfl.utils.threads import use_threads
 
     model = method_from_args(args)
     ck = checkpointer(args)
@@ -78,14 +81,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
+    threads = threads_for(args, model, train)
     t0 = time.perf_counter()
-    model.fit(train, log=log, checkpointer=ck)
+    with use_threads(threads):
+        model.fit(train, log=log, checkpointer=ck)
     fit_s = time.perf_counter() - t0
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)
     res = evaluate(model, test)
-    print(f"fit {args.method} in {fit_s:.1f} s; {log.total_bytes() / 1e6:.1f} MB crossed between parties; "
-          f"saved to {out}", file=sys.stderr)
+    print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
+          f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"test ({config.test_missing}): {metric} {res[metric]:.4f}")
     return 0
@@ -95,6 +100,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import metrics_from_predictions
+    from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model)
     info = model.data_info_.get("protocol")
@@ -110,15 +116,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.data_dir:
         cfg["data_dir"] = args.data_dir
     _, test = make_protocol(ProtocolConfig(**cfg))
+    if args.mode == "local" and args.party is None:
+        raise ValueError("--mode local needs --party K")
+    if args.mode == "local" and not hasattr(model, "predict_output_local"):
+        raise ValueError(f"method {model.name!r} has no locally independent inference")
     t0 = time.perf_counter()
-    if args.mode == "local":
-        if args.party is None:
-            raise ValueError("--mode local needs --party K")
-        if not hasattr(model, "predict_output_local"):
-            raise ValueError(f"method {model.name!r} has no locally independent inference")
-        output = model.predict_output_local(test, args.party)
-    else:
-        output = model.predict_output(test)
+    with use_threads(threads_for(args, model, test)):
+        output = model.predict_output_local(test, args.party) if args.mode == "local" else model.predict_output(test)
     res = metrics_from_predictions(output, test)
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,

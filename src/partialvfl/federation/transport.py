@@ -166,9 +166,10 @@ class LocalTransport(Transport):
         return Reply(_detached(reply.tensors), dict(reply.meta))
 
     def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
-        valid = all(0 <= p < self.n_parties and (p, r.kind) not in self._sent for p, r in requests.items())
+        valid = all(0 <= p < self.n_parties and (p, r.kind) not in self._sent and (tolerate or p not in self.down)
+                    for p, r in requests.items())
         groups = self._batch_groups(requests) if self.batched and valid else {}
-        if not groups:  # nothing to batch, or an error the per-party path raises as it always does
+        if not groups:  # nothing to batch, or an error the per-party path raises where and as it always does
             return super().call_many(requests, tolerate=tolerate)
         stamped = {p: self._stamp(Request(r.kind, _detached(r.tensors), dict(r.meta))) for p, r in requests.items()}
         try:

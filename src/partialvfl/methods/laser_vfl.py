@@ -112,19 +112,32 @@ def laser_estimate(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights
     """Task-sampled loss (eq. 8 summed over heads as in eq. 7), averaged over the batch.
 
     ``emb`` is ``(B, K, d)`` (rows of unobserved parties are ignored), ``head(k)`` the fusion model of head k.
+    Every live task (head k, size i, sample n) is aggregated in one batched pass and each distinct head runs once
+    over all its tasks.
     """
-    b, k_parties = emb.shape[0], emb.shape[1]
-    total = emb.new_zeros(())
-    for k in range(k_parties):
-        for i in range(k_parties):
-            w = weights[k, i]
-            live = np.flatnonzero(w > 0)
-            if live.size == 0:
-                continue
-            agg = _mean_over(torch.as_tensor(sets[k, i, live]), emb[live])
-            ce = F.cross_entropy(head(k)(agg), y[live], reduction="none")
-            total = total + (ce * torch.as_tensor(w[live], dtype=ce.dtype)).sum()
-    return total / max(b, 1)
+    b = emb.shape[0]
+    k_idx, i_idx, n_idx = np.nonzero(weights > 0)  # in (head, size, sample) order
+    if k_idx.size == 0:
+        return emb.new_zeros(())
+    members = torch.as_tensor(sets, dtype=emb.dtype)  # (K, K, B, K): every task's subset, live or not
+    means = torch.einsum("kibj,bjd->kibd", members, emb) / members.sum(-1).clamp(min=1.0).unsqueeze(-1)
+    n_t = torch.as_tensor(n_idx)
+    agg = means[torch.as_tensor(k_idx), torch.as_tensor(i_idx), n_t]  # (L, d): the live tasks
+    heads: dict[int, tuple[nn.Module, list[int]]] = {}
+    for k in np.unique(k_idx).tolist():
+        module = head(k)
+        heads.setdefault(id(module), (module, []))[1].append(k)
+    if len(heads) == 1:
+        logits = next(iter(heads.values()))[0](agg)
+    else:
+        parts, order = [], []
+        for module, ks in heads.values():
+            rows = np.flatnonzero(np.isin(k_idx, ks))
+            parts.append(module(agg[torch.as_tensor(rows)]))
+            order.append(rows)
+        logits = torch.cat(parts)[torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))]
+    ce = F.cross_entropy(logits, y[n_t], reduction="none")
+    return (ce * torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype)).sum() / max(b, 1)
 
 
 def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,

@@ -33,12 +33,11 @@ from partialvfl.utils.seeding import torch_generator
 
 if TYPE_CHECKING:
     from partialvfl.federation.party import PartyProgram
-    from partialvfl.methods.false_vfl.party import FalseVFLParty
 
 __all__ = ["handle_batch", "signature"]
 
 
-def signature(program: FalseVFLParty) -> tuple[Any, ...] | None:
+def signature(program: Any) -> tuple[Any, ...] | None:
     """What must agree for parties to share a batched computation; ``None`` if its modules cannot be stacked."""
     net = program.net
     parts = [mlp_signature(net.encoder), mlp_signature(net.decoder)]
@@ -54,7 +53,7 @@ def signature(program: FalseVFLParty) -> tuple[Any, ...] | None:
 class _Group:
     """The shared graph of one batched round: padded outputs (or leaves) and the members still to back-propagate."""
 
-    members: list[FalseVFLParty]
+    members: list[Any]
     tensors: dict[str, torch.Tensor]
     sizes: dict[str, list[int]] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
@@ -113,7 +112,7 @@ def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int,
     """Encode every member's rows, one stacked encoder pass per group of equal parties."""
     out = []
     for idx in _partition([(signature(p), handle, train) for p, handle, _, train in items]):
-        members: list[FalseVFLParty] = [items[i][0] for i in idx]
+        members: list[Any] = [items[i][0] for i in idx]
         train = items[idx[0]][3]
         xs = [m.features(items[i][1], items[i][2]) for m, i in zip(members, idx)]
         for m in members:

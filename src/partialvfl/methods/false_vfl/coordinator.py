@@ -20,6 +20,7 @@ gradients the parties receive are exactly those of the centralised bound (tested
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -38,6 +39,7 @@ from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
+from partialvfl.utils.threads import mlp_flops
 
 __all__ = ["FalseVFL1", "FalseVFL2"]
 
@@ -48,6 +50,26 @@ class _FalseVFL(VFLMethod):
     party_program: ClassVar[str] = FalseVFLParty.program_name
     variant: ClassVar[int] = 1
     params: ClassVar = PARAMS
+
+    @classmethod
+    def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
+        """FLOPs of one stage-1 step (forward and backward, every row held by every party: an upper bound), or
+        ``None`` for convolutional party modules (for the thread policy, :mod:`partialvfl.utils.threads`)."""
+        p = {**cls.param_space().defaults(), **params}
+        d_h, d_z, s, b = int(p["d_h"]), int(p["d_z"]), int(p["importance_samples"]), int(p["pretrain_batch_size"])
+        total = 0.0
+        for shape in feature_shapes:
+            if {p["encoder"], p["decoder"]} - {"mlp", "auto"} or (len(shape) != 1 and "auto" in (p["encoder"],
+                                                                                                 p["decoder"])):
+                return None
+            d = math.prod(shape)
+            total += mlp_flops([d, *p["encoder_hidden"], 2 * d_h], b)
+            total += mlp_flops([d_h, *p["decoder_hidden"], d], s * b)
+            if cls.variant == 2:
+                total += mlp_flops([d, *p["mask_hidden"], 1], s * b + b)
+        total += mlp_flops([d_h, *p["global_hidden"], 2 * d_z], s * b) + mlp_flops([d_z, *p["global_hidden"], 2 * d_h],
+                                                                                   s * b)
+        return 3.0 * total
 
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_

@@ -21,7 +21,6 @@ from partialvfl.nn.stacked import mlp_signature, pad_rows, stacked_mlp
 
 if TYPE_CHECKING:
     from partialvfl.federation.party import PartyProgram
-    from partialvfl.methods.splitnn.party import SplitParty
 
 __all__ = ["handle_batch"]
 
@@ -72,7 +71,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
                 continue
             units.setdefault((sig, train), []).append((i, name, x))
     for (_, train), group_units in units.items():
-        members: list[SplitParty] = [items[i][0] for i, _, _ in group_units]
+        members: list[Any] = [items[i][0] for i, _, _ in group_units]
         models = [m._model(name) for m, (_, name, _) in zip(members, group_units)]
         for model in models:
             model.train(train)
