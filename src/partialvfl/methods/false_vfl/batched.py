@@ -53,7 +53,6 @@ def signature(program: Any) -> tuple[Any, ...] | None:
 class _Group:
     """The shared graph of one batched round: padded outputs (or leaves) and the members still to back-propagate."""
 
-    members: list[Any]
     tensors: dict[str, torch.Tensor]
     sizes: dict[str, list[int]] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
@@ -122,7 +121,7 @@ def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int,
         with torch.set_grad_enabled(train):
             enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs))
             mu, logvar = split_gaussian(enc, members[0].logvar_range)
-        group = _Group(members, {"mu": mu, "logvar": logvar}, pending=set(range(len(members))) if train else set())
+        group = _Group({"mu": mu, "logvar": logvar}, pending=set(range(len(members))) if train else set())
         for slot, (i, m, x) in enumerate(zip(idx, members, xs)):
             n = len(x)
             m._enc = {"x": x, "mu": mu[slot, :n], "logvar": logvar[slot, :n], "train": train}
@@ -246,7 +245,7 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
                 x_mis = reparameterize(mean_x[:, :, b_max:], dec_lv, noise)
                 logit = stacked_mlp(indicators, x_mis.reshape(k, s * m_max, -1)).view(k, s, m_max)
                 outs["mask_mis"] = nn.functional.logsigmoid(logit)
-    group = _Group(members, {**leaves, **outs}, {"held": n_held, "mis": n_mis},
+    group = _Group({**leaves, **outs}, {"held": n_held, "mis": n_mis},
                    pending=set(range(len(members))) if train else set())
     replies = []
     for slot, m in enumerate(members):
