@@ -307,6 +307,22 @@ def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant, wire
                 assert shape[-1] == method.params_["d_h"]
 
 
+@pytest.mark.parametrize("variant", [1, 2])
+def test_lean_and_samples_wires_train_the_same_model(variant) -> None:
+    """Same seed, same steps: the lean protocol ends in the samples protocol's parameters and predictions."""
+    train, test = _synthetic(n=200, n_test=60)
+    fitted = {}
+    for wire in ("samples", "lean"):
+        params = dict(TINY, pretrain_epochs=2, epochs=2, wire=wire)
+        fitted[wire] = get_method(f"false-vfl-{variant}")("fast", seed=4, **params).fit(train)
+    runtimes = [fitted[w].federation_.runtimes for w in ("samples", "lean")]
+    for a, b in zip(*runtimes):
+        for (name, x), (_, y) in zip(a.program.net.state_dict().items(), b.program.net.state_dict().items()):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=name)
+    np.testing.assert_allclose(fitted["lean"].predict_proba(test), fitted["samples"].predict_proba(test),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_lean_wire_moves_over_four_times_fewer_bytes_at_kappa_ten_with_bfloat16() -> None:
     """Bytes per sample-step from the message log: samples vs lean (float32) vs lean (bfloat16), same fit."""
     train, _ = _synthetic(n=200, n_test=10)
