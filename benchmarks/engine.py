@@ -19,7 +19,7 @@ Prints, with the hardware, torch threads and load average beside every section:
 * ``federated``: digits, false-vfl-1, 4 party processes over gRPC with mutual TLS vs in process, time per epoch
   (``benchmarks/grpc_overhead.py``).
 
-    python benchmarks/engine.py --quick                      # smoke run, about a minute (small configurations)
+    python benchmarks/engine.py --quick                      # smoke run, one to two minutes (small configurations)
     python benchmarks/engine.py --json engine.json           # the full run (quiet machine), a few minutes
     python benchmarks/engine.py --only threads --contention 2
 
@@ -45,6 +45,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -301,13 +302,12 @@ def threads_section(quick: bool, repeats: int, contention: int) -> dict[str, Any
 
 
 def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    tmp = HERE / f".engine-child-{os.getpid()}.json"
-    try:
-        subprocess.run([sys.executable, __file__, *args, "--json", str(tmp), "--no-print"],
+    """This script's figures from a fresh process (OpenMP reads its wait policy when torch loads)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        subprocess.run([sys.executable, __file__, *args, "--json", str(out), "--no-print"],
                        env=dict(os.environ, **env), check=True)
-        return json.loads(tmp.read_text())
-    finally:
-        tmp.unlink(missing_ok=True)
+        return json.loads(out.read_text())
 
 
 def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
