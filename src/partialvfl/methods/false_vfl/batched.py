@@ -71,7 +71,7 @@ def handle_batch(items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply]:
     by_kind: dict[str, list[int]] = {}
     for i, (program, request) in enumerate(items):
         alone = signature(program) is None or (  # type: ignore[arg-type]
-            request.kind in ("decode_grad", "update") and not program._batched_state())  # type: ignore[attr-defined]
+            request.kind == "decode_grad" and not program.in_group(request.kind))  # type: ignore[attr-defined]
         if alone:  # modules that cannot be stacked, or a graph of its own: as its own handler answers
             replies[i] = dict(program.handle(request).tensors)
         else:
@@ -93,6 +93,7 @@ def handle_batch(items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply]:
             if "next_rows" in items[i][1].tensors:
                 encodes.append((i, items[i][1].meta["data"], items[i][1].tensors["next_rows"], False))
     if encodes:
+        encodes.sort(key=lambda e: e[0])  # party order, as in an encode round of its own: the same stacked pass
         for i, out in _encode([(items[i][0], handle, rows, train) for i, handle, rows, train in encodes]):
             replies.setdefault(encodes[i][0], {}).update(out)
     return [Reply(replies[i]) for i in range(len(items))]
@@ -139,6 +140,9 @@ def _update(items: list[tuple[Any, Request]]) -> None:
         group = program._enc.get("group")
         if group is not None:
             groups.setdefault(id(group), (group, {}))[1][program._enc["slot"]] = request
+        elif "grad_mu" in request.tensors:  # an encode answered alone: its own graph
+            torch.autograd.backward([program._enc["mu"], program._enc["logvar"]],
+                                    [request.tensors["grad_mu"].float(), request.tensors["grad_logvar"].float()])
     for group, requests in groups.values():
         with_grads = {s: r for s, r in requests.items() if "grad_mu" in r.tensors}
         grads = []

@@ -150,11 +150,12 @@ class FalseVFLParty(PartyProgram):
         seed = int(meta.get("noise_seed", 0))
         return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
 
-    def _batched_state(self) -> bool:
-        return "group" in self._enc or "group" in self._dec
+    def in_group(self, kind: str) -> bool:
+        """Whether answering ``kind`` back-propagates through a graph shared with other parties (batched round)."""
+        return "group" in (self._dec if kind == "decode_grad" else self._enc if kind == "update" else {})
 
     def handle(self, request: Request) -> Reply:
-        if self._batched_state() and request.kind in ("decode", "decode_grad", "update"):
+        if self.in_group(request.kind):
             from partialvfl.methods.false_vfl.batched import handle_batch
 
             return handle_batch([(self, request)])[0]  # its graph is part of a batched round's
