@@ -323,6 +323,27 @@ def test_lean_and_samples_wires_train_the_same_model(variant) -> None:
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", [1, 2])
+def test_the_next_batch_encode_rides_with_the_last_round_of_a_step(variant) -> None:
+    """Training steps take 3 rounds (not 4) and stage-2 / prediction steps 1 (not 2), but for a stage's first."""
+    train, test = _synthetic(n=200, n_test=100)
+    log = MessageLog()
+    params = dict(TINY, pretrain_epochs=2, epochs=2, predict_batch_size=40)
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **params).fit(train, log=log)
+    method.predict_proba(test)
+    rounds: dict[int, set[int]] = {}
+    kinds: dict[int, set[str]] = {}
+    for e in log:
+        rounds.setdefault(e.step, set()).add(e.round)
+        kinds.setdefault(e.step, set()).add(e.kind)
+    training = [s for s in sorted(kinds) if "update" in kinds[s]]
+    inference = [s for s in sorted(kinds) if "decode" in kinds[s] and "update" not in kinds[s]]
+    assert len(training) > 4 and len(inference) > 4
+    assert [len(rounds[s]) for s in training] == [4] + [3] * (len(training) - 1)  # stage 1 is one run of steps
+    several = [len(rounds[s]) for s in inference]
+    assert several.count(2) == 2 and set(several) == {1, 2}  # stage 2's and prediction's first steps encode alone
+
+
 def test_lean_wire_moves_over_four_times_fewer_bytes_at_kappa_ten_with_bfloat16() -> None:
     """Bytes per sample-step from the message log: samples vs lean (float32) vs lean (bfloat16), same fit."""
     train, _ = _synthetic(n=200, n_test=10)
