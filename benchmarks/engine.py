@@ -17,11 +17,15 @@ Prints, with the hardware, torch threads and load average beside every section:
   threads sleeping (``PASSIVE``, the thread policy's), each in a fresh process; with ``--contention N`` also under N
   busy-loop processes;
 * ``federated``: digits, false-vfl-1, 4 party processes over gRPC with mutual TLS vs in process, time per epoch
-  (``benchmarks/grpc_overhead.py``).
+  (``benchmarks/grpc_overhead.py``);
+* ``baseline`` (with ``--baseline-src SRC``): before/after, the FALSE-VFL step and the LASER-VFL epoch of an older
+  checkout's ``src/`` (its default path) beside this code's, in fresh processes taking turns.
 
     python benchmarks/engine.py --quick                      # smoke run, one to two minutes (small configurations)
     python benchmarks/engine.py --json engine.json           # the full run (quiet machine), a few minutes
     python benchmarks/engine.py --only threads --contention 2
+    git -C /work/main archive 86ddc4e src | tar -x -C /tmp/base     # the code before issue 14
+    python benchmarks/engine.py --only baseline --baseline-src /tmp/base/src
 
 The official LASER-VFL code (Valdeira/LASER-VFL) is not part of this repository.  To time it beside ours, check it
 out, stub W&B out (``WANDB_MODE=disabled``; the script sets it) and give the command that trains its MLP path for
@@ -50,7 +54,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from partialvfl.utils.threads import configure_openmp
+try:
+    from partialvfl.utils.threads import configure_openmp
+except ImportError:  # a baseline checkout (--baseline-src) from before the thread policy
+    def configure_openmp() -> bool:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return True
 
 configure_openmp()  # before torch loads (the thread policy's default); the threads section overrides it per run
 import numpy as np  # noqa: E402
@@ -122,11 +131,24 @@ def fvl_data(quick: bool) -> Any:
                                         train_missing="mcar:0.2", seed=0, max_train=4000, max_test=100))[0]
 
 
-def fvl_stepper(train: Any, batched: bool, params: dict[str, Any], variant: int = 1, wire: str = "lean",
+def federation(train: Any, batched: bool | None, log: MessageLog | None = None) -> Any:
+    """In-process parties, batched or per party (``None``: the code's default, also in a baseline checkout)."""
+    if batched is None:
+        return LocalFederation.for_dataset(train, log=log)
+    return LocalFederation.for_dataset(train, log=log, batched=batched)
+
+
+def method(name: str, preset: str, **params: Any) -> Any:
+    """``name`` with the parameters its code knows (a baseline checkout has no ``wire``)."""
+    cls = get_method(name)
+    return cls(preset, seed=0, **{k: v for k, v in params.items() if k in cls.param_space().names})
+
+
+def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], variant: int = 1, wire: str = "lean",
                 log: MessageLog | None = None) -> Any:
     """A function running one stage-1 step on the next of a fixed sequence of batches; returns rows processed."""
-    fed = LocalFederation.for_dataset(train, batched=batched, log=log)
-    model = get_method(f"false-vfl-{variant}")("paper", seed=0, **dict(params, pretrain_epochs=0, epochs=0, wire=wire))
+    fed = federation(train, batched, log)
+    model = method(f"false-vfl-{variant}", "paper", **dict(params, pretrain_epochs=0, epochs=0, wire=wire))
     model.fit(train, federation=fed)
     view, handle = train.coordinator_view(), fed.attach(train, "engine")
     opt = torch.optim.Adam(list(model.global_encoder_.parameters()) + list(model.global_decoder_.parameters()),
@@ -145,25 +167,31 @@ def fvl_stepper(train: Any, batched: bool, params: dict[str, Any], variant: int 
     return step
 
 
-def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: float) -> dict[str, Any]:
-    steps = {b: fvl_stepper(train, b, params) for b in (False, True)}
+MODES = {"batched": True, "per_party": False}
+
+
+def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: float,
+                     modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
+    steps = {name: fvl_stepper(train, b, params) for name, b in modes.items()}
     for s in steps.values():
         s()  # warm-up: lazy imports, allocator
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):  # interleaved: a drifting load hits both the same
-        for b, s in steps.items():
-            times[b] += timed(s, 1)
-    flops = count_flops(steps[True])
-    per_epoch = steps[True].steps_per_epoch
+        for name, s in steps.items():
+            times[name] += timed(s, 1)
+    first = next(iter(steps.values()))
+    flops, per_epoch = count_flops(first), first.steps_per_epoch
     out: dict[str, Any] = {"flops_per_step": flops, "gflop_per_epoch": round(flops * per_epoch / 1e9, 1),
                            "steps_per_epoch": per_epoch}
-    for b, name in ((True, "batched"), (False, "per_party")):
-        t = summary(times[b])
-        out[name] = {**t, "gflops": round(flops / t["min_s"] / 1e9, 1),
-                     "percent_of_peak": round(100 * flops / t["min_s"] / 1e9 / peak, 1),
-                     "seconds_per_epoch": round(t["min_s"] * per_epoch, 2)}
-    out["per_party_over_batched_min"] = round(min(times[False]) / min(times[True]), 2)
-    out["per_party_over_batched_median"] = round(float(np.median(times[False]) / np.median(times[True])), 2)
+    for name, t in times.items():
+        best = min(t)
+        out[name] = {**summary(t), "gflops": round(flops / best / 1e9, 1),
+                     "percent_of_peak": round(100 * flops / best / 1e9 / peak, 1),
+                     "seconds_per_epoch": round(best * per_epoch, 2)}
+    if set(times) == set(MODES):
+        out["per_party_over_batched_min"] = round(min(times["per_party"]) / min(times["batched"]), 2)
+        out["per_party_over_batched_median"] = round(float(np.median(times["per_party"])
+                                                           / np.median(times["batched"])), 2)
     return out
 
 
@@ -177,17 +205,17 @@ def laser_data(quick: bool) -> Any:
     return make_protocol(cfg)[0]
 
 
-def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any] | None) -> dict[str, Any]:
+def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any] | None,
+                  modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
     """Seconds per epoch: each run trains 1 and 1 + ``epochs`` epochs; the difference cancels start-up and setup."""
-    cls = get_method("laser-vfl")
 
-    def ours(batched: bool) -> Any:
+    def ours(batched: bool | None) -> Any:
         def fit(n: int) -> None:
-            fed = LocalFederation.for_dataset(train, batched=batched)
-            cls("fast", seed=0, **dict(LASER_OFFICIAL, epochs=n)).fit(train, federation=fed)
+            method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=n)).fit(train, federation=federation(train,
+                                                                                                      batched))
         return fit
 
-    runs = {"batched": ours(True), "per_party": ours(False)}
+    runs = {name: ours(b) for name, b in modes.items()}
     if official is not None:
         runs["official"] = lambda n: run_official(official, n)
     for r in runs.values():
@@ -202,14 +230,15 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
     for k, t in per_epoch.items():
         out[k] = {**summary(t), "gflops": round(flops * steps / min(t) / 1e9, 2)}
     if official is not None:
-        out["ours_over_official"] = round(min(per_epoch["batched"]) / min(per_epoch["official"]), 2)
-    out["per_party_over_batched"] = round(min(per_epoch["per_party"]) / min(per_epoch["batched"]), 2)
+        out["ours_over_official"] = round(min(per_epoch[next(iter(modes))]) / min(per_epoch["official"]), 2)
+    if set(modes) == set(MODES):
+        out["per_party_over_batched"] = round(min(per_epoch["per_party"]) / min(per_epoch["batched"]), 2)
     return out
 
 
 def laser_step_flops(train: Any) -> tuple[int, int]:
     """Matmul FLOPs of one LASER-VFL training step (counted), and steps per epoch."""
-    model = get_method("laser-vfl")("fast", seed=0, **dict(LASER_OFFICIAL, epochs=0)).fit(train)
+    model = method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=0)).fit(train)
     view, fed = train.coordinator_view(), model.federation_
     handle = fed.attach(train, "engine")
     rows = model._training_rows(view)
@@ -310,6 +339,27 @@ def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
         return json.loads(out.read_text())
 
 
+def baseline_section(src: str, quick: bool, repeats: int, threads: int) -> dict[str, Any]:
+    """Before/after: the FALSE-VFL step and the LASER-VFL epoch of a baseline checkout (its default path) and of
+    this code (batched), in fresh processes alternating ``repeats`` times; the fastest of each."""
+    here = str(HERE.parent / "src")
+    args = ["--only", "fvl-step", "laser", "--repeats", "3", "--threads", str(threads)] + (["--quick"] if quick else [])
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "now": []}
+    for _ in range(repeats):
+        for name, path in (("baseline", src), ("now", here)):
+            extra = ["--compat"] if name == "baseline" else []
+            runs[name].append(_child(args + extra, {"PYTHONPATH": path}))
+    mode = {"baseline": "default", "now": "batched"}
+    step = {k: min(r["fvl-step"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
+    epoch = {k: min(r["laser"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
+    return {"baseline_src": src, "fvl_step_seconds": step, "fvl_step_speedup": round(step["baseline"] / step["now"], 2),
+            "laser_epoch_seconds": epoch, "laser_epoch_speedup": round(epoch["baseline"] / epoch["now"], 2)}
+
+
+def _modes(compat: bool) -> dict[str, bool | None]:
+    return {"default": None} if compat else MODES
+
+
 def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     from grpc_overhead import run  # the gRPC benchmark, reused
@@ -323,7 +373,7 @@ def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- main
-SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated")
+SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,24 +387,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--laser-official-cmd", default="python main.py --epochs {epochs}",
                     help="command (run in PATH) training its MLP path for {epochs} epochs on the same data")
     ap.add_argument("--laser-epochs", type=int, default=2, help="LASER-VFL epochs timed per run")
+    ap.add_argument("--baseline-src", metavar="SRC",
+                    help="the src/ directory of an older checkout: time its FALSE-VFL step and LASER-VFL epoch "
+                         "beside this code's (section baseline)")
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument("--no-print", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compat", action="store_true", help=argparse.SUPPRESS)  # running a baseline checkout
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     repeats = a.repeats or (2 if a.quick else 10)
-    wanted = a.only or [s for s in SECTIONS if s != "threads" or not a.quick]
+    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick) and (s != "baseline" or a.baseline_src)]
     official = {"path": a.laser_official, "cmd": a.laser_official_cmd} if a.laser_official else None
     res: dict[str, Any] = {"machine": machine(), "quick": a.quick, "repeats": repeats}
     peak = matmul_peak(repeats, [(2560, 196, 128), (2560, 128, 98)])
     if "peak" in wanted:
         res["peak"] = peak
     runners = {
-        "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"]),
-        "laser": lambda: laser_section(laser_data(a.quick), repeats, 1 if a.quick else a.laser_epochs, official),
+        "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"],
+                                             _modes(a.compat)),
+        "laser": lambda: laser_section(laser_data(a.quick), repeats, 1 if a.quick else a.laser_epochs, official,
+                                       _modes(a.compat)),
         "bytes": lambda: bytes_section(fvl_data(a.quick), _fvl_params(a.quick), 3),
         "bf16": lambda: bf16_section(a.quick),
         "threads": lambda: threads_section(a.quick, repeats, a.contention),
         "federated": lambda: federated_section(a.quick, max(1, repeats // 3)),
+        "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
     }
     for name in wanted:
         if name in runners:
