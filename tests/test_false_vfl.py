@@ -18,10 +18,11 @@ from torch import nn
 from partialvfl import Task, VerticalDataset
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
 from partialvfl.data.sources.synthetic import make_synthetic
-from partialvfl.federation import MessageLog
+from partialvfl.federation import LocalFederation, MessageLog, find_raw_feature_leaks
 from partialvfl.methods import get_method
 from partialvfl.methods.false_vfl import (
     ALLOWED_TENSORS,
+    allowed_tensors,
     fuse_posteriors,
     gaussian_log_density,
     latent_log_weights,
@@ -194,12 +195,15 @@ def _record_draws(obj, store: list) -> None:
     obj._draw = recorder
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per-party", "batched"])
+@pytest.mark.parametrize("wire", ["lean", "samples"])
 @pytest.mark.parametrize("variant", [1, 2])
-def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
+def test_distributed_gradients_equal_centralised_gradients(variant, wire, batched) -> None:
+    """Both wire protocols, per-party and batched parties: every gradient equals the centralised bound's."""
     train, _ = _synthetic(n=200, n_test=20)
-    params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0)
-    method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train)
-    fed = method.federation_
+    params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0, wire=wire)
+    fed = LocalFederation.for_dataset(train, batched=batched)
+    method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train, federation=fed)
     handle = fed.attach(train, "grad")
     view = train.coordinator_view()
     coord_draws: list = []
@@ -240,7 +244,7 @@ def test_distributed_gradients_equal_centralised_gradients(variant) -> None:
             logit = net.indicator(xs[k][held]).squeeze(-1)
             log_w = log_w.index_add(1, torch.as_tensor(held), nn.functional.logsigmoid(-logit).expand(h.shape[0], -1))
             if mis.size:
-                x_mis = reparameterize(net.decoder(h[:, mis]), dec_lv, party_draws[k][0])
+                x_mis = reparameterize(net.decoder(h[:, mis]), dec_lv, party_draws[k][-1])  # its last draw
                 logit = net.indicator(x_mis).squeeze(-1)
                 log_w = log_w.index_add(1, torch.as_tensor(mis), nn.functional.logsigmoid(logit))
     (-log_mean_exp(log_w, 0).mean()).backward()
@@ -285,21 +289,77 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
 
 
 # ---------------------------------------------------------------------- what crosses the boundary
+@pytest.mark.parametrize("wire", ["lean", "samples"])
 @pytest.mark.parametrize("variant", [1, 2])
-def test_every_allowed_tensor_is_used_and_latents_have_width_d_h(variant) -> None:
-    """(No raw feature and no undeclared tensor crossing: tests/test_contract.py, for every method.)"""
+def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant, wire) -> None:
+    """Every wire protocol: the declared tensors and no raw block (all methods: tests/test_contract.py)."""
     train, test = _synthetic(n=120, n_test=30)
-    log = MessageLog()
-    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1))
+    log = MessageLog(keep_payloads=True)
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1, wire=wire))
     method.fit(train, log=log)
     method.predict_proba(test)
-    assert log.tensor_names(crossing_only=True) == ALLOWED_TENSORS[variant]
+    assert log.tensor_names(crossing_only=True) == allowed_tensors(variant, wire)
+    assert allowed_tensors(variant, wire) <= ALLOWED_TENSORS[variant]
+    assert find_raw_feature_leaks(log, train, test) == []
     kinds = {e.kind for e in log.crossing()}
     assert kinds >= {"encode", "decode", "decode_grad", "update"}
-    for e in log.crossing():  # latents and their gradients are (samples, rows, d_h): never a feature row
+    wide = {"h", "h_mis", "grad_h", "grad_h_mis", "mean", "scale", "mean_mis", "scale_mis", "grad_mean",
+            "grad_scale", "grad_mean_mis", "grad_scale_mis", "mu", "logvar", "grad_mu", "grad_logvar"}
+    for e in log.crossing():  # latents, posteriors and their gradients are (..., d_h): never a feature row
         for name, shape in zip(e.names, e.shapes):
-            if name in ("h", "h_mis", "grad_h", "grad_h_mis"):
+            if name in wide:
                 assert shape[-1] == method.params_["d_h"]
+
+
+@pytest.mark.parametrize("variant", [1, 2])
+def test_lean_and_samples_wires_train_the_same_model(variant) -> None:
+    """Same seed, same steps: the lean protocol ends in the samples protocol's parameters and predictions."""
+    train, test = _synthetic(n=200, n_test=60)
+    fitted = {}
+    for wire in ("samples", "lean"):
+        params = dict(TINY, pretrain_epochs=2, epochs=2, wire=wire)
+        fitted[wire] = get_method(f"false-vfl-{variant}")("fast", seed=4, **params).fit(train)
+    runtimes = [fitted[w].federation_.runtimes for w in ("samples", "lean")]
+    for a, b in zip(*runtimes):
+        for (name, x), (_, y) in zip(a.program.net.state_dict().items(), b.program.net.state_dict().items()):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=name)
+    np.testing.assert_allclose(fitted["lean"].predict_proba(test), fitted["samples"].predict_proba(test),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [1, 2])
+def test_the_next_batch_encode_rides_with_the_last_round_of_a_step(variant) -> None:
+    """Training steps take 3 rounds (not 4) and stage-2 / prediction steps 1 (not 2), but for a stage's first."""
+    train, test = _synthetic(n=200, n_test=100)
+    log = MessageLog()
+    params = dict(TINY, pretrain_epochs=2, epochs=2, predict_batch_size=40)
+    method = get_method(f"false-vfl-{variant}")("fast", seed=0, **params).fit(train, log=log)
+    method.predict_proba(test)
+    rounds: dict[int, set[int]] = {}
+    kinds: dict[int, set[str]] = {}
+    for e in log:
+        rounds.setdefault(e.step, set()).add(e.round)
+        kinds.setdefault(e.step, set()).add(e.kind)
+    training = [s for s in sorted(kinds) if "update" in kinds[s]]
+    inference = [s for s in sorted(kinds) if "decode" in kinds[s] and "update" not in kinds[s]]
+    assert len(training) > 4 and len(inference) > 4
+    assert [len(rounds[s]) for s in training] == [4] + [3] * (len(training) - 1)  # stage 1 is one run of steps
+    several = [len(rounds[s]) for s in inference]
+    assert several.count(2) == 2 and set(several) == {1, 2}  # stage 2's and prediction's first steps encode alone
+
+
+def test_lean_wire_moves_over_four_times_fewer_bytes_at_kappa_ten_with_bfloat16() -> None:
+    """Bytes per sample-step from the message log: samples vs lean (float32) vs lean (bfloat16), same fit."""
+    train, _ = _synthetic(n=200, n_test=10)
+    totals = {}
+    for wire, dtype in (("samples", "float32"), ("lean", "float32"), ("lean", "bfloat16")):
+        log = MessageLog(keep_entries=False)
+        params = dict(TINY, d_h=64, importance_samples=10, pretrain_epochs=1, epochs=0, wire=wire, wire_dtype=dtype)
+        get_method("false-vfl-1")("fast", seed=0, **params).fit(train, log=log)
+        totals[(wire, dtype)] = log.total_bytes()
+    # per held row and step: samples 16 + 8 d_h (encode/update) + 8 S d_h + 8 S; lean 16 + 16 d_h + 8 S + 8
+    assert totals[("samples", "float32")] / totals[("lean", "float32")] > 2.5
+    assert totals[("samples", "float32")] / totals[("lean", "bfloat16")] > 4.0
 
 
 # ---------------------------------------------------------------------- persistence and subsets of parties
@@ -388,3 +448,18 @@ def test_variant_two_predicts_from_any_single_party() -> None:
         p = method.predict_proba(test.with_observed(obs))
         assert np.isfinite(p).all()
         np.testing.assert_allclose(p.sum(1), 1.0, rtol=1e-6)
+
+
+def test_importance_ess_lies_between_one_and_L_and_is_nan_without_parties(fitted, data) -> None:
+    _, test = data
+    test = test.with_observed(np.vstack([np.zeros((1, test.n_parties), bool), test.observed[1:]]))
+    model = copy.deepcopy(fitted)
+    for n in (1, 16):
+        model.params_["predict_importance_samples"] = n
+        ess = model.importance_ess(test)
+        assert np.isnan(ess[0]) and np.isfinite(ess[1:]).all()
+        assert (ess[1:] >= 1 - 1e-9).all() and (ess[1:] <= n + 1e-6).all()
+        if n == 1:
+            np.testing.assert_allclose(ess[1:], 1.0)
+        else:
+            assert ess[1:].max() > 1.5  # the weights are not all on one sample

@@ -16,6 +16,7 @@ from typing import Any
 
 from partialvfl.bench.grid import Cell, DatasetSpec
 from partialvfl.bench.store import now_utc
+from partialvfl.utils.threads import resolve_threads, step_flops_of, use_threads
 
 __all__ = ["CellResult", "Notify", "data_stats", "failed_rows", "import_modules", "run_cell", "variant_of"]
 
@@ -79,7 +80,10 @@ def _test_set(config: Any, mechanism: str, source: Any) -> Any:
     return make_protocol(replace(config, train_missing="mcar0", test_missing=mechanism), source)[1]
 
 
-def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None) -> list[dict[str, Any]]:
+def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None,
+                      threads: int | str = "auto") -> list[dict[str, Any]]:
+    import torch
+
     from partialvfl.data.holdout import hold_out_labels
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.federation.messages import MessageLog
@@ -101,8 +105,11 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
             notify(cell.key, f"{stage} epoch {epoch}")
 
     log = MessageLog(keep_entries=False)
+    step_flops = step_flops_of(type(model), model.resolve_params(cell.dataset.name), train.feature_shapes)
+    n_threads = resolve_threads(threads, step_flops, torch.get_num_threads())  # within this worker's budget
     t0 = time.perf_counter()
-    model.fit(fit_data, log=log, on_epoch=on_epoch)
+    with use_threads(n_threads):
+        model.fit(fit_data, log=log, on_epoch=on_epoch)
     fit_seconds = float(getattr(model, "fit_seconds_", None) or time.perf_counter() - t0)
     params = dict(getattr(model, "params_", {}))
     base = {**_row_identity(cell, grid_name, version), "params": params, "variant": variant_of(params),
@@ -116,7 +123,8 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
             data = val
         else:
             data = first_test if mech == tests[0] else _test_set(config, mech, source)
-        res = evaluate(model, data)
+        with use_threads(n_threads):
+            res = evaluate(model, data)
         rows.append({
             **base, "config_hash": cell.row_key(mech), "test_mechanism": mech,
             "metric": "accuracy" if "accuracy" in res else "rmse", "accuracy": res.get("accuracy"),
@@ -165,15 +173,18 @@ def failed_rows(cell: Cell, grid_name: str, version: str, error: str, started: s
 
 
 def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = (),
-             notify: Notify | None = None) -> CellResult:
-    """Fit one cell and evaluate it on every test mechanism; an exception becomes ``failed`` rows, never a raise."""
+             notify: Notify | None = None, *, threads: int | str = "auto") -> CellResult:
+    """Fit one cell and evaluate it on every test mechanism; an exception becomes ``failed`` rows, never a raise.
+
+    ``threads``: torch threads for the fit (``auto``: the thread policy, within this process's current number).
+    """
     t0 = time.perf_counter()
     started = now_utc()
     if notify is not None:
         notify(cell.key, "started")
     try:
         import_modules(imports)
-        rows = _fit_and_evaluate(cell, grid_name, version, notify)
+        rows = _fit_and_evaluate(cell, grid_name, version, notify, threads)
         error = None
     except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error
         error = "".join(traceback.format_exception(e))[-4000:]

@@ -4,9 +4,11 @@
   written in one transaction when it finishes, so a run killed at any moment loses at most the fits in flight and
   never leaves half a cell or a duplicate.  Failed cells are retried on the next run.
 * Each fit is :func:`~partialvfl.bench.cell.run_cell` (:mod:`.cell`), whatever runs it.
-* Parallel by default: a process pool (``spawn``) of ``workers`` processes, each with
-  ``torch.set_num_threads(max(1, cores // workers))`` so the workers do not oversubscribe the cores; ``workers=1``
-  runs in this process.  ``executor="ray"`` runs the same cells on a Ray cluster (:mod:`.ray_executor`).
+* Parallel by default: a process pool (``spawn``) of ``workers`` processes, each with a budget of
+  ``cores // workers`` torch threads so the workers never oversubscribe the cores; ``workers=1`` runs in this
+  process.  Within its budget a fit takes the threads the thread policy gives it (``threads="auto"``: one for a
+  small model, :mod:`partialvfl.utils.threads`), and OpenMP's idle threads sleep instead of spinning.
+  ``executor="ray"`` runs the same cells on a Ray cluster (:mod:`.ray_executor`).
 * Progress: a bar for the whole grid and a status line with the fits in flight (elapsed time, last reported epoch);
   at the end a :class:`RunSummary` (done, failed with the error, skipped as already done).
 """
@@ -28,6 +30,7 @@ from typing import Any
 from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
 from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid
 from partialvfl.bench.store import ResultStore, code_version
+from partialvfl.utils.threads import available_cores, configure_openmp, resolve_threads, thread_budget
 
 __all__ = ["RunSummary", "available_cores", "run_grid"]
 
@@ -62,13 +65,6 @@ class RunSummary:
         return "\n".join(lines)
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 # ---------------------------------------------------------------------- local executors
 _QUEUE: Any = None
 
@@ -85,6 +81,7 @@ def _init_worker(threads: int, imports: Sequence[str], queue: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
+    configure_openmp()
     import torch
 
     torch.set_num_threads(threads)
@@ -94,28 +91,29 @@ def _init_worker(threads: int, imports: Sequence[str], queue: Any) -> None:
     import_modules(imports)
 
 
-def _worker_run(cell: Cell, grid_name: str, version: str, imports: Sequence[str]) -> CellResult:
-    return run_cell(cell, grid_name, version, imports, _queue_notify)
+def _worker_run(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int | str) -> CellResult:
+    return run_cell(cell, grid_name, version, imports, _queue_notify, threads=threads)
 
 
-def _run_serial(cells: Sequence[Cell], grid: Grid, version: str, status: Notify) -> Iterator[CellResult]:
+def _run_serial(cells: Sequence[Cell], grid: Grid, version: str, status: Notify,
+                threads: int | str) -> Iterator[CellResult]:
     for cell in cells:
-        yield run_cell(cell, grid.name, version, grid.imports, status)
+        yield run_cell(cell, grid.name, version, grid.imports, status, threads=threads)
 
 
 def _run_pool(cells: Sequence[Cell], grid: Grid, version: str, workers: int, status: Notify,
-              tick: Callable[[], None]) -> Iterator[CellResult]:
+              tick: Callable[[], None], threads: int | str) -> Iterator[CellResult]:
     import multiprocessing as mp
     import queue as queue_mod
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    threads = max(1, available_cores() // workers)
+    budget = thread_budget(workers) if threads == "auto" else int(threads)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(threads, tuple(grid.imports), q))
+                               initargs=(budget, tuple(grid.imports), q))
     completed = False
     try:
-        futures = {pool.submit(_worker_run, c, grid.name, version, tuple(grid.imports)): c for c in cells}
+        futures = {pool.submit(_worker_run, c, grid.name, version, tuple(grid.imports), threads): c for c in cells}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -183,14 +181,21 @@ def run_grid(
     address: str | None = None,
     force: bool = False,
     progress: bool = True,
+    threads: int | str = "auto",
 ) -> RunSummary:
-    """Run every unfinished cell of ``grid`` and write its rows to the store in ``store`` (a directory)."""
+    """Run every unfinished cell of ``grid`` and write its rows to the store in ``store`` (a directory).
+
+    ``threads``: torch threads per fit, ``auto`` (the thread policy within each worker's share of the cores) or a
+    number.
+    """
     if not isinstance(grid, Grid):
         grid = load_grid(grid)
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    resolve_threads(threads, None, 1)  # a bad value fails before any fit
+    configure_openmp()  # the workers inherit it; this process too if it has not loaded torch yet
     check_methods(grid)
     t_start = time.perf_counter()
     results = ResultStore(store)
@@ -217,9 +222,9 @@ def run_grid(
 
         stream = run_on_ray(todo, grid, version, address=address, status=status)
     elif workers == 1:
-        stream = _run_serial(todo, grid, version, status)
+        stream = _run_serial(todo, grid, version, status, threads)
     else:
-        stream = _run_pool(todo, grid, version, workers, status, status.render)
+        stream = _run_pool(todo, grid, version, workers, status, status.render, threads)
     try:
         for result in stream:
             if result.rows:

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from partialvfl.utils.threads import configure_openmp
+
+    configure_openmp()  # before any command loads torch: idle OpenMP threads sleep instead of spinning
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a resume command repeats

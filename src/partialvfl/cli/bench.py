@@ -16,7 +16,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         summary = run_grid(
             args.config, args.store, workers=args.workers, executor=args.executor, address=args.address,
-            force=args.force, progress=not args.quiet,
+            force=args.force, progress=not args.quiet, threads=args.threads,
         )
     except GridError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -57,6 +57,10 @@ def add_commands(subparsers: Any) -> None:
                    help="local process pool (default) or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
     p.add_argument("--force", action="store_true", help="recompute fits that are already done")
+    p.add_argument("--threads", default="auto", metavar="N|auto",
+                   help="torch threads per fit: a number, or auto (default): each worker gets cores // workers "
+                        "threads at most, and a fit uses one thread when its estimated work per step is small "
+                        "(under 2 GFLOP); OpenMP's idle threads sleep instead of spinning")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_bench)
 

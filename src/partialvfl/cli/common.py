@@ -12,8 +12,9 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "add_protocol_options",
-           "add_table_options", "emit", "parse_tables", "protocol_config", "refuse_protocol_options"]
+__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP",
+           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "parse_tables",
+           "protocol_config", "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
 PROTOCOL_DESTS = ("dataset", "data_dir", "parties", "labels", "aligned", "train_missing", "test_missing", "splitter",
@@ -51,6 +52,26 @@ def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool 
     g.add_argument("--max-train", type=int, default=None, help="cap the training set (quick runs)")
     g.add_argument("--max-test", type=int, default=None, help="cap the test set (quick runs)")
     g.add_argument("--seed", type=int, default=0, help="seed for split, labels, mechanisms, model; default: 0")
+
+
+THREADS_HELP = ("torch threads for the fit: a number, or auto (default): one thread when the method's estimated "
+                "work per training step is small (under 2 GFLOP), else all cores; OpenMP's idle threads sleep "
+                "instead of spinning either way, so a shared machine slows down in proportion (see "
+                "docs/benchmarks.md)")
+
+
+def add_threads_option(p: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
+    """``--threads N|auto``."""
+    p.add_argument("--threads", default="auto", metavar="N|auto", help=help_text)
+
+
+def threads_for(args: argparse.Namespace, model: Any, data: Any) -> int:
+    """The torch threads ``--threads`` gives a fit of ``model`` on ``data`` (see :mod:`partialvfl.utils.threads`)."""
+    from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
+
+    dataset = data.info.get("dataset") or data.name or None
+    flops = step_flops_of(type(model), model.resolve_params(dataset), data.feature_shapes)
+    return resolve_threads(args.threads, flops, thread_budget())
 
 
 def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -> Any:

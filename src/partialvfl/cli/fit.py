@@ -17,9 +17,11 @@ from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
     add_protocol_options,
     add_table_options,
+    add_threads_option,
     emit,
     protocol_config,
     refuse_protocol_options,
+    threads_for,
 )
 from partialvfl.cli.params import method_from_args
 
@@ -52,6 +54,7 @@ def add_commands(sub: Any) -> None:
                         "continue from the last checkpoint (default: stop at the first failure)")
     p.add_argument("--party-retries", type=int, default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
+    add_threads_option(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, or on labelled tables")
@@ -64,6 +67,7 @@ def add_commands(sub: Any) -> None:
                    help="collaborative (any observed parties) or local (one party alone, methods that support it)")
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
+    add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -106,6 +110,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
+    from partialvfl.utils.threads import use_threads
 
     model = method_from_args(args)
     ck = fit_checkpointer(args)  # SIGINT/SIGTERM checkpoint where the fit is, then stop
@@ -113,9 +118,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
+    threads = threads_for(args, model, train)
     t0 = time.perf_counter()
     try:
-        with stop_on_signals(ck):
+        with stop_on_signals(ck), use_threads(threads):
             model.fit(train, log=log, checkpointer=ck)
     except FitInterrupted as e:
         return report_interrupted(args, e)
@@ -123,8 +129,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)
     res = evaluate(model, test)
-    print(f"fit {args.method} in {fit_s:.1f} s; {log.total_bytes() / 1e6:.1f} MB crossed between parties; "
-          f"saved to {out}", file=sys.stderr)
+    print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
+          f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"test ({config.test_missing}): {metric} {res[metric]:.4f}")
     return 0
@@ -134,6 +140,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import metrics_from_predictions
+    from partialvfl.utils.threads import use_threads
 
     if args.table:
         from partialvfl.cli.tables import evaluate_tables
@@ -154,15 +161,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.data_dir:
         cfg["data_dir"] = args.data_dir
     _, test = make_protocol(ProtocolConfig(**cfg))
+    if args.mode == "local" and args.party is None:
+        raise ValueError("--mode local needs --party K")
+    if args.mode == "local" and not hasattr(model, "predict_output_local"):
+        raise ValueError(f"method {model.name!r} has no locally independent inference")
     t0 = time.perf_counter()
-    if args.mode == "local":
-        if args.party is None:
-            raise ValueError("--mode local needs --party K")
-        if not hasattr(model, "predict_output_local"):
-            raise ValueError(f"method {model.name!r} has no locally independent inference")
-        output = model.predict_output_local(test, args.party)
-    else:
-        output = model.predict_output(test)
+    with use_threads(threads_for(args, model, test)):
+        output = model.predict_output_local(test, args.party) if args.mode == "local" else model.predict_output(test)
     task = model.index_.task
     res = metrics_from_predictions(output, test, task.classes if task.is_classification else None)
     res.update({

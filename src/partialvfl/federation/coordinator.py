@@ -91,7 +91,12 @@ def _tag(model: str | None) -> dict[str, str]:
 
 
 class LocalFederation(Federation):
-    """Every party in this process, each a :class:`PartyRuntime` holding only its own views."""
+    """Every party in this process, each a :class:`PartyRuntime` holding only its own views.
+
+    ``batched`` (default): a round whose parties run the same program is answered as one batched computation where
+    the program supports it (:class:`~partialvfl.federation.transport.LocalTransport`); ``False`` forces the
+    per-party path.
+    """
 
     def __init__(
         self,
@@ -99,13 +104,16 @@ class LocalFederation(Federation):
         active_party: int,
         *,
         log: MessageLog | None = None,
+        batched: bool = True,
     ) -> None:
         self.runtimes = [PartyRuntime(k, n) for k, n in enumerate(party_names)]
-        super().__init__(LocalTransport(self.runtimes, active_party, log), party_names, active_party)
+        super().__init__(LocalTransport(self.runtimes, active_party, log, batched=batched), party_names, active_party)
 
     @classmethod
-    def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None) -> LocalFederation:
-        return cls(data.party_names, data.active_party, log=log)
+    def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None,
+                    batched: bool = True) -> LocalFederation:
+        """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport)."""
+        return cls(data.party_names, data.active_party, log=log, batched=batched)
 
     def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
         if data.n_parties != self.n_parties:

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -135,6 +135,16 @@ class PartyProgram:
             raise ValueError(f"party program {self.program_name!r} has no handler for message kind {request.kind!r}")
         return fn(request)
 
+    @classmethod
+    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
+        """Answer one round's requests to several parties running this program in one batched computation.
+
+        Only the in-process transport calls this (a simulation's fast path); each item is one party's program and
+        its (checked) request, and the replies must be what each party's own handler would have answered, with every
+        party's weights, gradients and optimiser kept its own.  ``None`` (the default): answer them one by one.
+        """
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to restore the trained program (tensors and plain values only)."""
         return {}
@@ -241,6 +251,20 @@ class PartyRuntime:
         reply = fn(request)
         check_reply(spec, request.tensors, reply.tensors, where=where, kind=kind, config=config)
         return reply
+
+    def check(self, request: Request, reply: Reply | None = None) -> None:
+        """The checks of :meth:`handle` without the handler: the request, and the reply if given.
+
+        For an in-process transport that answers several parties' requests in one batched computation
+        (:meth:`PartyProgram.handle_batch`): every message is still checked against its declaration.
+        """
+        spec, _, where, config = self._declaration(request.kind)
+        if reply is None:
+            if request.kind not in self.builtins and self.program is not None:
+                self.policy.check_request(self.program.program_name, request.kind, request.meta)
+            check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
+        else:
+            check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
 
     # ------------------------------------------------------------------ built-ins
     def _ping(self, request: Request) -> Reply:

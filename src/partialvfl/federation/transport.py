@@ -19,6 +19,9 @@ from typing import Any
 import torch
 
 from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
+from partialvfl.federation.party import PartyProgram
+from partialvfl.federation.policy import PolicyViolation
+from partialvfl.federation.schema import MessageError
 
 __all__ = ["LocalTransport", "PartyUnavailable", "Transport"]
 
@@ -77,32 +80,43 @@ class Transport(ABC):
         """
         out: dict[int, Reply] = {}
         for party, req in requests.items():
-            self._check_party(party)
-            if (party, req.kind) in self._sent:
-                # A party serves each kind once per (step, round): the network servers refuse repeats as replays.
-                raise RuntimeError(
-                    f"party {party} already got a {req.kind!r} request in step {self.step} round {self.round}; "
-                    "call transport.new_round() between rounds"
-                )
-            self._sent.add((party, req.kind))
-            req = self._stamp(req)
-            self.log.record(
-                step=self.step, round=self.round, sender=self.coordinator, receiver=party, kind=req.kind,
-                direction="request", tensors=req.tensors,
-            )
+            req = self._admit(party, req)
             try:
                 reply = self._deliver(party, req)
             except PartyUnavailable as e:
-                self.failures.append((self.step, party, e.reason))
-                if not tolerate:
-                    raise
+                self._failed(party, e, tolerate)
                 continue
-            self.log.record(
-                step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
-                direction="reply", tensors=reply.tensors,
-            )
-            out[party] = reply
+            out[party] = self._answered(party, req, reply)
         return out
+
+    def _admit(self, party: int, req: Request) -> Request:
+        """Check the party and that this kind is new in this (step, round); stamp the request and log it."""
+        self._check_party(party)
+        if (party, req.kind) in self._sent:
+            # A party serves each kind once per (step, round): the network servers refuse repeats as replays.
+            raise RuntimeError(
+                f"party {party} already got a {req.kind!r} request in step {self.step} round {self.round}; "
+                "call transport.new_round() between rounds"
+            )
+        self._sent.add((party, req.kind))
+        req = self._stamp(req)
+        self.log.record(
+            step=self.step, round=self.round, sender=self.coordinator, receiver=party, kind=req.kind,
+            direction="request", tensors=req.tensors,
+        )
+        return req
+
+    def _failed(self, party: int, error: PartyUnavailable, tolerate: bool) -> None:
+        self.failures.append((self.step, party, error.reason))
+        if not tolerate:
+            raise error
+
+    def _answered(self, party: int, req: Request, reply: Reply) -> Reply:
+        self.log.record(
+            step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
+            direction="reply", tensors=reply.tensors,
+        )
+        return reply
 
     def broadcast(
         self, parties: Sequence[int], kind: str, tensors: TensorDict | None = None, *, tolerate: bool = False,
@@ -129,15 +143,71 @@ def _detached(tensors: TensorDict) -> TensorDict:
 
 
 class LocalTransport(Transport):
-    """In-process delivery to :class:`~partialvfl.federation.party.PartyRuntime` objects: zero-copy, detached."""
+    """In-process delivery to :class:`~partialvfl.federation.party.PartyRuntime` objects: zero-copy, detached.
 
-    def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None) -> None:
+    ``batched=True`` (the default): when several parties of one round run the same program and the program can
+    answer a round jointly (:meth:`~partialvfl.federation.party.PartyProgram.handle_batch`, e.g. stacked weights and
+    one batched matmul per layer), their requests are answered in one computation.  Everything else is as on the
+    per-party path: each request and reply is checked against its declaration and logged per party with the same
+    names, shapes and bytes, each party's weights and optimiser stay its own, and a party marked down fails alone.
+    ``batched=False`` answers every request by itself (for tests and comparisons).
+    """
+
+    def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None, *,
+                 batched: bool = True) -> None:
         super().__init__(len(runtimes), coordinator, log)
         self.runtimes = list(runtimes)
         self.down: set[int] = set()  # parties to treat as unreachable (fault-injection for tests)
+        self.batched = batched
 
     def _deliver(self, party: int, request: Request) -> Reply:
         if party in self.down:
             raise PartyUnavailable(party, "marked down")
         reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)))
         return Reply(_detached(reply.tensors), dict(reply.meta))
+
+    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
+        valid = all(0 <= p < self.n_parties and (p, r.kind) not in self._sent and (tolerate or p not in self.down)
+                    for p, r in requests.items())
+        groups = self._batch_groups(requests) if self.batched and valid else {}
+        if not groups:  # nothing to batch, or an error the per-party path raises where and as it always does
+            return super().call_many(requests, tolerate=tolerate)
+        stamped = {p: self._stamp(Request(r.kind, _detached(r.tensors), dict(r.meta))) for p, r in requests.items()}
+        try:
+            for parties in groups.values():
+                for p in parties:
+                    self.runtimes[p].check(stamped[p])
+        except (MessageError, PolicyViolation):  # the per-party path raises it where and as it always does
+            return super().call_many(requests, tolerate=tolerate)
+        answers: dict[int, Reply] = {}
+        for cls, parties in groups.items():
+            replies = cls.handle_batch([(self.runtimes[p].program, stamped[p]) for p in parties])
+            if replies is not None:
+                answers.update(zip(parties, replies))
+        out: dict[int, Reply] = {}
+        for party, req in requests.items():
+            req = self._admit(party, req)
+            if party not in answers:
+                try:
+                    out[party] = self._answered(party, req, self._deliver(party, req))
+                except PartyUnavailable as e:
+                    self._failed(party, e, tolerate)
+                continue
+            reply = Reply(_detached(answers[party].tensors), dict(answers[party].meta))
+            self.runtimes[party].check(stamped[party], reply)
+            out[party] = self._answered(party, req, reply)
+        return out
+
+    def _batch_groups(self, requests: Mapping[int, Request]) -> dict[type, list[int]]:
+        """Parties whose program can answer this round jointly, by program class (in party order)."""
+        groups: dict[type, list[int]] = {}
+        for party, req in sorted(requests.items()):
+            if party in self.down:
+                continue
+            program = self.runtimes[party].program
+            if program is None or req.kind not in program.messages:
+                continue
+            cls = type(program)
+            if cls.handle_batch.__func__ is not PartyProgram.handle_batch.__func__:  # type: ignore[attr-defined]
+                groups.setdefault(cls, []).append(party)
+        return groups

@@ -112,19 +112,53 @@ def laser_estimate(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights
     """Task-sampled loss (eq. 8 summed over heads as in eq. 7), averaged over the batch.
 
     ``emb`` is ``(B, K, d)`` (rows of unobserved parties are ignored), ``head(k)`` the fusion model of head k.
+    Every live task (head k, size i, sample n) is aggregated in one batched pass and each distinct head runs once
+    over all its tasks; when the whole batch shares its tasks (the paper's pattern batching) they are aggregated
+    once for all rows.
     """
-    b, k_parties = emb.shape[0], emb.shape[1]
-    total = emb.new_zeros(())
-    for k in range(k_parties):
-        for i in range(k_parties):
-            w = weights[k, i]
-            live = np.flatnonzero(w > 0)
-            if live.size == 0:
-                continue
-            agg = _mean_over(torch.as_tensor(sets[k, i, live]), emb[live])
-            ce = F.cross_entropy(head(k)(agg), y[live], reduction="none")
-            total = total + (ce * torch.as_tensor(w[live], dtype=ce.dtype)).sum()
-    return total / max(b, 1)
+    b = emb.shape[0]
+    if b and (sets == sets[:, :, :1]).all() and (weights == weights[:, :, :1]).all():
+        return _shared_tasks_loss(emb, y, sets[:, :, 0], weights[:, :, 0], head)
+    k_idx, i_idx, n_idx = np.nonzero(weights > 0)  # in (head, size, sample) order
+    if k_idx.size == 0:
+        return emb.new_zeros(())
+    members = torch.as_tensor(sets, dtype=emb.dtype)  # (K, K, B, K): every task's subset, live or not
+    means = torch.einsum("kibj,bjd->kibd", members, emb) / members.sum(-1).clamp(min=1.0).unsqueeze(-1)
+    n_t = torch.as_tensor(n_idx)
+    agg = means[torch.as_tensor(k_idx), torch.as_tensor(i_idx), n_t]  # (L, d): the live tasks
+    ce = F.cross_entropy(_per_head(agg, k_idx, head), y[n_t], reduction="none")
+    return (ce * torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype)).sum() / max(b, 1)
+
+
+def _shared_tasks_loss(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights: np.ndarray,
+                       head: Callable[[int], nn.Module]) -> torch.Tensor:
+    """:func:`laser_estimate` when every row has the same tasks: ``sets`` ``(K, K, K)``, ``weights`` ``(K, K)``."""
+    b = emb.shape[0]
+    k_idx, i_idx = np.nonzero(weights > 0)
+    if k_idx.size == 0:
+        return emb.new_zeros(())
+    members = torch.as_tensor(sets[k_idx, i_idx], dtype=emb.dtype)  # (T, K)
+    agg = torch.einsum("tj,bjd->tbd", members / members.sum(1, keepdim=True), emb)  # (T, B, d)
+    rows = np.repeat(k_idx, b)  # the head of every (task, row)
+    ce = F.cross_entropy(_per_head(agg.reshape(-1, agg.shape[-1]), rows, head), y.repeat(len(k_idx)),
+                         reduction="none").view(len(k_idx), b)
+    return (ce.sum(1) * torch.as_tensor(weights[k_idx, i_idx], dtype=ce.dtype)).sum() / b
+
+
+def _per_head(agg: torch.Tensor, heads_of_rows: np.ndarray, head: Callable[[int], nn.Module]) -> torch.Tensor:
+    """Class scores of every row of ``agg`` from its head, each distinct head module run once."""
+    modules: dict[int, tuple[nn.Module, list[int]]] = {}
+    for k in np.unique(heads_of_rows).tolist():
+        module = head(k)
+        modules.setdefault(id(module), (module, []))[1].append(k)
+    if len(modules) == 1:
+        return next(iter(modules.values()))[0](agg)
+    parts, order = [], []
+    for module, ks in modules.values():
+        rows = np.flatnonzero(np.isin(heads_of_rows, ks))
+        parts.append(module(agg[torch.as_tensor(rows)]))
+        order.append(rows)
+    return torch.cat(parts)[torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))]
 
 
 def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,

@@ -20,55 +20,28 @@ gradients the parties receive are exactly those of the centralised bound (tested
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from partialvfl.data.dataset import CoordinatorView
-from partialvfl.federation.messages import Request
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod, register_method
-from partialvfl.methods.false_vfl.formulas import (
-    fuse_posteriors,
-    latent_log_weights,
-    predictive_log_probs,
-    reparameterize,
-    snis_weights,
-)
-from partialvfl.methods.false_vfl.party import FalseVFLParty, as_rows
+from partialvfl.methods.false_vfl.formulas import predictive_log_probs, snis_weights
+from partialvfl.methods.false_vfl.party import FalseVFLParty
+from partialvfl.methods.false_vfl.rounds import Pass, backward_rounds, forward_rounds
 from partialvfl.methods.false_vfl.spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
+from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
-from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_generator, torch_seeded
+from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
+from partialvfl.utils.threads import mlp_flops
 
 __all__ = ["FalseVFL1", "FalseVFL2"]
-
-
-@dataclass
-class _Pass:
-    """One batch's forward pass: which parties answered, the latents, and the (S, B) log-weights."""
-
-    rows: np.ndarray
-    observed: np.ndarray  # (B, K) what the data says
-    avail: np.ndarray  # (B, K) observed and answered
-    h: torch.Tensor
-    log_w: torch.Tensor
-    mu: dict[int, torch.Tensor] = field(default_factory=dict)
-    logvar: dict[int, torch.Tensor] = field(default_factory=dict)
-    loglik: dict[int, torch.Tensor] = field(default_factory=dict)
-    mask_loglik: dict[int, torch.Tensor] = field(default_factory=dict)
-    held: dict[int, np.ndarray] = field(default_factory=dict)
-    missing: dict[int, np.ndarray] = field(default_factory=dict)
-    decoded: set[int] = field(default_factory=set)
-
-    @property
-    def keep(self) -> np.ndarray:
-        """Samples with at least one answering party (the others are skipped / predicted from the prior)."""
-        return self.avail.any(axis=1)
 
 
 class _FalseVFL(VFLMethod):
@@ -78,11 +51,31 @@ class _FalseVFL(VFLMethod):
     variant: ClassVar[int] = 1
     params: ClassVar = PARAMS
 
+    @classmethod
+    def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
+        """FLOPs of one stage-1 step (forward and backward, every row held by every party: an upper bound), or
+        ``None`` for convolutional party modules (for the thread policy, :mod:`partialvfl.utils.threads`)."""
+        p = {**cls.param_space().defaults(), **params}
+        d_h, d_z, s, b = int(p["d_h"]), int(p["d_z"]), int(p["importance_samples"]), int(p["pretrain_batch_size"])
+        total = 0.0
+        for shape in feature_shapes:
+            if {p["encoder"], p["decoder"]} - {"mlp", "auto"} or (len(shape) != 1 and "auto" in (p["encoder"],
+                                                                                                 p["decoder"])):
+                return None
+            d = math.prod(shape)
+            total += mlp_flops([d, *p["encoder_hidden"], 2 * d_h], b)
+            total += mlp_flops([d_h, *p["decoder_hidden"], d], s * b)
+            if cls.variant == 2:
+                total += mlp_flops([d, *p["mask_hidden"], 1], s * b + b)
+        total += mlp_flops([d_h, *p["global_hidden"], 2 * d_z], s * b) + mlp_flops([d_z, *p["global_hidden"], 2 * d_h],
+                                                                                   s * b)
+        return 3.0 * total
+
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_
         keys = ("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
                 "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
-                "decoder_logvar_range")
+                "decoder_logvar_range", "wire", "wire_dtype")
         cfg = {k: p[k] for k in keys}
         cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
                    feature_shape=[int(s) for s in self.index_.feature_shapes[party]])
@@ -115,126 +108,34 @@ class _FalseVFL(VFLMethod):
         return torch.randn(shape, generator=gen)
 
     def _forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
-                 noise_seed: int, new_step: bool = True) -> _Pass:
+                 noise_seed: int, new_step: bool = True, next_rows: np.ndarray | None = None) -> Pass:
         """Rounds ``encode`` and ``decode`` for one batch; returns the (S, B) importance log-weights (label-free).
 
-        ``new_step=False`` when the caller (the training loop) has started the transport step already.
+        ``new_step=False`` when the caller (the training loop) has started the transport step already;
+        ``next_rows`` (nothing trained): the next batch, whose encode rides with this batch's ``decode``.
         """
-        p = self.params_
-        transport = self.transport
-        n_parties = view.n_parties
-        rows = np.asarray(rows, dtype=np.int64)
-        observed = view.observed[rows]
-        b, d_h, d_z = len(rows), int(p["d_h"]), int(p["d_z"])
-
         if new_step:
-            transport.new_step()
-        requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, {"data": handle, "train": train})
-                    for k in range(n_parties) if observed[:, k].any()}
-        replies = transport.call_many(requests, tolerate=True)
-        avail = observed.copy()
-        for k in range(n_parties):
-            if k not in replies:
-                avail[:, k] = False
-        st = _Pass(rows=rows, observed=observed, avail=avail, h=torch.empty(0), log_w=torch.empty(0))
-        mus, lvs = [], []
-        zeros = torch.zeros(b, d_h)
-        for k in range(n_parties):
-            st.held[k] = np.flatnonzero(observed[:, k])
-            st.missing[k] = np.flatnonzero(~observed[:, k])
-            if k in replies:
-                mu, lv = replies[k].tensors["mu"], replies[k].tensors["logvar"]
-                if train:
-                    mu, lv = mu.requires_grad_(), lv.requires_grad_()
-                st.mu[k], st.logvar[k] = mu, lv
-                idx = torch.as_tensor(st.held[k])
-                mus.append(zeros.index_copy(0, idx, mu))
-                lvs.append(zeros.index_copy(0, idx, lv))
-            else:
-                mus.append(zeros)
-                lvs.append(zeros)
-        mean_h, logvar_h = fuse_posteriors(torch.stack(mus), torch.stack(lvs), torch.as_tensor(avail.T),
-                                           p["fusion"])
-        gen = torch_generator(noise_seed, "coordinator")
-        h = reparameterize(mean_h, logvar_h, self._draw(gen, (n_samples, b, d_h)))
-        eps_z = self._draw(gen, (n_samples, b, d_z))
-        st.h = h
-
-        transport.new_round()
-        requests = {}
-        for k in range(n_parties):
-            tensors = {}
-            if k in replies:
-                tensors["h"] = h[:, st.held[k]]
-            if self.variant == 2 and (k in replies or not observed[:, k].any()) and st.missing[k].size:
-                tensors["h_mis"] = h[:, st.missing[k]]
-            if tensors:
-                requests[k] = Request("decode", tensors, {"train": train,
-                                                          "noise_seed": derive_seed(noise_seed, "party", k)})
-        replies = transport.call_many(requests, tolerate=True)
-        loglik = torch.zeros(n_samples, b)
-        mask = torch.zeros(n_samples, b)
-        for k, r in replies.items():
-            st.decoded.add(k)
-            if "loglik" in r.tensors:
-                ll = r.tensors["loglik"].requires_grad_() if train else r.tensors["loglik"]
-                st.loglik[k] = ll
-                loglik = loglik.index_add(1, torch.as_tensor(st.held[k]), ll)
-            if "mask_loglik" in r.tensors:
-                ml = r.tensors["mask_loglik"].requires_grad_() if train else r.tensors["mask_loglik"]
-                st.mask_loglik[k] = ml
-                idx = np.concatenate([st.held[k] if "h" in requests[k].tensors else st.held[k][:0],
-                                      st.missing[k] if "h_mis" in requests[k].tensors else st.missing[k][:0]])
-                mask = mask.index_add(1, torch.as_tensor(idx), ml)
-        latent = latent_log_weights(h, mean_h, logvar_h, self.global_encoder_, self.global_decoder_, eps_z,
-                                    p["encoder_logvar_range"])
-        st.log_w = loglik + mask + latent
+            self.transport.new_step()
+        prefetch, self._prefetch = getattr(self, "_prefetch", None), None
+        st, self._prefetch = forward_rounds(self, view, handle, rows, n_samples, train=train, noise_seed=noise_seed,
+                                            prefetch=prefetch, next_rows=None if train else next_rows)
         return st
 
     def _pretrain_step(self, view: CoordinatorView, handle: str, rows: np.ndarray, noise_seed: int,
-                       optimizer: torch.optim.Optimizer) -> tuple[float, int]:
-        """One stage-1 step: maximise the IWAE bound of the batch; returns (sum of per-sample bounds, count)."""
-        p = self.params_
-        transport = self.transport
-        st = self._forward(view, handle, rows, int(p["importance_samples"]), train=True, noise_seed=noise_seed,
-                           new_step=False)
+                       optimizer: torch.optim.Optimizer, next_rows: np.ndarray | None = None) -> tuple[float, int]:
+        """One stage-1 step: maximise the IWAE bound of the batch; returns (sum of per-sample bounds, count).
+
+        ``next_rows``: the next batch, whose encode rides with this step's ``update``.
+        """
+        st = self._forward(view, handle, rows, int(self.params_["importance_samples"]), train=True,
+                           noise_seed=noise_seed, new_step=False)
         keep = torch.as_tensor(st.keep)
         n_keep = int(keep.sum())
         if n_keep == 0:
             return 0.0, 0
         bound = log_mean_exp(st.log_w, dim=0)[keep]
-        loss = -bound.mean()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward(retain_graph=True)
-
-        # the parties back-propagate their log-likelihood terms and return the gradient w.r.t. the latents
-        transport.new_round()
-        requests = {}
-        for k in st.decoded:
-            tensors = {}
-            if k in st.loglik:
-                tensors["grad_loglik"] = _grad_or_zeros(st.loglik[k])
-            if k in st.mask_loglik:
-                tensors["grad_mask_loglik"] = _grad_or_zeros(st.mask_loglik[k])
-            requests[k] = Request("decode_grad", tensors)
-        replies = transport.call_many(requests, tolerate=True)
-        grad_h = torch.zeros_like(st.h)
-        for k, r in replies.items():
-            if "grad_h" in r.tensors:
-                grad_h.index_add_(1, torch.as_tensor(st.held[k]), r.tensors["grad_h"])
-            if "grad_h_mis" in r.tensors:
-                grad_h.index_add_(1, torch.as_tensor(st.missing[k]), r.tensors["grad_h_mis"])
-        st.h.backward(grad_h)
-
-        # the parties back-propagate into their encoders and step their own optimisers
-        transport.new_round()
-        requests = {}
-        for k in set(st.mu) | st.decoded:
-            tensors = {}
-            if k in st.mu:
-                tensors = {"grad_mu": _grad_or_zeros(st.mu[k]), "grad_logvar": _grad_or_zeros(st.logvar[k])}
-            requests[k] = Request("update", tensors)
-        transport.call_many(requests, tolerate=True)
+        self._prefetch = backward_rounds(self, view, st, -bound.mean(), handle, next_rows)
         optimizer.step()
         return float(bound.detach().sum()), n_keep
 
@@ -260,34 +161,41 @@ class _FalseVFL(VFLMethod):
         self.discriminator_.eval()
         self.stage_seconds_ = {"pretrain": t1 - t0, "train": time.perf_counter() - t1}
 
-    def _epoch_batches(self, stage: str, rows_all: np.ndarray, batch_size: int
-                       ) -> Callable[[int, np.random.Generator], Iterator[tuple[np.ndarray, int]]]:
-        """Batches of one epoch and their noise seeds: pure functions of (seed, stage, epoch, batch index)."""
+    def _epoch_batches(self, stage: str, rows_all: np.ndarray, batch_size: int, epochs: int
+                       ) -> Callable[[int, np.random.Generator], Iterator[tuple[np.ndarray, int, np.ndarray | None]]]:
+        """Batches of one epoch, their noise seeds and the batch after each (``None`` after the stage's last):
+        pure functions of (seed, stage, epoch, batch index)."""
 
-        def batches(epoch: int, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, int]]:
-            order = numpy_rng(self.seed, stage, epoch).permutation(rows_all)
-            for i, start in enumerate(range(0, len(order), batch_size)):
-                yield order[start:start + batch_size], derive_seed(self.seed, stage, epoch, i)
+        def order(epoch: int) -> np.ndarray:
+            return numpy_rng(self.seed, stage, epoch).permutation(rows_all)
+
+        def batches(epoch: int, rng: np.random.Generator) -> Iterator[tuple[np.ndarray, int, np.ndarray | None]]:
+            rows = order(epoch)
+            for i, start in enumerate(range(0, len(rows), batch_size)):
+                end = start + batch_size
+                following = (rows[end:end + batch_size] if end < len(rows)
+                             else order(epoch + 1)[:batch_size] if epoch + 1 < epochs else None)
+                yield rows[start:end], derive_seed(self.seed, stage, epoch, i), following
 
         return batches
 
     def _pretrain_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 1: IWAE bound over every sample with an observed party, labelled or not (Theta_g, II: psi)."""
         p = self.params_
-        optimizer = torch.optim.Adam(
-            list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()),
-            lr=float(p["pretrain_lr"]), weight_decay=float(p["pretrain_weight_decay"]),
-        )
+        optimizer = make_optimizer(
+            list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()), "adam",
+            float(p["pretrain_lr"]), float(p["pretrain_weight_decay"]))
+        self._prefetch = None
 
-        def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics:
+        def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics:
             self.global_encoder_.train()
             self.global_decoder_.train()
-            s, n = self._pretrain_step(view, handle, item[0], item[1], optimizer)
+            s, n = self._pretrain_step(view, handle, item[0], item[1], optimizer, next_rows=item[2])
             return {"bound": (s, n), "loss": (-s, n)}
 
         return Stage("pretrain", int(p["pretrain_epochs"]),
                      self._epoch_batches("pretrain", np.flatnonzero(view.observed.any(axis=1)),
-                                         int(p["pretrain_batch_size"])),
+                                         int(p["pretrain_batch_size"]), int(p["pretrain_epochs"])),
                      step, numpy_rng(self.seed, "false-vfl", "pretrain"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
@@ -295,18 +203,19 @@ class _FalseVFL(VFLMethod):
     def _train_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
         p = self.params_
-        optimizer = torch.optim.Adam(self.discriminator_.parameters(), lr=float(p["lr"]),
-                                     weight_decay=float(p["weight_decay"]))
+        optimizer = make_optimizer(self.discriminator_.parameters(), "adam", float(p["lr"]),
+                                   float(p["weight_decay"]))
         y_all = self._target_tensor(view)
+        self._prefetch = None
 
-        def step(item: tuple[np.ndarray, int], rng: np.random.Generator) -> Metrics | None:
-            rows, noise_seed = item
+        def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics | None:
+            rows, noise_seed, following = item
             self.global_encoder_.eval()
             self.global_decoder_.eval()
             self.discriminator_.train()
             with torch.no_grad():
                 st = self._forward(view, handle, rows, int(p["importance_samples"]), train=False, noise_seed=noise_seed,
-                                   new_step=False)
+                                   new_step=False, next_rows=following)
             keep = torch.as_tensor(st.keep)
             if not keep.any():
                 return None
@@ -322,7 +231,7 @@ class _FalseVFL(VFLMethod):
 
         return Stage("train", int(p["epochs"]),
                      self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
-                                         int(p["batch_size"])),
+                                         int(p["batch_size"]), int(p["epochs"])),
                      step, numpy_rng(self.seed, "false-vfl", "train"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
@@ -334,35 +243,63 @@ class _FalseVFL(VFLMethod):
         return torch.as_tensor((y - self.y_mean_) / self.y_std_, dtype=torch.float32)
 
     # ------------------------------------------------------------------ prediction
-    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+    def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray
+                            ) -> Iterator[tuple[Any, torch.Tensor]]:
+        """The prediction forward pass, one batch at a time: its rounds' state and the discriminator's outputs."""
         p = self.params_
         n_samples, bs = int(p["predict_importance_samples"]), int(p["predict_batch_size"])
-        classification = self.index_.task.is_classification
-        out = []
         self.discriminator_.eval()
         self.global_encoder_.eval()
         self.global_decoder_.eval()
+        self._prefetch = None
         with torch.no_grad():
             for i, start in enumerate(range(0, len(rows), bs)):
                 batch = rows[start:start + bs]
+                following = rows[start + bs:start + 2 * bs]
                 st = self._forward(view, handle, batch, n_samples, train=False,
-                                   noise_seed=derive_seed(self.seed, "predict", i))
-                disc = self.discriminator_(st.h)
-                keep = st.keep
-                if classification:
-                    probs = predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1)).exp().double().numpy()
-                    probs /= probs.sum(axis=1, keepdims=True)
-                    probs[~keep] = self.label_prior_
-                else:
-                    w = snis_weights(st.log_w)
-                    probs = ((w * disc[..., 0]).sum(0).double().numpy() * self.y_std_ + self.y_mean_)
-                    probs[~keep] = self.label_prior_[0]
-                out.append(probs)
+                                   noise_seed=derive_seed(self.seed, "predict", i), next_rows=following)
+                yield st, self.discriminator_(st.h)
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+        classification = self.index_.task.is_classification
+        out = []
+        for st, disc in self._predictive_batches(view, handle, rows):
+            keep = st.keep
+            if classification:
+                probs = predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1)).exp().double().numpy()
+                probs /= probs.sum(axis=1, keepdims=True)
+                probs[~keep] = self.label_prior_
+            else:
+                w = snis_weights(st.log_w)
+                probs = ((w * disc[..., 0]).sum(0).double().numpy() * self.y_std_ + self.y_mean_)
+                probs[~keep] = self.label_prior_[0]
+            out.append(probs)
         return np.concatenate(out, axis=0)
 
+    def importance_ess(self, data: VerticalDataset) -> np.ndarray:
+        """Effective sample size ``(sum w)^2 / sum w^2`` of each row's L prediction importance weights.
 
-def _grad_or_zeros(t: torch.Tensor) -> torch.Tensor:
-    return t.grad if t.grad is not None else torch.zeros_like(t)
+        A diagnostic of the self-normalised importance sampling that prediction uses (1 = one sample carries all the
+        weight, L = uniform weights); NaN for rows that hold no party (predicted by the label prior alone).
+        """
+        self._check_fitted()
+        data = self.conform(data)
+        view = data.coordinator_view()
+        rows = np.flatnonzero(view.observed.any(axis=1))
+        ess = np.full(view.n_samples, np.nan)
+        handle = self.federation_.attach(data)
+        try:
+            parts = []
+            for st, _ in self._predictive_batches(view, handle, rows):
+                w = snis_weights(st.log_w).double()  # (L, B), columns sum to 1
+                part = (1.0 / (w * w).sum(0)).numpy()
+                part[~st.keep] = np.nan
+                parts.append(part)
+        finally:
+            self.federation_.release(handle)
+        if rows.size:
+            ess[rows] = np.concatenate(parts)
+        return ess
 
 
 @register_method

@@ -20,9 +20,10 @@ from torch import nn
 
 from partialvfl.methods.false_vfl.spec import FUSION_RULES
 from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
+from partialvfl.utils.seeding import torch_generator
 
-__all__ = ["fuse_posteriors", "gaussian_log_density", "latent_log_weights", "predictive_log_probs", "reparameterize",
-           "snis_weights", "split_gaussian"]
+__all__ = ["fuse_posteriors", "gaussian_log_density", "latent_log_weights", "latent_noise_generator",
+           "predictive_log_probs", "reparameterize", "snis_weights", "split_gaussian"]
 
 
 def fuse_posteriors(
@@ -56,6 +57,15 @@ def fuse_posteriors(
         w = torch.softmax(log_prec_parts, dim=0)
         mean = (w * torch.where(obs, mu, torch.zeros_like(mu))).sum(0)
     return mean, -log_prec
+
+
+def latent_noise_generator(noise_seed: int) -> torch.Generator:
+    """The generator of a batch's reparameterisation noise: ``eps_h`` ``(S, B, d_h)`` first, then ``eps_z``.
+
+    The coordinator and (under the lean wire protocol) every party derive it from the batch's noise seed, so the
+    noise of ``h = mean + scale * eps_h`` is shared without ever crossing.
+    """
+    return torch_generator(noise_seed, "coordinator")
 
 
 def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

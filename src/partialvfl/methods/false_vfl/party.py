@@ -1,7 +1,25 @@
-"""FALSE-VFL's party program: one per party, its own encoder, decoder and (II) missing-indicator network."""
+"""FALSE-VFL's party program: one per party, its own encoder, decoder and (II) missing-indicator network.
+
+The rounds of one mini-batch (``docs/false-vfl.md`` has the wire protocol and what a party learns from it):
+
+* ``encode``: ``rows`` (its own rows, shared order) -> ``mu``, ``logvar`` (its local posterior over ``h``);
+* ``decode``: the fused posterior of those rows -> ``loglik`` ``(S, B_k)`` = log p(x^k | h_j) (II: also
+  ``mask_loglik`` ``(S, B_k + M_k)`` over the rows it holds, then the batch rows it lacks).  Under the ``lean`` wire
+  the party gets the posterior's ``mean`` and ``scale`` per row and draws the batch's shared noise itself (seeded by
+  ``meta['noise_seed']``; ``pos`` are the rows' positions in the batch of ``meta['batch']`` rows); under
+  ``samples`` it gets the S latent samples ``h`` themselves;
+* ``decode_grad``: ``grad_loglik`` (II: ``grad_mask_loglik``) -> the gradient with respect to what it got
+  (``grad_mean``/``grad_scale``, or ``grad_h``);
+* ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
+
+``next_rows`` on ``update`` (and on ``decode`` when nothing is trained) asks for the next batch's ``encode`` in
+the same message, which saves a round per step.  In the in-process simulation several parties' rounds run as one
+batched computation (:mod:`.batched`); each party's weights and optimiser stay its own.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,11 +29,26 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.methods.false_vfl.formulas import gaussian_log_density, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import (
+    gaussian_log_density,
+    latent_noise_generator,
+    reparameterize,
+    split_gaussian,
+)
+from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
-from partialvfl.utils.seeding import torch_generator, torch_seeded
+from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 
-__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "as_rows"]
+__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "allowed_tensors", "as_rows"]
+
+_WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
+_LEAN, _SAMPLES = {"wire": "lean"}, {"wire": "samples"}
+_LEAN_II, _SAMPLES_II, _II = {"wire": "lean", "variant": 2}, {"wire": "samples", "variant": 2}, {"variant": 2}
+
+
+def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
+    return TensorSpec(name, _WIDE, shape, optional=True, when=when or {})
 
 
 class _PartyModules(nn.Module):
@@ -35,52 +68,55 @@ class _PartyModules(nn.Module):
 
 @register_program
 class FalseVFLParty(PartyProgram):
-    """The party-local half of FALSE-VFL I/II.  Message kinds (all driven by the coordinator):
-
-    * ``encode``: ``rows`` (its own rows, shared order) -> ``mu``, ``logvar`` (its local posterior over ``h``);
-    * ``decode``: ``h`` ``(S, B_k, d_h)`` for those rows (II: also ``h_mis`` for batch rows it lacks) ->
-      ``loglik`` ``(S, B_k)`` (II: ``mask_loglik`` ``(S, B_k + M_k)``, held rows first);
-    * ``decode_grad``: ``grad_loglik`` (II: ``grad_mask_loglik``) -> ``grad_h`` (II: ``grad_h_mis``);
-    * ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
-
-    ``meta['train']`` selects training mode (graph kept, optimiser zeroed on ``encode``); ``meta['noise_seed']``
-    seeds the decoder samples of missing blocks (II) so that predictions are reproducible.
-    """
+    """The party-local half of FALSE-VFL I/II; its message kinds are declared in ``messages`` (see the module)."""
 
     program_name = "false-vfl/party"
-    # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples
+    # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples, N: the next batch's rows it holds
     messages: ClassVar[Messages] = {
         "encode": MessageSpec(
             request=[TensorSpec("rows", "int64", ("B",))],
-            reply=[TensorSpec("mu", "float32", ("B", "d_h")), TensorSpec("logvar", "float32", ("B", "d_h"))],
+            reply=[TensorSpec("mu", _WIDE, ("B", "d_h")), TensorSpec("logvar", _WIDE, ("B", "d_h"))],
             meta=["data"], optional_meta=["train"]),
         "decode": MessageSpec(
-            request=[TensorSpec("h", "float32", ("S", "B", "d_h"), optional=True),
-                     TensorSpec("h_mis", "float32", ("S", "M", "d_h"), optional=True, when={"variant": 2})],
+            request=[_wide("h", ("S", "B", "d_h"), _SAMPLES), _wide("h_mis", ("S", "M", "d_h"), _SAMPLES_II),
+                     _wide("mean", ("B", "d_h"), _LEAN), _wide("scale", ("B", "d_h"), _LEAN),
+                     TensorSpec("pos", "int64", ("B",), optional=True, when=_LEAN),
+                     _wide("mean_mis", ("M", "d_h"), _LEAN_II), _wide("scale_mis", ("M", "d_h"), _LEAN_II),
+                     TensorSpec("pos_mis", "int64", ("M",), optional=True, when=_LEAN_II),
+                     TensorSpec("next_rows", "int64", ("N",), optional=True)],
             reply=[TensorSpec("loglik", "float32", ("S", "B"), optional=True),
-                   TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when={"variant": 2})],
-            optional_meta=["train", "noise_seed"]),
+                   TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II),
+                   _wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
+            optional_meta=["train", "noise_seed", "batch", "samples", "data"]),
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
-                     TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when={"variant": 2})],
-            reply=[TensorSpec("grad_h", "float32", ("S", "B", "d_h"), optional=True),
-                   TensorSpec("grad_h_mis", "float32", ("S", "M", "d_h"), optional=True, when={"variant": 2})]),
+                     TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II)],
+            reply=[_wide("grad_h", ("S", "B", "d_h"), _SAMPLES), _wide("grad_h_mis", ("S", "M", "d_h"), _SAMPLES_II),
+                   _wide("grad_mean", ("B", "d_h"), _LEAN), _wide("grad_scale", ("B", "d_h"), _LEAN),
+                   _wide("grad_mean_mis", ("M", "d_h"), _LEAN_II),
+                   _wide("grad_scale_mis", ("M", "d_h"), _LEAN_II)]),
         "update": MessageSpec(
-            request=[TensorSpec("grad_mu", "float32", ("B", "d_h"), optional=True),
-                     TensorSpec("grad_logvar", "float32", ("B", "d_h"), optional=True)]),
+            request=[_wide("grad_mu", ("B", "d_h")), _wide("grad_logvar", ("B", "d_h")),
+                     TensorSpec("next_rows", "int64", ("N",), optional=True)],
+            reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
+            optional_meta=["data"]),
     }
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
         self.variant = int(config["variant"])
+        self.wire = str(config.get("wire", "lean"))
+        if self.wire not in WIRES:
+            raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
+        self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
             self.net = _PartyModules(config)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=float(config["pretrain_lr"]),
-                                          weight_decay=float(config["pretrain_weight_decay"]))
-        self._enc: dict[str, Any] = {}
-        self._dec: dict[str, Any] = {}
+        self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
+                                        float(config["pretrain_weight_decay"]))
+        self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train (+ group, slot when batched)
+        self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs (+ group, slot)
 
     # -------------------------------------------------------------- helpers
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -96,78 +132,126 @@ class FalseVFLParty(PartyProgram):
         logit = self.net.indicator(x).squeeze(-1)
         return nn.functional.logsigmoid(logit if missing else -logit)
 
+    def features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
+        """Its own features of ``rows`` (shared-order positions) in the dataset attached as ``handle``."""
+        view = self.data(handle)
+        return torch.as_tensor(view.features[view.position_of_rows(rows.numpy())])
+
+    def to_wire(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.wire_dtype)
+
+    def shared_noise(self, meta: dict[str, Any], d_h: int) -> torch.Tensor:
+        """The batch's reparameterisation noise ``eps_h`` ``(S, batch, d_h)``, the same draw as the coordinator's."""
+        gen = latent_noise_generator(int(meta["noise_seed"]))
+        return self._draw(gen, (int(meta["samples"]), int(meta["batch"]), d_h))
+
+    def missing_noise_seed(self, meta: dict[str, Any]) -> int:
+        """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
+        seed = int(meta.get("noise_seed", 0))
+        return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
+
+    def in_group(self, kind: str) -> bool:
+        """Whether answering ``kind`` back-propagates through a graph shared with other parties (batched round)."""
+        return "group" in (self._dec if kind == "decode_grad" else self._enc if kind == "update" else {})
+
+    def handle(self, request: Request) -> Reply:
+        if self.in_group(request.kind):
+            from partialvfl.methods.false_vfl.batched import handle_batch
+
+            return handle_batch([(self, request)])[0]  # its graph is part of a batched round's
+        return super().handle(request)
+
+    @classmethod
+    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
+        from partialvfl.methods.false_vfl.batched import handle_batch
+
+        return handle_batch(items)
+
     # -------------------------------------------------------------- handlers
-    def on_encode(self, req: Request) -> Reply:
-        view = self.data(req.meta["data"])
-        rows = req.tensors["rows"].numpy()
-        x = torch.as_tensor(view.features[view.position_of_rows(rows)])
-        train = bool(req.meta.get("train", False))
+    def encode_rows(self, handle: str, rows: torch.Tensor, train: bool) -> dict[str, torch.Tensor]:
+        """Encode its rows (training: zero its gradients and keep the graph until ``update``)."""
+        x = self.features(handle, rows)
         self.net.train(train)
         if train:
             self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
             mu, logvar = split_gaussian(self.net.encoder(x), self.logvar_range)
-        self._enc = {"step": req.meta.get("step"), "x": x, "mu": mu, "logvar": logvar, "train": train}
-        return Reply({"mu": mu, "logvar": logvar})
+        self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train}
+        return {"mu": self.to_wire(mu), "logvar": self.to_wire(logvar)}
+
+    def on_encode(self, req: Request) -> Reply:
+        return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False))))
+
+    def _latents(self, req: Request, train: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,
+                                                            torch.Tensor | None]:
+        """The leaves it differentiates (what it got) and the latent samples of its held / lacked rows."""
+        t = req.tensors
+        if self.wire == "samples":
+            leaves = {n: t[n].float() for n in ("h", "h_mis") if n in t}
+        else:
+            leaves = {n: t[n].float() for n in ("mean", "scale", "mean_mis", "scale_mis") if n in t}
+        if train:
+            leaves = {n: v.clone().requires_grad_() for n, v in leaves.items()}
+        if self.wire == "samples":
+            return leaves, leaves.get("h"), leaves.get("h_mis")
+        eps = self.shared_noise(req.meta, int(self.config["d_h"])) if leaves else None
+        out = []
+        for suffix in ("", "_mis"):
+            mean = leaves.get(f"mean{suffix}")
+            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[:, t[f"pos{suffix}"]])
+        return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
         train = bool(req.meta.get("train", False))
-        same_step = bool(self._enc) and self._enc.get("step") == req.meta.get("step")
         self.net.train(train)
-        if train and not same_step:
+        leaves, h, h_mis = self._latents(req, train)
+        if h is not None and len(self._enc.get("x", ())) != h.shape[1]:
+            raise RuntimeError(f"party {self.party}: decode of {h.shape[1]} held rows without their encode")
+        if train and h is None:  # II: a party that lacks every row of the batch decodes without encoding
             self.optimizer.zero_grad(set_to_none=True)
-        h = req.tensors.get("h")
-        h_mis = req.tensors.get("h_mis")
-        if h is not None and not same_step:
-            raise RuntimeError(f"party {self.party}: decode of held rows without an encode in this step")
-        if train:
-            h = h.clone().requires_grad_() if h is not None else None
-            h_mis = h_mis.clone().requires_grad_() if h_mis is not None else None
         out: dict[str, torch.Tensor] = {}
-        graph: dict[str, torch.Tensor] = {}
         with torch.set_grad_enabled(train):
             logvar = self.decoder_logvar()
             if h is not None:
-                x = self._enc["x"]
-                out["loglik"] = gaussian_log_density(x, self.net.decoder(h), logvar)
+                out["loglik"] = gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
             if self.variant == 2:
                 parts = []
                 if h is not None:
                     held = self.log_missing_prob(self._enc["x"], missing=False)
                     parts.append(held.unsqueeze(0).expand(h.shape[0], -1))
                 if h_mis is not None:
-                    gen = torch_generator(int(req.meta.get("noise_seed", 0)), "party", self.party)
+                    gen = torch_generator(self.missing_noise_seed(req.meta), "party", self.party)
                     mean = self.net.decoder(h_mis)
                     x_mis = reparameterize(mean, logvar, self._draw(gen, tuple(mean.shape)))
                     parts.append(self.log_missing_prob(x_mis, missing=True))
                 if parts:
                     out["mask_loglik"] = torch.cat(parts, dim=1)
-        if train:
-            graph = {"h": h, "h_mis": h_mis, **out}
-        self._dec = graph
+        self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
+        if "next_rows" in req.tensors:
+            out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
         return Reply(out)
 
     def on_decode_grad(self, req: Request) -> Reply:
         outs, grads = [], []
         for name in ("loglik", "mask_loglik"):
-            if f"grad_{name}" in req.tensors and self._dec.get(name) is not None:
-                outs.append(self._dec[name])
+            if f"grad_{name}" in req.tensors and name in self._dec.get("outs", {}):
+                outs.append(self._dec["outs"][name])
                 grads.append(req.tensors[f"grad_{name}"])
         if outs:
             torch.autograd.backward(outs, grads)
         reply = {}
-        for name in ("h", "h_mis"):
-            t = self._dec.get(name)
-            if t is not None:
-                reply[f"grad_{name}"] = t.grad if t.grad is not None else torch.zeros_like(t)
+        for name, leaf in self._dec.get("leaves", {}).items():
+            reply[f"grad_{name}"] = self.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
         return Reply(reply)
 
     def on_update(self, req: Request) -> Reply:
         if "grad_mu" in req.tensors:
             torch.autograd.backward([self._enc["mu"], self._enc["logvar"]],
-                                    [req.tensors["grad_mu"], req.tensors["grad_logvar"]])
+                                    [req.tensors["grad_mu"].float(), req.tensors["grad_logvar"].float()])
         self.optimizer.step()
         self._enc, self._dec = {}, {}
+        if "next_rows" in req.tensors:
+            return Reply(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=True))
         return Reply({})
 
     # -------------------------------------------------------------- state
@@ -182,11 +266,18 @@ class FalseVFLParty(PartyProgram):
         self.net.load_state_dict(state["net"])
         if "optimizer" in state:  # models saved before optimiser states were kept load without one
             self.optimizer.load_state_dict(state["optimizer"])
+        self._enc, self._dec = {}, {}
 
 
-#: Every tensor name that may cross a party boundary, per variant (row indices, latent posterior parameters,
-#: sampled latents, per-sample log-likelihood scalars and mask terms, and the gradients of those).
-ALLOWED_TENSORS: dict[int, frozenset[str]] = {v: tensor_names(FalseVFLParty, {"variant": v}) for v in (1, 2)}
+def allowed_tensors(variant: int, wire: str = "lean") -> frozenset[str]:
+    """Every tensor name that may cross a party boundary for this variant and wire protocol."""
+    return tensor_names(FalseVFLParty, {"variant": variant, "wire": wire})
+
+
+#: Every tensor name that may cross a party boundary, per variant, under either wire protocol (row indices,
+#: posterior parameters or latent samples, per-sample log-likelihood scalars and mask terms, and the gradients).
+ALLOWED_TENSORS: dict[int, frozenset[str]] = {v: allowed_tensors(v, "lean") | allowed_tensors(v, "samples")
+                                              for v in (1, 2)}
 
 
 def as_rows(rows: np.ndarray) -> torch.Tensor:

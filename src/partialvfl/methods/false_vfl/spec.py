@@ -13,9 +13,11 @@ from typing import Any
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
 
-__all__ = ["ENCODERS", "DECODERS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "paper_row"]
+__all__ = ["ENCODERS", "DECODERS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "WIRES", "WIRE_DTYPES", "paper_row"]
 
 FUSION_RULES = ("mean-precision", "poe")
+WIRES = ("lean", "samples")
+WIRE_DTYPES = ("float32", "bfloat16")
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 DECODERS = ("auto", "mlp", "deconv")
 
@@ -92,6 +94,13 @@ PARAMS = ParamSpace(
         Param("encoder_logvar_range", [-8.0, 6.0], "range", "clamp of every latent log-variance (h and z)"),
         Param("decoder_logvar_range", [-5.0, 3.0], "range",
               "clamp of the decoders' learned per-feature log-variances"),
+        Param("wire", "lean", "str", "wire protocol: lean (each party gets the fused posterior's mean and scale of "
+              "its rows and draws the shared noise itself; returns gradients w.r.t. mean and scale) or samples (the "
+              "kappa latent samples and their gradients cross); the same gradients either way",
+              choices=WIRES),
+        Param("wire_dtype", "float32", "str", "dtype of the d_h-wide tensors on the wire (posterior parameters, "
+              "latents and their gradients); bfloat16 halves their bytes, both sides use the rounded values",
+              choices=WIRE_DTYPES),
     ),
     presets={"fast": _fast, "paper": _paper},
     dataset_presets=("paper",),

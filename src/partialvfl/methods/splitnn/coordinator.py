@@ -38,6 +38,7 @@ from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
+from partialvfl.utils.threads import mlp_flops
 
 __all__ = ["SplitNNMethod", "fit_best_of_pretraining", "fuse"]
 
@@ -74,6 +75,17 @@ class SplitNNMethod(VFLMethod):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ contract
+    @classmethod
+    def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
+        """FLOPs of one supervised step of the parties' MLP encoders (forward and backward, every row at every
+        party), or ``None`` for convolutional encoders (for the thread policy, :mod:`partialvfl.utils.threads`)."""
+        p = {**cls.param_space().defaults(), **params}
+        if p["encoder"] not in ("mlp", "auto") or any(len(s) != 1 for s in feature_shapes if p["encoder"] == "auto"):
+            return None
+        hidden = [int(h) for h in p["encoder_hidden"]]
+        return 3.0 * sum(mlp_flops([math.prod(s), *hidden, int(p["latent_dim"])], int(p["batch_size"]))
+                         for s in feature_shapes)
+
     def _party_config(self, party: int) -> dict[str, Any]:
         p = self.params_
         return {
@@ -228,24 +240,20 @@ class SplitNNMethod(VFLMethod):
             self.head_optimizer_.step()
         self._send_grads(embs)
 
-    @staticmethod
-    def _scatter(batch_rows: np.ndarray, party_rows: np.ndarray, emb: torch.Tensor) -> torch.Tensor:
-        """Place a party's representations of ``party_rows`` into a zero ``(len(batch_rows), d)`` tensor."""
-        idx = torch.as_tensor(np.searchsorted(batch_rows, party_rows))
-        return torch.zeros(len(batch_rows), emb.shape[1]).index_copy(0, idx, emb)
-
     def _stack(self, batch_rows: np.ndarray, observed: np.ndarray, embs: dict[tuple[int, str], torch.Tensor],
                model: str = "f") -> torch.Tensor:
-        """(B, K, d) representations of a batch, zeros where a party does not hold (or did not send) the row."""
+        """(B, K, d) representations of a batch, zeros where a party does not hold (or did not send) the row.
+
+        Party k's representations are of ``batch_rows[observed[:, k]]``; all parties land with one scatter.
+        """
+        n_parties, b = self.index_.n_parties, len(batch_rows)
         d = int(self.params_["latent_dim"])
-        cols = []
-        for k in range(self.index_.n_parties):
-            e = embs.get((k, model))
-            if e is None:
-                cols.append(torch.zeros(len(batch_rows), d))
-            else:
-                cols.append(self._scatter(batch_rows, batch_rows[observed[:, k]], e))
-        return torch.stack(cols, dim=1)
+        sent = [(k, e) for k in range(n_parties) if (e := embs.get((k, model))) is not None]
+        out = torch.zeros(b * n_parties, d)
+        if sent:
+            flat = torch.as_tensor(np.concatenate([np.flatnonzero(observed[:, k]) * n_parties + k for k, _ in sent]))
+            out = out.index_copy(0, flat, torch.cat([e for _, e in sent]))
+        return out.view(b, n_parties, d)
 
     def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
         bs = int(self.params_["predict_batch_size"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,6 +12,7 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
+from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.nn.blocks import build_encoder
 from partialvfl.nn.optim import make_optimizer
@@ -49,6 +51,7 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
+        self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
         self._simsiam: dict[str, SimSiamTrainer] = {}
         self._simsiam_saved: dict[str, Any] | None = None
 
@@ -65,6 +68,16 @@ class SplitParty(PartyProgram):
                 f"party {self.party}: no representation model {name!r}; it holds {sorted(self.models)}"
             ) from None
 
+    def forward_model(self, name: str, x: torch.Tensor, train: bool) -> torch.Tensor:
+        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives)."""
+        model = self._model(name)
+        model.train(train)
+        with torch.set_grad_enabled(train):
+            h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
+        if train:
+            self._pending[name] = h
+        return h
+
     def on_embed(self, req: Request) -> Reply:
         train = bool(req.meta.get("train", False))
         out: dict[str, torch.Tensor] = {}
@@ -72,18 +85,18 @@ class SplitParty(PartyProgram):
             if not key.startswith("rows:"):
                 raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
             name = key.removeprefix("rows:")
-            model = self._model(name)
-            x = self._features(req.meta["data"], rows)
-            if train:
-                model.train()
-                h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
-                self._pending[name] = h
-            else:
-                model.eval()
-                with torch.no_grad():
-                    h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
-            out[f"emb:{name}"] = h
+            out[f"emb:{name}"] = self.forward_model(name, self._features(req.meta["data"], rows), train)
         return Reply(out)
+
+    def handle(self, request: Request) -> Reply:
+        if request.kind == "grad_embedding" and self._groups:  # its forward was part of a batched round's
+            return handle_batch([(self, request)])[0]
+        return super().handle(request)
+
+    @classmethod
+    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
+        """In-process rounds of several parties as one batched computation (:mod:`.batched`)."""
+        return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
         total: torch.Tensor | None = None
@@ -153,3 +166,4 @@ class SplitParty(PartyProgram):
             self.optimizers[name].load_state_dict(sd)
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
+        self._pending, self._groups = {}, {}

@@ -1,0 +1,438 @@
+"""The simulation engine's figures, every ratio measured in one run on one machine (issue 14).
+
+Prints, with the hardware, torch threads and load average beside every section:
+
+* ``peak``: the fp32 matmul GFLOP/s of this process (square matmuls and the step's own layer shapes);
+* ``fvl-step``: FALSE-VFL-I stage 1 on the cpu-grid configuration (FashionMNIST, 8 parties of 14 x 7 pixels, MLP
+  width 128, batch 256, kappa 10, d_h 196, d_z 32): FLOPs per step (``FlopCounterMode``: matmuls only), time per
+  step batched and per party (interleaved repeats, min and median), achieved GFLOP/s and % of the peak, per epoch;
+* ``laser``: LASER-VFL at the official code's hyperparameters (4 parties of 196 pixels, per-party
+  Linear(d,128)-ReLU-Linear(128,128)-ReLU-Linear(128,128), mean fusion, K linear heads, SGD lr 0.03 momentum 0.8
+  weight decay 1e-4, batch 128): time per epoch batched and per party, FLOPs and GFLOP/s; with
+  ``--laser-official PATH`` also the official code's time per epoch, side by side (see below);
+* ``bytes``: FALSE-VFL bytes per sample-step crossing party boundaries (message log; independent of the load):
+  ``samples`` wire (kappa latent samples) vs ``lean`` (posterior mean and scale) vs ``lean`` + bfloat16;
+* ``bf16``: the accuracy effect of bfloat16 on the wire (two short fits on digits, same seed);
+* ``threads``: the stage-1 step with 1 thread, 2 threads with OpenMP spinning (``OMP_WAIT_POLICY=ACTIVE``) and 2
+  threads sleeping (``PASSIVE``, the thread policy's), each in a fresh process; with ``--contention N`` also under N
+  busy-loop processes;
+* ``federated``: digits, false-vfl-1, 4 party processes over gRPC with mutual TLS vs in process, time per epoch
+  (``benchmarks/grpc_overhead.py``);
+* ``baseline`` (with ``--baseline-src SRC``): before/after, the FALSE-VFL step and the LASER-VFL epoch of an older
+  checkout's ``src/`` (its default path) beside this code's, in fresh processes taking turns.
+
+    python benchmarks/engine.py --quick                      # smoke run, one to two minutes (small configurations)
+    python benchmarks/engine.py --json engine.json           # the full run (quiet machine), a few minutes
+    python benchmarks/engine.py --only threads --contention 2
+    git -C /work/main archive 86ddc4e src | tar -x -C /tmp/base     # the code before issue 14
+    python benchmarks/engine.py --only baseline --baseline-src /tmp/base/src
+
+The official LASER-VFL code (Valdeira/LASER-VFL) is not part of this repository.  To time it beside ours, check it
+out, stub W&B out (``WANDB_MODE=disabled``; the script sets it) and give the command that trains its MLP path for
+``--laser-official-epochs`` epochs on the same data (4 parties of 196 FashionMNIST pixels, the hyperparameters
+above, batch 128) and exits::
+
+    python benchmarks/engine.py --only laser --laser-official ../LASER-VFL \\
+        --laser-official-cmd "python main.py --task fashionmnist --method laser --epochs 3" --laser-official-epochs 3
+
+The command runs in PATH with the same torch thread count, interleaved with our fits; the ratio is ours / theirs
+per epoch (the issue's target: <= 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+try:
+    from partialvfl.utils.threads import configure_openmp
+except ImportError:  # a baseline checkout (--baseline-src) from before the thread policy
+    def configure_openmp() -> bool:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return True
+
+configure_openmp()  # before torch loads (the thread policy's default); the threads section overrides it per run
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from partialvfl.data.protocol import ProtocolConfig, make_protocol  # noqa: E402
+from partialvfl.federation import LocalFederation, MessageLog  # noqa: E402
+from partialvfl.methods import get_method  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+WIDTH = 128
+CPU_GRID = dict(encoder="mlp", decoder="mlp", encoder_hidden=[WIDTH, WIDTH], decoder_hidden=[WIDTH, WIDTH],
+                global_hidden=[WIDTH, WIDTH], discriminator_hidden=[WIDTH], mask_hidden=[WIDTH, WIDTH],
+                pretrain_lr=3e-3, pretrain_batch_size=256, importance_samples=10, d_h=196, d_z=32)
+LASER_OFFICIAL = dict(encoder="mlp", encoder_hidden=[128, 128], latent_dim=128, head_hidden=[], heads="per-party",
+                      batching="pattern", optimizer="sgd", lr=0.03, momentum=0.8, weight_decay=1e-4, batch_size=128)
+
+
+# ---------------------------------------------------------------------- machine and timing helpers
+def machine() -> dict[str, Any]:
+    """CPU, cores, torch threads, OpenMP wait policy and load: printed with every section."""
+    model = platform.processor()
+    with contextlib.suppress(OSError, StopIteration):
+        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name"))
+    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"), "torch": torch.__version__,
+            "load_average": [round(v, 2) for v in os.getloadavg()]}
+
+
+def timed(fn: Any, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"min_s": round(min(times), 4), "median_s": round(float(np.median(times)), 4), "n": len(times)}
+
+
+def matmul_peak(repeats: int, shapes: list[tuple[int, int, int]] | None = None) -> dict[str, float]:
+    """Best fp32 GFLOP/s of square matmuls and of the given (M, K, N) shapes, in this process and thread count."""
+    out = {}
+    for m, k, n in [(1024, 1024, 1024), (2048, 2048, 2048), *(shapes or [])]:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.mm(a, b)
+        best = min(timed(lambda a=a, b=b: torch.mm(a, b), repeats))
+        out[f"{m}x{k}x{n}"] = round(2 * m * k * n / best / 1e9, 1)
+    out["peak"] = max(out.values())
+    return out
+
+
+def count_flops(fn: Any) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+# ---------------------------------------------------------------------- FALSE-VFL stage 1
+def fvl_data(quick: bool) -> Any:
+    if quick:
+        return make_protocol(ProtocolConfig("digits", parties=4, n_labels=300, n_aligned=60, train_missing="mcar:0.2",
+                                            seed=0))[0]
+    return make_protocol(ProtocolConfig("fashion-mnist", parties=8, n_labels=1000, n_aligned=200,
+                                        train_missing="mcar:0.2", seed=0, max_train=4000, max_test=100))[0]
+
+
+def federation(train: Any, batched: bool | None, log: MessageLog | None = None) -> Any:
+    """In-process parties, batched or per party (``None``: the code's default, also in a baseline checkout)."""
+    if batched is None:
+        return LocalFederation.for_dataset(train, log=log)
+    return LocalFederation.for_dataset(train, log=log, batched=batched)
+
+
+def method(name: str, preset: str, **params: Any) -> Any:
+    """``name`` with the parameters its code knows (a baseline checkout has no ``wire``)."""
+    cls = get_method(name)
+    return cls(preset, seed=0, **{k: v for k, v in params.items() if k in cls.param_space().names})
+
+
+def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], variant: int = 1, wire: str = "lean",
+                log: MessageLog | None = None) -> Any:
+    """A function running one stage-1 step on the next of a fixed sequence of batches; returns rows processed."""
+    fed = federation(train, batched, log)
+    model = method(f"false-vfl-{variant}", "paper", **dict(params, pretrain_epochs=0, epochs=0, wire=wire))
+    model.fit(train, federation=fed)
+    view, handle = train.coordinator_view(), fed.attach(train, "engine")
+    opt = torch.optim.Adam(list(model.global_encoder_.parameters()) + list(model.global_decoder_.parameters()),
+                           lr=float(params["pretrain_lr"]))
+    rows_all = np.flatnonzero(train.observed.any(1))
+    rng = np.random.default_rng(0)
+    bs = int(params["pretrain_batch_size"])
+
+    def step() -> int:
+        rows = np.sort(rng.choice(rows_all, size=min(bs, len(rows_all)), replace=False))
+        fed.transport.new_step()
+        model._pretrain_step(view, handle, rows, int(rng.integers(1 << 30)), opt)
+        return len(rows)
+
+    step.steps_per_epoch = int(np.ceil(len(rows_all) / bs))  # type: ignore[attr-defined]
+    return step
+
+
+MODES = {"batched": True, "per_party": False}
+
+
+def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: float,
+                     modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
+    steps = {name: fvl_stepper(train, b, params) for name, b in modes.items()}
+    for s in steps.values():
+        s()  # warm-up: lazy imports, allocator
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):  # interleaved: a drifting load hits both the same
+        for name, s in steps.items():
+            times[name] += timed(s, 1)
+    first = next(iter(steps.values()))
+    flops, per_epoch = count_flops(first), first.steps_per_epoch
+    out: dict[str, Any] = {"flops_per_step": flops, "gflop_per_epoch": round(flops * per_epoch / 1e9, 1),
+                           "steps_per_epoch": per_epoch}
+    for name, t in times.items():
+        best = min(t)
+        out[name] = {**summary(t), "gflops": round(flops / best / 1e9, 1),
+                     "percent_of_peak": round(100 * flops / best / 1e9 / peak, 1),
+                     "seconds_per_epoch": round(best * per_epoch, 2)}
+    if set(times) == set(MODES):
+        out["per_party_over_batched_min"] = round(min(times["per_party"]) / min(times["batched"]), 2)
+        out["per_party_over_batched_median"] = round(float(np.median(times["per_party"])
+                                                           / np.median(times["batched"])), 2)
+    return out
+
+
+# ---------------------------------------------------------------------- LASER-VFL
+def laser_data(quick: bool) -> Any:
+    if quick:
+        cfg = ProtocolConfig("digits", parties=4, n_labels=1000, n_aligned=0, train_missing="mcar:0.1", seed=0)
+    else:
+        cfg = ProtocolConfig("fashion-mnist", parties=4, n_labels=4000, n_aligned=0, train_missing="mcar:0.1",
+                             seed=0, max_train=4000, max_test=100, splitter="grid")
+    return make_protocol(cfg)[0]
+
+
+def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any] | None,
+                  modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
+    """Seconds per epoch: each run trains 1 and 1 + ``epochs`` epochs; the difference cancels start-up and setup."""
+
+    def ours(batched: bool | None) -> Any:
+        def fit(n: int) -> None:
+            method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=n)).fit(train, federation=federation(train,
+                                                                                                      batched))
+        return fit
+
+    runs = {name: ours(b) for name, b in modes.items()}
+    if official is not None:
+        runs["official"] = lambda n: run_official(official, n)
+    for r in runs.values():
+        r(1)  # warm-up
+    per_epoch: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):  # interleaved
+        for k, r in runs.items():
+            short, long = timed(lambda r=r: r(1), 1)[0], timed(lambda r=r: r(1 + epochs), 1)[0]
+            per_epoch[k].append(max(long - short, 1e-9) / epochs)
+    flops, steps = laser_step_flops(train)
+    out: dict[str, Any] = {"flops_per_step": flops, "steps_per_epoch": steps}
+    for k, t in per_epoch.items():
+        out[k] = {**summary(t), "gflops": round(flops * steps / min(t) / 1e9, 2)}
+    if official is not None:
+        out["ours_over_official"] = round(min(per_epoch[next(iter(modes))]) / min(per_epoch["official"]), 2)
+    if set(modes) == set(MODES):
+        out["per_party_over_batched"] = round(min(per_epoch["per_party"]) / min(per_epoch["batched"]), 2)
+    return out
+
+
+def laser_step_flops(train: Any) -> tuple[int, int]:
+    """Matmul FLOPs of one LASER-VFL training step (counted), and steps per epoch."""
+    model = method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=0)).fit(train)
+    view, fed = train.coordinator_view(), model.federation_
+    handle = fed.attach(train, "engine")
+    rows = model._training_rows(view)
+    batches = list(model._batches(view, rows, np.random.default_rng(0)))
+    biggest = max(batches, key=len)
+
+    def one_step() -> None:
+        fed.transport.new_step()
+        model._train_step(view, handle, biggest, np.random.default_rng(1))
+
+    return count_flops(one_step), len(batches)
+
+
+def run_official(spec: dict[str, Any], epochs: int) -> None:
+    """The official LASER-VFL command (``{epochs}`` in it is replaced), W&B off, the same thread count."""
+    threads = str(torch.get_num_threads())
+    env = dict(os.environ, WANDB_MODE="disabled", WANDB_DISABLED="true", OMP_NUM_THREADS=threads,
+               MKL_NUM_THREADS=threads)
+    cmd = shlex.split(spec["cmd"].replace("{epochs}", str(epochs)))
+    res = subprocess.run(cmd, cwd=spec["path"], env=env, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"the official LASER-VFL command failed ({res.returncode}): {res.stderr[-2000:]}")
+
+
+# ---------------------------------------------------------------------- bytes on the wire
+def bytes_section(train: Any, params: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Bytes crossing party boundaries per sample-step of stage 1, stage 2 and prediction, per wire protocol."""
+    out: dict[str, Any] = {}
+    for wire, dtype in (("samples", "float32"), ("lean", "float32"), ("lean", "bfloat16")):
+        log = MessageLog(keep_entries=False)
+        step = fvl_stepper(train, True, dict(params, wire_dtype=dtype), wire=wire, log=log)
+        log.clear()
+        rows = sum(step() for _ in range(steps))
+        stage1 = log.total_bytes() / rows
+        kinds: dict[str, float] = {}
+        for key, n in log.bytes_by_kind().items():  # per round, requests and replies together
+            kinds[key.split(":")[0]] = kinds.get(key.split(":")[0], 0) + round(n / rows)
+        log.clear()
+        fed = LocalFederation.for_dataset(train, log=log)
+        model = get_method("false-vfl-1")("paper", seed=0, **dict(params, pretrain_epochs=0, epochs=1, wire=wire,
+                                                                   wire_dtype=dtype, predict_importance_samples=20))
+        model.fit(train, federation=fed)
+        labelled = int((train.labeled & train.observed.any(1)).sum())
+        stage2 = log.total_bytes() / labelled
+        log.clear()
+        model.predict_proba(train.subset(np.arange(min(500, train.n_samples))))
+        predict = log.total_bytes() / min(500, train.n_samples)
+        out[f"{wire}/{dtype}"] = {"stage1_bytes_per_sample_step": round(stage1), "stage1_by_round": kinds,
+                                  "stage2": round(stage2), "predict_L20": round(predict)}
+    base = out["samples/float32"]
+    for key in ("lean/float32", "lean/bfloat16"):
+        out[key]["stage1_reduction"] = round(base["stage1_bytes_per_sample_step"]
+                                             / out[key]["stage1_bytes_per_sample_step"], 2)
+        out[key]["predict_reduction"] = round(base["predict_L20"] / out[key]["predict_L20"], 2)
+        latent = ("decode", "decode_grad")  # the rounds the lean protocol changes
+        out[key]["latent_rounds_reduction"] = round(sum(base["stage1_by_round"][k] for k in latent)
+                                                    / sum(out[key]["stage1_by_round"][k] for k in latent), 2)
+    return out
+
+
+def bf16_section(quick: bool) -> dict[str, Any]:
+    """Test accuracy of FALSE-VFL-I with float32 vs bfloat16 on the wire (same data, seed and everything else)."""
+    train, test = make_protocol(ProtocolConfig("digits", parties=4, n_labels=500, n_aligned=100,
+                                               train_missing="mcar:0.2", test_missing="mcar:0.5", seed=0))
+    epochs = dict(pretrain_epochs=5, epochs=5) if quick else {}
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        model = get_method("false-vfl-1")("fast", seed=0, wire_dtype=dtype, **epochs).fit(train)
+        out[dtype] = round(float((model.predict(test) == test.y).mean()), 4)
+    out["difference_points"] = round(100 * (out["bfloat16"] - out["float32"]), 2)
+    return out
+
+
+# ---------------------------------------------------------------------- threads, in fresh processes
+def threads_section(quick: bool, repeats: int, contention: int) -> dict[str, Any]:
+    """The stage-1 step with 1 and 2 threads, OpenMP spinning vs sleeping, optionally beside busy loops."""
+    runs = {"1 thread": (1, "PASSIVE"), "2 threads, spinning": (2, "ACTIVE"), "2 threads, sleeping": (2, "PASSIVE")}
+    out: dict[str, Any] = {}
+    for busy in sorted({0, contention}):
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+        try:
+            for name, (threads, policy) in runs.items():
+                res = _child(["--only", "fvl-step", "--threads", str(threads), "--repeats", str(repeats)]
+                             + (["--quick"] if quick else []), {"OMP_WAIT_POLICY": policy})
+                out[f"{name}, {busy} busy"] = res["fvl-step"]["batched"]
+        finally:
+            for h in hogs:
+                h.kill()
+    return out
+
+
+def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """This script's figures from a fresh process (OpenMP reads its wait policy when torch loads)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        subprocess.run([sys.executable, __file__, *args, "--json", str(out), "--no-print"],
+                       env=dict(os.environ, **env), check=True)
+        return json.loads(out.read_text())
+
+
+def baseline_section(src: str, quick: bool, repeats: int, threads: int) -> dict[str, Any]:
+    """Before/after: the FALSE-VFL step and the LASER-VFL epoch of a baseline checkout (its default path) and of
+    this code (batched), in fresh processes alternating ``repeats`` times; the fastest of each."""
+    here = str(HERE.parent / "src")
+    args = ["--only", "fvl-step", "laser", "--repeats", "3", "--threads", str(threads)] + (["--quick"] if quick else [])
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "now": []}
+    for _ in range(repeats):
+        for name, path in (("baseline", src), ("now", here)):
+            extra = ["--compat"] if name == "baseline" else []
+            runs[name].append(_child(args + extra, {"PYTHONPATH": path}))
+    mode = {"baseline": "default", "now": "batched"}
+    step = {k: min(r["fvl-step"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
+    epoch = {k: min(r["laser"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
+    return {"baseline_src": src, "fvl_step_seconds": step, "fvl_step_speedup": round(step["baseline"] / step["now"], 2),
+            "laser_epoch_seconds": epoch, "laser_epoch_speedup": round(epoch["baseline"] / epoch["now"], 2)}
+
+
+def _modes(compat: bool) -> dict[str, bool | None]:
+    return {"default": None} if compat else MODES
+
+
+def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE))
+    from grpc_overhead import run  # the gRPC benchmark, reused
+
+    ns = argparse.Namespace(method="false-vfl-1", preset="fast", parties=4, epochs=1 if quick else 2, labels=500,
+                            aligned=100, train_missing="mcar2", seed=0, repeats=repeats)
+    res = run(ns)
+    keep = ("fit_seconds_per_epoch_in_process", "fit_seconds_per_epoch_federated", "fit_ratio", "fit_ratio_median",
+            "fit_crossing_bytes_per_sample_step", "predict_ratio", "max_abs_prediction_difference")
+    return {k: res[k] for k in keep}
+
+
+# ---------------------------------------------------------------------- main
+SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small configurations, few repeats: a smoke run")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
+    ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
+    ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
+    ap.add_argument("--laser-official-cmd", default="python main.py --epochs {epochs}",
+                    help="command (run in PATH) training its MLP path for {epochs} epochs on the same data")
+    ap.add_argument("--laser-epochs", type=int, default=2, help="LASER-VFL epochs timed per run")
+    ap.add_argument("--baseline-src", metavar="SRC",
+                    help="the src/ directory of an older checkout: time its FALSE-VFL step and LASER-VFL epoch "
+                         "beside this code's (section baseline)")
+    ap.add_argument("--json", help="write every figure to this file")
+    ap.add_argument("--no-print", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compat", action="store_true", help=argparse.SUPPRESS)  # running a baseline checkout
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    repeats = a.repeats or (2 if a.quick else 10)
+    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick) and (s != "baseline" or a.baseline_src)]
+    official = {"path": a.laser_official, "cmd": a.laser_official_cmd} if a.laser_official else None
+    res: dict[str, Any] = {"machine": machine(), "quick": a.quick, "repeats": repeats}
+    peak = matmul_peak(repeats, [(2560, 196, 128), (2560, 128, 98)])
+    if "peak" in wanted:
+        res["peak"] = peak
+    runners = {
+        "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"],
+                                             _modes(a.compat)),
+        "laser": lambda: laser_section(laser_data(a.quick), repeats, 1 if a.quick else a.laser_epochs, official,
+                                       _modes(a.compat)),
+        "bytes": lambda: bytes_section(fvl_data(a.quick), _fvl_params(a.quick), 3),
+        "bf16": lambda: bf16_section(a.quick),
+        "threads": lambda: threads_section(a.quick, repeats, a.contention),
+        "federated": lambda: federated_section(a.quick, max(1, repeats // 3)),
+        "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
+    }
+    for name in wanted:
+        if name in runners:
+            load = os.getloadavg()[0]
+            res[name] = {**runners[name](), "load_average_before_after": [round(load, 2),
+                                                                          round(os.getloadavg()[0], 2)]}
+            if not a.no_print:
+                print(f"== {name} ({res['machine']['cpu']}, {torch.get_num_threads()} thread(s))")
+                print(json.dumps(res[name], indent=2))
+    if not a.no_print:
+        print("== machine", json.dumps(res["machine"]), "\n== peak", json.dumps(peak))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+def _fvl_params(quick: bool) -> dict[str, Any]:
+    if quick:  # digits: 4 parties of 16 features, smaller latents
+        return dict(CPU_GRID, d_h=32, d_z=8, pretrain_batch_size=128)
+    return dict(CPU_GRID)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
