@@ -1,0 +1,94 @@
+"""FALSE-VFL prediction against the number of importance samples L (the FALSE-VFL paper uses L = 50).
+
+One FALSE-VFL fit on the cpu grid's FashionMNIST configuration (8 parties of 14 x 7 pixels, 4,000 training images,
+1,000 labels of which 200 aligned, trained under MCAR 2; the grid's MLP parties of width 128 and its epochs), then
+prediction of the same test images with L in {1, 10, 50, 200, 500} under each of the paper's 7 test mechanisms:
+accuracy, prediction time, and the effective sample size (ESS) of the self-normalised importance weights,
+``(sum w)^2 / sum w^2`` per test row (its median and its mean as a fraction of L).  Prediction draws its noise from
+the model's seed, so every L sees the same fitted model; the spread over L at one seed is what L changes.
+
+    python benchmarks/importance_samples.py                          # the cpu-grid setting, ~10 minutes on 2 cores
+    python benchmarks/importance_samples.py --quick                  # a smoke run in about a minute
+    python benchmarks/importance_samples.py --json out.json --method false-vfl-2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from partialvfl.data.protocol import ProtocolConfig, make_protocol
+from partialvfl.methods import evaluate, get_method
+
+TEST_MECHANISMS = ["mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9"]
+#: the cpu grid's FALSE-VFL configuration (src/partialvfl/bench/grids/cpu.toml)
+CPU_GRID = {"encoder": "mlp", "decoder": "mlp", "encoder_hidden": [128, 128], "decoder_hidden": [128, 128],
+            "global_hidden": [128, 128], "discriminator_hidden": [128], "mask_hidden": [128, 128],
+            "pretrain_epochs": 60, "pretrain_lr": 3e-3, "pretrain_batch_size": 256, "epochs": 100}
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default="false-vfl-1", choices=["false-vfl-1", "false-vfl-2"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", default="1,10,50,200,500", help="comma-separated L values")
+    ap.add_argument("--train-missing", default="mcar2")
+    ap.add_argument("--quick", action="store_true", help="1,000 training images and 2 + 2 epochs (a smoke run)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    config = ProtocolConfig(dataset="fashion-mnist", parties=8, labels=1000, aligned=200, splitter="grid",
+                            max_train=1000 if args.quick else 4000, max_test=500 if args.quick else 2000,
+                            train_missing=args.train_missing, test_missing="mcar0", seed=args.seed)
+    train, _ = make_protocol(config)
+    params = dict(CPU_GRID, **({"pretrain_epochs": 2, "epochs": 2} if args.quick else {}))
+    model = get_method(args.method)("paper", seed=args.seed, **params)
+    t0 = time.perf_counter()
+    model.fit(train)
+    fit_s = time.perf_counter() - t0
+    print(f"{args.method} fit in {fit_s:.0f} s on {train!r}; {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}", flush=True)
+    samples = [int(s) for s in args.samples.split(",")]
+    rows: list[dict[str, Any]] = []
+    for mech in TEST_MECHANISMS:
+        test = make_protocol(ProtocolConfig(**{**config.__dict__, "test_missing": mech}))[1]
+        for n in samples:
+            model.params_["predict_importance_samples"] = n
+            res = evaluate(model, test)
+            ess = model.importance_ess(test)
+            ess = ess[np.isfinite(ess)]
+            rows.append({"test": mech, "L": n, "accuracy": res["accuracy"], "predict_seconds": res["predict_seconds"],
+                         "ess_median": float(np.median(ess)), "ess_fraction": float(np.mean(ess) / n)})
+            r = rows[-1]
+            print(f"  {mech:6s} L={n:4d}: accuracy {100 * r['accuracy']:5.1f}  ESS median {r['ess_median']:6.1f} "
+                  f"(mean {100 * r['ess_fraction']:5.1f} % of L)  predict {r['predict_seconds']:6.2f} s", flush=True)
+    print("\naccuracy (%) by test mechanism and L; last rows: mean accuracy, ESS mean as % of L, predict s")
+    print("| test | " + " | ".join(f"L={n}" for n in samples) + " |")
+    print("|---|" + "---|" * len(samples))
+    for mech in TEST_MECHANISMS:
+        cells = [next(r for r in rows if r["test"] == mech and r["L"] == n) for n in samples]
+        print(f"| {mech} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in cells) + " |")
+    for label, key, scale in (("mean", "accuracy", 100), ("ESS % of L", "ess_fraction", 100),
+                              ("predict s", "predict_seconds", 1)):
+        vals = [np.mean([r[key] for r in rows if r["L"] == n]) * scale for n in samples]
+        print(f"| {label} | " + " | ".join(f"{v:.2f}" if key == "predict_seconds" else f"{v:.1f}" for v in vals)
+              + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"fit_seconds": fit_s, "rows": rows, "args": vars(args)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
