@@ -7,7 +7,7 @@ accuracy, prediction time, and the effective sample size (ESS) of the self-norma
 ``(sum w)^2 / sum w^2`` per test row (its median and its mean as a fraction of L).  Prediction draws its noise from
 the model's seed, so every L sees the same fitted model; the spread over L at one seed is what L changes.
 
-    python benchmarks/importance_samples.py                          # the cpu-grid setting, ~10 minutes on 2 cores
+    python benchmarks/importance_samples.py                          # the cpu-grid setting, ~15 minutes on 2 cores
     python benchmarks/importance_samples.py --quick                  # a smoke run in about a minute
     python benchmarks/importance_samples.py --json out.json --method false-vfl-2
 """
@@ -15,6 +15,7 @@ the model's seed, so every L sees the same fitted model; the spread over L at on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", default="1,10,50,200,500", help="comma-separated L values")
     ap.add_argument("--train-missing", default="mcar2")
+    ap.add_argument("--max-test", type=int, default=1000, help="test images per mechanism (the grid uses 2,000)")
     ap.add_argument("--quick", action="store_true", help="1,000 training images and 2 + 2 epochs (a smoke run)")
     ap.add_argument("--json", default=None, help="also write the results here")
     return ap.parse_args(argv)
@@ -49,8 +51,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    config = ProtocolConfig(dataset="fashion-mnist", parties=8, labels=1000, aligned=200, splitter="grid",
-                            max_train=1000 if args.quick else 4000, max_test=500 if args.quick else 2000,
+    config = ProtocolConfig(dataset="fashion-mnist", parties=8, n_labels=1000, n_aligned=200,
+                            max_train=1000 if args.quick else 4000, max_test=500 if args.quick else args.max_test,
                             train_missing=args.train_missing, test_missing="mcar0", seed=args.seed)
     train, _ = make_protocol(config)
     params = dict(CPU_GRID, **({"pretrain_epochs": 2, "epochs": 2} if args.quick else {}))
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = [int(s) for s in args.samples.split(",")]
     rows: list[dict[str, Any]] = []
     for mech in TEST_MECHANISMS:
-        test = make_protocol(ProtocolConfig(**{**config.__dict__, "test_missing": mech}))[1]
+        test = make_protocol(dataclasses.replace(config, test_missing=mech))[1]
         for n in samples:
             model.params_["predict_importance_samples"] = n
             res = evaluate(model, test)

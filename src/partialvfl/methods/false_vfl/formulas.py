@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from partialvfl.methods.false_vfl.spec import FUSION_RULES
-from partialvfl.nn.stats import gaussian_log_prob, standard_normal_log_prob
+from partialvfl.nn.stats import gaussian_log_prob, normalized_weights, standard_normal_log_prob
 from partialvfl.utils.seeding import torch_generator
 
 __all__ = ["fuse_posteriors", "gaussian_log_density", "latent_log_weights", "latent_noise_generator",
@@ -110,7 +110,7 @@ def latent_log_weights(
 
 def snis_weights(log_w: torch.Tensor) -> torch.Tensor:
     """Self-normalised importance weights over the sample axis 0 (label-free: ``log_w`` holds no ``p(y|h)``)."""
-    return torch.softmax(log_w, dim=0)
+    return normalized_weights(log_w, dim=0)
 
 
 def predictive_log_probs(log_w: torch.Tensor, log_py: torch.Tensor) -> torch.Tensor:
