@@ -162,3 +162,33 @@ def test_party_file_unknown_keys_are_errors(tmp_path: Path) -> None:
     (tmp_path / "p.toml").write_text(text)
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['exclude_colums'\] in \[data\]"):
         load_party_config(tmp_path / "p.toml")
+
+
+def test_fit_and_evaluate_on_tables_run_with_the_threads_given(example: Path, model: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from partialvfl.methods import VFLMethod
+    from partialvfl.methods import evaluation as evaluation_module
+
+    seen: list[tuple[str, int]] = []
+    fit, evaluate = VFLMethod.fit, evaluation_module.evaluate
+
+    def recording_fit(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(("fit", torch.get_num_threads()))
+        return fit(self, *a, **kw)
+
+    def recording_evaluate(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen.append(("evaluate", torch.get_num_threads()))
+        return evaluate(*a, **kw)
+
+    monkeypatch.setattr(VFLMethod, "fit", recording_fit)
+    monkeypatch.setattr(evaluation_module, "evaluate", recording_evaluate)
+    before = torch.get_num_threads()
+    want = 2 if before == 1 else 1  # a number the process does not already use
+    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+                 "--method", "vanilla-vfl", "--epochs", "1", "--out", str(tmp_path / "m"), "--quiet",
+                 "--threads", str(want)]) == 0
+    assert main(["evaluate", "--model", str(model), *tables(example, "new", bank="outcomes"), "--threads",
+                 str(want)]) == 0
+    assert seen == [("fit", want), ("evaluate", want)] and torch.get_num_threads() == before

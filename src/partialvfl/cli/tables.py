@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import emit, parse_tables
+from partialvfl.cli.common import emit, parse_tables, threads_for
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
            "write_predictions"]
@@ -40,11 +40,13 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     from partialvfl.cli.checkpoints import report_checkpoints
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.federation.checkpoint import FitInterrupted
+    from partialvfl.utils.threads import use_threads
 
     ck = fit_checkpointer(args)  # --checkpoint-every/--resume; SIGINT/SIGTERM checkpoint where the fit is, then stop
+    threads = threads_for(args, model, data)
     t0 = time.perf_counter()
     try:
-        with stop_on_signals(ck):
+        with stop_on_signals(ck), use_threads(threads):
             model.fit(data, checkpointer=ck)
     except FitInterrupted as e:
         return report_interrupted(args, e)
@@ -154,10 +156,12 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     """Score a saved model on ``--table`` files that carry the label (matched by value)."""
     from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import evaluate
+    from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model)
     data = _model_tables(args, model, labels=True)
-    res = evaluate(model, data)
+    with use_threads(threads_for(args, model, data)):
+        res = evaluate(model, data)
     res.update({"method": model.name, "tables": parse_tables(args.table)})
     metric = "accuracy" if "accuracy" in res else "rmse"
     lines = [f"{model.name} on the given tables: {metric} {res[metric]:.4f} over {res['n_samples']} labelled samples"]
