@@ -26,11 +26,13 @@ the labelled training class frequencies; regression: the labelled training mean)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -309,14 +311,21 @@ class VFLMethod(ABC):
         idx = self.index_
         return arrange(data, idx.party_names, idx.feature_names, idx.feature_dims, active_party=idx.active_party)
 
-    def predict_output(self, data: VerticalDataset) -> np.ndarray:
-        """Probabilities (classification, ``(N, C)``) or predicted values (regression, ``(N,)``) for ``data``."""
+    @contextlib.contextmanager
+    def attached(self, data: VerticalDataset) -> Iterator[tuple[VerticalDataset, str]]:
+        """``data`` conformed to the model (:meth:`conform`) and attached at the parties for the ``with`` block:
+        yields the conformed data and its handle, and releases the handle on the way out."""
         data = self.conform(data)
         handle = self.federation_.attach(data)
         try:
-            return self.predict_output_federated(data.coordinator_view(), handle)
+            yield data, handle
         finally:
             self.federation_.release(handle)
+
+    def predict_output(self, data: VerticalDataset) -> np.ndarray:
+        """Probabilities (classification, ``(N, C)``) or predicted values (regression, ``(N,)``) for ``data``."""
+        with self.attached(data) as (data, handle):
+            return self.predict_output_federated(data.coordinator_view(), handle)
 
     def predict_output_federated(self, view: CoordinatorView, handle: str) -> np.ndarray:
         """As :meth:`predict_output`, for samples already attached at the parties under ``handle``.

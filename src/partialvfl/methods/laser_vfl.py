@@ -257,17 +257,13 @@ class LaserVFL(SplitNNMethod):
 
     def predict_heads(self, data: VerticalDataset) -> np.ndarray:
         """``(N, H, C)`` probabilities of each head (H = 1 or K); NaN where head k's party does not observe."""
-        data = self.conform(data)  # parties and columns by name, as the model was trained
-        handle = self.federation_.attach(data)
-        try:
+        with self.attached(data) as (data, handle):  # parties and columns by name, as the model was trained
             view = data.coordinator_view()
             out = np.full((view.n_samples, len(self.heads_), self.n_classes), np.nan)
             rows = np.flatnonzero(view.observed.any(axis=1))
             if rows.size:
                 out[rows] = self._predict_heads(view, handle, rows)
             return out
-        finally:
-            self.federation_.release(handle)
 
 
 def client_averaged_accuracy(model: LaserVFL, data: VerticalDataset) -> float:

@@ -282,21 +282,16 @@ class _FalseVFL(VFLMethod):
         A diagnostic of the self-normalised importance sampling that prediction uses (1 = one sample carries all the
         weight, L = uniform weights); NaN for rows that hold no party (predicted by the label prior alone).
         """
-        self._check_fitted()
-        data = self.conform(data)
-        view = data.coordinator_view()
-        rows = np.flatnonzero(view.observed.any(axis=1))
-        ess = np.full(view.n_samples, np.nan)
-        handle = self.federation_.attach(data)
-        try:
+        with self.attached(data) as (data, handle):
+            view = data.coordinator_view()
+            rows = np.flatnonzero(view.observed.any(axis=1))
             parts = []
             for st, _ in self._predictive_batches(view, handle, rows):
                 w = snis_weights(st.log_w).double()  # (L, B), columns sum to 1
                 part = (1.0 / (w * w).sum(0)).numpy()
                 part[~st.keep] = np.nan
                 parts.append(part)
-        finally:
-            self.federation_.release(handle)
+        ess = np.full(view.n_samples, np.nan)
         if rows.size:
             ess[rows] = np.concatenate(parts)
         return ess

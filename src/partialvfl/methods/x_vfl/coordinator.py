@@ -436,19 +436,15 @@ class XVFL(VFLMethod):
         K = self.index_.n_parties
         if not 0 <= party < K:
             raise ValueError(f"{self.name}: no party {party}; the model has parties 0..{K - 1}")
-        data = self.conform(data)  # parties and columns by name, as the model was trained
-        rows = np.flatnonzero(data.observed[:, party])
-        partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[rows, party]
-        out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))
-        handle = self.federation_.attach(data)
-        try:
+        with self.attached(data) as (data, handle):  # parties and columns by name, as the model was trained
+            rows = np.flatnonzero(data.observed[:, party])
+            partial = incomplete_matrix(np.asarray(data.ids), data.n_parties, data.info)[rows, party]
             self.transport.new_step()
             reply = self.transport.call(party, "predict_local", {"rows": torch.as_tensor(rows),
                                                                  "partial": torch.as_tensor(partial)},
                                         data=handle, completion=self.params_["local_completion"],
                                         wb=wire_setting(setting_of(data.info)))
-        finally:
-            self.federation_.release(handle)
+        out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))
         out[rows] = reply.tensors["probs"].double().numpy()
         return out
 
