@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from partialvfl.data.checks import show_id
 from partialvfl.data.dataset import DataValidationError
 
 __all__ = ["DEFAULT_ORDER_KEY", "MIN_KEY_BYTES", "hash_ids", "normalize_id", "normalize_ids", "order_key",
@@ -88,15 +89,11 @@ def normalize_ids(values: Sequence[Any] | np.ndarray, where: str, *, unique: boo
         if unique:
             seen = first.setdefault(text, row)
             if seen != row:
-                a, b = _show(values[seen]), _show(value)
+                a, b = show_id(values[seen]), show_id(value)
                 same = f"ID {a}" if a == b else f"IDs {a} and {b}, the same ID once normalised ({text!r}),"
                 raise DataValidationError(f"{where}: {same} at rows {seen} and {row}; IDs must be unique")
         out.append(text)
     return out
-
-
-def _show(value: Any) -> str:
-    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 def read_key(path: str | Path) -> bytes:

@@ -18,13 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from partialvfl.data.checks import show_id
 from partialvfl.data.dataset import UNLABELED, DataValidationError, Task
 
 __all__ = ["encode_labels", "is_missing_label", "plain_labels"]
-
-
-def _show(v: Any) -> str:
-    return repr(v.item() if isinstance(v, np.generic) else v)
 
 
 def is_missing_label(v: Any) -> bool:
@@ -66,10 +63,10 @@ def encode_labels(
             v = raw[i]
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise DataValidationError(
-                    f"{where}: regression target {_show(v)} of ID {_show(ids[i])} is not a number"
+                    f"{where}: regression target {show_id(v)} of ID {show_id(ids[i])} is not a number"
                 )
             if not np.isfinite(float(v)):
-                raise DataValidationError(f"{where}: regression target of ID {_show(ids[i])} is not finite")
+                raise DataValidationError(f"{where}: regression target of ID {show_id(ids[i])} is not finite")
             y[i] = float(v)
         return task, y, present
     labels = plain_labels(raw, present)
@@ -80,7 +77,7 @@ def encode_labels(
         if any(isinstance(v, float) for v in got):
             bad = next(v for v in got if isinstance(v, float))
             raise DataValidationError(
-                f"{where}: label {_show(bad)} is not a class (fractional number); for continuous targets pass "
+                f"{where}: label {show_id(bad)} is not a class (fractional number); for continuous targets pass "
                 "task=Task.regression()"
             )
         try:
@@ -107,7 +104,8 @@ def encode_labels(
             y[i] = index[v]
         except (KeyError, TypeError):
             raise DataValidationError(
-                f"{where}: label {_show(v)} of ID {_show(ids[i])} is not one of the declared classes {list(classes)}"
+                f"{where}: label {show_id(v)} of ID {show_id(ids[i])} is not one of the declared classes "
+                f"{list(classes)}"
             ) from None
     return out_task, y, present
 

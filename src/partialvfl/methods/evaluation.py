@@ -73,8 +73,7 @@ def metrics_from_predictions(output: np.ndarray, data: VerticalDataset,
 def evaluate(method: Any, data: VerticalDataset) -> dict[str, Any]:
     """Predict ``data`` with a fitted method and return its metrics (labels matched by value) and the time taken."""
     t0 = time.perf_counter()
-    data = method.conform(data) if hasattr(method, "conform") else data
-    out = method.predict_output(data)
+    out = method.predict_output(data)  # matches the data's parties and columns to the model's (conform)
     task = getattr(getattr(method, "index_", None), "task", None)
     classes = task.classes if task is not None and task.is_classification else None
     res = metrics_from_predictions(out, data, classes)
