@@ -121,11 +121,15 @@ def test_help_lists_every_splitter_and_mechanism_the_parsers_know() -> None:
         parse_mechanism(re.sub(r"\b(P|K1|K2|K|T|D|B|A)\b", lambda m: fills[m.group(1)], form))  # a real form
     for form in SPLITTERS:
         assert form in text, form
-        parse_splitter(form.replace("RxC", fills["RxC"]).replace("G1;G2;...", fills["G1;G2;..."]))
+        parse_splitter(form.replace("RxC", fills["RxC"]).replace("G1;G2;...", fills["G1;G2;..."])
+                       .replace("alpha=A", "alpha=2"))
     # and nothing the parsers know is missing: every short name and every parametrised family
     from partialvfl.data.mechanisms import _PARAMETRISED, _SHORT
+    from partialvfl.data.splitters import _SPLITTER_FORMS
 
     assert set(_SHORT) | set(_PARAMETRISED) | {"mcar:P", "mnar:P", "absent:K"} <= set(MECHANISMS)
+    known = re.findall(r"'([^']+)'", re.sub(r"\([^)]*\)", "", _SPLITTER_FORMS))  # the parser's list, no remarks
+    assert {"columns:G1;G2;..." if f.startswith("columns:") else f for f in known} == set(SPLITTERS)
     assert "--table" in _help(["fit"]) and "--allow-prior-only" in _help(["predict"])
 
 

@@ -20,7 +20,8 @@ PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned"
 PROTOCOL_DESTS = ("dataset", "data_dir", "parties", "labels", "aligned", "train_missing", "test_missing", "splitter",
                   "max_train", "max_test")
 #: every splitter form (see docs/data.md)
-SPLITTERS = ("contiguous", "grid", "grid:RxC", "views", "columns:G1;G2;...")
+SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
+             "columns:G1;G2;...")
 #: every mechanism form (see docs/data.md): P a probability, K a party index, T/D/B/A numbers
 MECHANISMS = ("none", "mcar:P", "mcar0", "mcar2", "mcar5", "mar1", "mar1:threshold=T,decrement=D", "mar2",
               "mar2:threshold=T,budget=B,decrement=D", "mnar:P", "mnar7", "mnar9", "beta", "beta:a=A,b=B", "absent:K",
