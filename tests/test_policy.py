@@ -225,11 +225,12 @@ def _small_data() -> VerticalDataset:
     ("fedhssl", {"latent_dim": 8, "encoder_hidden": [8, 8], "proj_dim": 8, "proj_hidden": 8, "pred_hidden": 4,
                  "pretrain_epochs": 1, "pretrain_batch_size": 16, "epochs": 1, "batch_size": 8}, True),
 ])
+@pytest.mark.parametrize("batched", [True, False])  # one batched computation per round, or party by party
 def test_no_reply_carries_a_party_parameter_or_optimiser_state_except_fedhssl_aggregation(
-        name: str, params: dict[str, Any], leaks: bool) -> None:
+        name: str, params: dict[str, Any], leaks: bool, batched: bool) -> None:
     data = _small_data()
     log = MessageLog(keep_payloads=True)
-    fed = LocalFederation.for_dataset(data, log=log)
+    fed = LocalFederation.for_dataset(data, log=log, batched=batched)
     with PartyStateRecorder(fed) as recorder:
         get_method(name)("fast", seed=1, **params).fit(data, federation=fed)
     found = find_party_state_leaks(log, recorder)

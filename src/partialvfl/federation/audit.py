@@ -8,7 +8,7 @@ encoder when the party's policy allows weight sharing, is the one documented exc
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,49 +136,58 @@ def disclosed_state(tensors: Mapping[str, torch.Tensor], program: Any) -> tuple[
     state tensors (in any shape or order)."""
     if program is None:
         return None
-    sizes = {t.numel() for t in tensors.values() if _informative(t)}
-    if not sizes:
+    replies = {name: t for name, t in tensors.items() if _informative(t)}  # a state tensor is informative too
+    if not replies:
         return None
+    sizes = {t.numel() for t in replies.values()}
+    sorted_replies: dict[str, torch.Tensor] = {}  # each reply tensor sorted once, when first compared
     for state_name, s in state_tensors(program):
         if s.numel() in sizes and _informative(s):
-            for name, t in tensors.items():
-                if t.numel() == s.numel() and torch.equal(_values(t), _values(s)):
-                    return name, state_name
+            values = _values(s)
+            for name, t in replies.items():
+                if t.numel() == s.numel():
+                    if name not in sorted_replies:
+                        sorted_replies[name] = _values(t)
+                    if torch.equal(sorted_replies[name], values):
+                        return name, state_name
     return None
 
 
 class PartyStateRecorder:
-    """Fingerprints of every party's state tensors before and after each message it handles (in process).
+    """Fingerprints of every party's state tensors before and after each round of messages (in process).
 
     Use as a context manager around a fit on a :class:`~partialvfl.federation.coordinator.LocalFederation`, then
-    :func:`find_party_state_leaks` on the fit's ``MessageLog(keep_payloads=True)``.
+    :func:`find_party_state_leaks` on the fit's ``MessageLog(keep_payloads=True)``.  It wraps the transport's
+    ``call_many``, through which every request goes, answered party by party or as one batched round.
     """
 
     def __init__(self, federation: Any) -> None:
+        self.transport = federation.transport
         self.runtimes = list(federation.runtimes)
         self.fingerprints: dict[bytes, tuple[int, str]] = {}
 
-    def _record(self, k: int, program: Any) -> None:
-        for name, t in state_tensors(program):
-            if _informative(t):
-                self.fingerprints.setdefault(_fingerprint(t), (k, name))
+    def _record(self, parties: Iterable[int]) -> None:
+        for k in parties:
+            for name, t in state_tensors(self.runtimes[k].program):
+                if _informative(t):
+                    self.fingerprints.setdefault(_fingerprint(t), (k, name))
 
     def __enter__(self) -> PartyStateRecorder:
-        for k, rt in enumerate(self.runtimes):
-            original = rt.handle
+        original = self.transport.call_many
 
-            def handle(request: Any, accepted: Any = None, k: int = k, rt: Any = rt, original: Any = original) -> Any:
-                self._record(k, rt.program)
-                reply = original(request, accepted)
-                self._record(k, rt.program)
-                return reply
+        def call_many(requests: Mapping[int, Any], **kw: Any) -> Any:
+            parties = [k for k in requests if 0 <= k < len(self.runtimes)]
+            self._record(parties)
+            try:
+                return original(requests, **kw)
+            finally:
+                self._record(parties)
 
-            rt.handle = handle
+        self.transport.call_many = call_many
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for rt in self.runtimes:
-            rt.__dict__.pop("handle", None)
+        self.transport.__dict__.pop("call_many", None)
 
 
 @dataclass(frozen=True)
