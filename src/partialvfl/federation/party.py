@@ -241,15 +241,12 @@ class PartyRuntime:
         message as served then).  Raises :class:`~partialvfl.federation.schema.MessageError` for a message that
         does not match (``UnknownKindError`` for an undeclared kind) and :class:`NotSetUp` before ``setup``.
         """
-        kind = request.kind
-        spec, fn, where, config = self._declaration(kind)
-        if kind not in self.builtins and self.program is not None:
-            self.policy.check_request(self.program.program_name, kind, request.meta)
-        check_request(spec, request.tensors, request.meta, where=where, kind=kind, config=config)
+        spec, fn, where, config = self._declaration(request.kind)
+        self._check_request(request, spec, where, config)
         if accepted is not None:
             accepted()
         reply = fn(request)
-        check_reply(spec, request.tensors, reply.tensors, where=where, kind=kind, config=config)
+        check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
         return reply
 
     def check(self, request: Request, reply: Reply | None = None) -> None:
@@ -260,11 +257,15 @@ class PartyRuntime:
         """
         spec, _, where, config = self._declaration(request.kind)
         if reply is None:
-            if request.kind not in self.builtins and self.program is not None:
-                self.policy.check_request(self.program.program_name, request.kind, request.meta)
-            check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
+            self._check_request(request, spec, where, config)
         else:
             check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+
+    def _check_request(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> None:
+        """The party's policy (for its program's kinds), then the kind's declaration."""
+        if request.kind not in self.builtins and self.program is not None:
+            self.policy.check_request(self.program.program_name, request.kind, request.meta)
+        check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
 
     # ------------------------------------------------------------------ built-ins
     def _ping(self, request: Request) -> Reply:
