@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.methods.false_vfl.formulas import gaussian_log_density, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import reparameterize, split_gaussian
 from partialvfl.nn.stacked import mlp_signature, pad_rows, stacked_mlp
+from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.seeding import torch_generator
 
 if TYPE_CHECKING:
@@ -233,11 +234,11 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
     outs: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(train):
         mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h)).view(k, s, rows, -1)
-        dec_lv = torch.stack([m.decoder_logvar() for m in members])[:, None, None]  # (K, 1, 1, d)
+        dec_lv = torch.stack([m.decoder_logvar() for m in members])  # (K, d)
         x = pad_rows([m._enc["x"] if n else torch.zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
                      ) if b_max else None
         if b_max:
-            outs["loglik"] = gaussian_log_density(x.unsqueeze(1), mean_x[:, :, :b_max], dec_lv)
+            outs["loglik"] = feature_gaussian_log_density(x, mean_x[:, :, :b_max], dec_lv)
         if first.variant == 2:
             indicators = [m.net.indicator for m in members]
             if b_max:
@@ -246,7 +247,7 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
             if m_max:
                 noise = pad_rows([_missing_noise(m, r, s, n, mean_x.shape[-1]).transpose(0, 1)
                                   for m, r, n in zip(members, requests, n_mis)]).transpose(1, 2)
-                x_mis = reparameterize(mean_x[:, :, b_max:], dec_lv, noise)
+                x_mis = reparameterize(mean_x[:, :, b_max:], dec_lv[:, None, None], noise)
                 logit = stacked_mlp(indicators, x_mis.reshape(k, s * m_max, -1)).view(k, s, m_max)
                 outs["mask_mis"] = nn.functional.logsigmoid(logit)
     group = _Group({**leaves, **outs}, {"held": n_held, "mis": n_mis},

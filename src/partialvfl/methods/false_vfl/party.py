@@ -29,15 +29,11 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.methods.false_vfl.formulas import (
-    gaussian_log_density,
-    latent_noise_generator,
-    reparameterize,
-    split_gaussian,
-)
+from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
 from partialvfl.nn.optim import make_optimizer
+from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 
 __all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "allowed_tensors", "as_rows"]
@@ -213,7 +209,7 @@ class FalseVFLParty(PartyProgram):
         with torch.set_grad_enabled(train):
             logvar = self.decoder_logvar()
             if h is not None:
-                out["loglik"] = gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
+                out["loglik"] = feature_gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
             if self.variant == 2:
                 parts = []
                 if h is not None:
