@@ -29,8 +29,6 @@ from partialvfl.bench.extraction import run_attacks
 from partialvfl.data.sources import load_source
 from partialvfl.federation.grpc_local import LocalDeployment
 
-POLICIES = {"research (before)": "research", "default (after)": "default"}
-
 
 def party_block(dataset: str, columns: str, max_rows: int | None) -> np.ndarray:
     src = load_source(dataset)

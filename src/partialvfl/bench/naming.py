@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS
+from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
 
 __all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "is_false_vfl", "mech_key", "mechanism_title",
            "method_key", "method_title"]
@@ -14,7 +15,7 @@ _DISPLAY_NAME = PAPER_NAME | {"x-vfl": "X-VFL", "local": "Local", "ensemble": "E
 PAPER_DATASET_NAME = {v: k for k, v in PAPER_DATASETS.items()}
 _METHOD_ORDER = ["vanilla-vfl", "laser-vfl", "plug-vfl", "fedhssl", "x-vfl", "local", "ensemble", "combinatorial",
                  "false-vfl-1", "false-vfl-2"]
-_MECH_ORDER = ["mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9"]
+_MECH_ORDER = list(PAPER_TEST_MECHANISMS)
 LABELLED_ONLY = "labelled-only"
 
 

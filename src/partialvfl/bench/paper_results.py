@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
+
 __all__ = [
     "PAPER_DATASETS",
     "PAPER_METHODS",
@@ -29,7 +31,6 @@ __all__ = [
 ]
 
 PAPER_TRAIN_MECHANISMS = ("mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9")
-PAPER_TEST_MECHANISMS = ("mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9")
 _TABLE_TRAIN = {"12": "mcar2", "13": "mcar5", "14": "mar1", "15": "mar2", "16": "mnar7", "17": "mnar9"}
 PAPER_DATASETS = {"Isolet": "isolet", "HAPT": "hapt", "FashionMNIST": "fashion-mnist", "ModelNet10": "modelnet10"}
 PAPER_METHODS = {

@@ -31,7 +31,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def federated(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a federated command; an unreachable or failing party is exit code 3."""
+    """Run a federated command; an unreachable or failing party is exit code 3 (``EXIT_PARTY_LOST``)."""
+    from partialvfl.cli.stopping import EXIT_PARTY_LOST
     from partialvfl.federation.grpc_transport import PartyError
     from partialvfl.federation.transport import PartyUnavailable
 
@@ -39,7 +40,7 @@ def federated(command: Callable[[argparse.Namespace], int], args: argparse.Names
         return command(args)
     except (PartyUnavailable, PartyError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3
+        return EXIT_PARTY_LOST
 
 
 def run_federated_fit(args: argparse.Namespace) -> int:
