@@ -143,3 +143,17 @@ def test_epochs_sets_every_epoch_count_pretraining_included() -> None:
 
     with pytest.raises(ValueError, match="no epoch parameter"):
         epoch_params(NoEpochs, 3)
+
+
+@pytest.mark.parametrize("option, value, message", [("--party-timeout", "-1", "must be >= 0"),
+                                                    ("--party-retries", "-2", "must be >= 0"),
+                                                    ("--party-timeout", "soon", "not a number")])
+def test_bad_party_timeout_or_retries_are_refused_before_anything_connects(
+        tmp_path, capsys: pytest.CaptureFixture, option: str, value: str, message: str) -> None:  # noqa: ANN001
+    missing = tmp_path / "no-such-federation.toml"  # never read: the parser refuses first
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--federation", str(missing), "--method", "vanilla-vfl", "--out", str(tmp_path / "m"),
+              option, value])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and message in err and "no-such-federation" not in err

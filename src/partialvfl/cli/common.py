@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 __all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP",
-           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "parse_tables",
+           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative", "parse_tables",
            "protocol_config", "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
@@ -132,6 +132,19 @@ def refuse_protocol_options(p: argparse.ArgumentParser, args: argparse.Namespace
     if given:
         raise ValueError(f"{', '.join(given)} belong to the benchmark protocol (--dataset); they do not apply to "
                          "--table")
+
+
+def non_negative(kind: type[int] | type[float]) -> Any:
+    """An argparse ``type`` for a number >= 0 (refused while parsing, before anything connects or loads)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    return parse
 
 
 def emit(obj: Any, as_json: bool, text: str) -> None:

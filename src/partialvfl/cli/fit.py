@@ -19,6 +19,7 @@ from partialvfl.cli.common import (
     add_table_options,
     add_threads_option,
     emit,
+    non_negative,
     protocol_config,
     refuse_protocol_options,
     threads_for,
@@ -49,10 +50,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint coordinator and parties every N training steps (every method)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT/checkpoints")
-    p.add_argument("--party-timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--party-timeout", type=non_negative(float), default=None, metavar="SECONDS",
                    help="with --federation: when a party stops answering, wait this long for it to come back, then "
                         "continue from the last checkpoint (default: stop at the first failure)")
-    p.add_argument("--party-retries", type=int, default=3, metavar="N",
+    p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
     add_threads_option(p)
     p.set_defaults(func=cmd_fit, parser=p)
