@@ -27,22 +27,36 @@ Prints, with the hardware, torch threads and load average beside every section:
     git -C /work/main archive 86ddc4e src | tar -x -C /tmp/base     # the code before issue 14
     python benchmarks/engine.py --only baseline --baseline-src /tmp/base/src
 
-The official LASER-VFL code (Valdeira/LASER-VFL) is not part of this repository.  To time it beside ours, check it
-out, stub W&B out (``WANDB_MODE=disabled``; the script sets it) and give the command that trains its MLP path for
-``--laser-official-epochs`` epochs on the same data (4 parties of 196 FashionMNIST pixels, the hyperparameters
-above, batch 128) and exits::
+The official LASER-VFL code (github.com/Valdeira/LASER-VFL) is not part of this repository, and its ``main.py`` only
+runs its own tasks (hapt, credit, mimic4, cifar10, cifar100) on its own data files, with W&B and torchvision.  With
+``--laser-official PATH`` (a checkout) the laser section times it through ``benchmarks/laser_official.py``, which
+imports the checkout's modules at run time and trains its MLP path (its ``MLPLaserModel``, ``train_laser``,
+``CustomDataset`` batching and SGD set-up; W&B, torchvision, ``decorator`` and imblearn stubbed when missing, none
+of them on the timed path) on the section's training data, written to a temporary .npz::
 
-    python benchmarks/engine.py --only laser --laser-official ../LASER-VFL \\
-        --laser-official-cmd "python main.py --task fashionmnist --method laser --epochs 3" --laser-official-epochs 3
+    git clone https://github.com/Valdeira/LASER-VFL ../LASER-VFL
+    python benchmarks/engine.py --only laser --laser-official ../LASER-VFL
 
-The command runs in PATH with the same torch thread count, interleaved with our fits; the ratio is ours / theirs
-per epoch (the issue's target: <= 0.5).
+"Same data" means the same rows (the labelled ones with at least one observed block) and the same standardised
+features, complete, as 4 blocks side by side (196 FashionMNIST pixels each; with ``--quick``, 16 digits features
+each), at the hyperparameters above.  It does not mean the same missingness: the official code draws its own with
+its ``CustomDataset``, one block pattern per batch of 128 (each block observed with probability 1 - 0.1, drawn once
+and reused every epoch; the rows are not reshuffled between epochs), where ours masks every row's blocks (MCAR 0.1)
+and cuts batches from rows of one pattern (more, smaller batches).  The official time per epoch is the driver's own
+timing of its ``train_laser`` calls (the epochs after the first; no imports, set-up or test pass), one fresh process
+per repeat, the same torch thread count, its DataLoader in process (its hapt config has one worker process: a second
+core ours does not get), interleaved with our fits (1 vs 1 + ``--laser-epochs`` epochs, the difference).  Its epoch
+also pays for what the official loop does besides the step: a DataLoader over single rows (``__getitem__`` and a mask
+tensor per row, ``collate_fn``) and per-subset training metrics (a ``.item()`` per head and subset per batch).  The
+ratio is ours / theirs per epoch (the issue's target: <= 0.5).  ``--laser-official-cmd CMD`` runs CMD in PATH
+instead, for 1 and 1 + epochs epochs (``{epochs}`` in it is replaced), and takes the wall-time difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -138,10 +152,18 @@ def federation(train: Any, batched: bool | None, log: MessageLog | None = None) 
     return LocalFederation.for_dataset(train, log=log, batched=batched)
 
 
+_DROPPED: set[tuple[str, str]] = set()
+
+
 def method(name: str, preset: str, **params: Any) -> Any:
-    """``name`` with the parameters its code knows (a baseline checkout has no ``wire``)."""
+    """``name`` with the parameters its code knows (a baseline checkout has no ``wire``); says once what it drops."""
     cls = get_method(name)
-    return cls(preset, seed=0, **{k: v for k, v in params.items() if k in cls.param_space().names})
+    known = cls.param_space().names
+    for k in sorted(set(params) - set(known)):
+        if (name, k) not in _DROPPED:
+            _DROPPED.add((name, k))
+            print(f"note: {name} in this code has no parameter {k!r}; running without it", file=sys.stderr)
+    return cls(preset, seed=0, **{k: v for k, v in params.items() if k in known})
 
 
 def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], variant: int = 1, wire: str = "lean",
@@ -196,18 +218,23 @@ def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: flo
 
 
 # ---------------------------------------------------------------------- LASER-VFL
-def laser_data(quick: bool) -> Any:
+def laser_config(quick: bool) -> ProtocolConfig:
     if quick:
-        cfg = ProtocolConfig("digits", parties=4, n_labels=1000, n_aligned=0, train_missing="mcar:0.1", seed=0)
-    else:
-        cfg = ProtocolConfig("fashion-mnist", parties=4, n_labels=4000, n_aligned=0, train_missing="mcar:0.1",
-                             seed=0, max_train=4000, max_test=100, splitter="grid")
-    return make_protocol(cfg)[0]
+        return ProtocolConfig("digits", parties=4, n_labels=1000, n_aligned=0, train_missing="mcar:0.1", seed=0)
+    return ProtocolConfig("fashion-mnist", parties=4, n_labels=4000, n_aligned=0, train_missing="mcar:0.1", seed=0,
+                          max_train=4000, max_test=100, splitter="grid")
+
+
+def laser_data(quick: bool) -> Any:
+    return make_protocol(laser_config(quick))[0]
 
 
 def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any] | None,
-                  modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
-    """Seconds per epoch: each run trains 1 and 1 + ``epochs`` epochs; the difference cancels start-up and setup."""
+                  modes: dict[str, bool | None] = MODES, config: ProtocolConfig | None = None) -> dict[str, Any]:
+    """Seconds per epoch.  Ours (and the official code under ``--laser-official-cmd``): each run trains 1 and
+    1 + ``epochs`` epochs; the difference cancels start-up and setup.  The official code through
+    ``laser_official.py`` (the default): one run of 1 + ``epochs`` epochs, its own timing of the epochs after the
+    first.  ``config`` (the protocol of ``train``) is needed for the latter, to write the data it trains on."""
 
     def ours(batched: bool | None) -> Any:
         def fit(n: int) -> None:
@@ -215,25 +242,80 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
                                                                                                       batched))
         return fit
 
-    runs = {name: ours(b) for name, b in modes.items()}
-    if official is not None:
-        runs["official"] = lambda n: run_official(official, n)
-    for r in runs.values():
-        r(1)  # warm-up
-    per_epoch: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):  # interleaved
-        for k, r in runs.items():
-            short, long = timed(lambda r=r: r(1), 1)[0], timed(lambda r=r: r(1 + epochs), 1)[0]
-            per_epoch[k].append(max(long - short, 1e-9) / epochs)
+    def difference(fit: Any) -> Any:
+        def per_epoch() -> float:
+            short, long = timed(lambda: fit(1), 1)[0], timed(lambda: fit(1 + epochs), 1)[0]
+            return max(long - short, 1e-9) / epochs
+        return per_epoch
+
+    fits = {name: ours(b) for name, b in modes.items()}
+    driver = official is not None and not official.get("cmd")
+    if official is not None and not driver:
+        fits["official"] = lambda n: run_official(official, n)
+    official_run: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        samplers = {k: difference(f) for k, f in fits.items()}
+        if driver:
+            if config is None:
+                raise ValueError("timing the official code through laser_official.py needs the protocol config")
+            npz = Path(tmp) / "laser.npz"
+            official_npz(config, train, npz)
+
+            def driven() -> float:
+                official_run.clear()
+                official_run.update(run_official_driver(dict(official, data=str(npz)), 1 + epochs))
+                return float(official_run["seconds_per_epoch_after_first"])
+
+            samplers["official"] = driven
+        for f in fits.values():
+            f(1)  # warm-up (the driver's runs time only their epochs, after the first)
+        per_epoch: dict[str, list[float]] = {k: [] for k in samplers}
+        for _ in range(repeats):  # interleaved
+            for k, sample in samplers.items():
+                per_epoch[k].append(sample())
     flops, steps = laser_step_flops(train)
     out: dict[str, Any] = {"flops_per_step": flops, "steps_per_epoch": steps}
     for k, t in per_epoch.items():
-        out[k] = {**summary(t), "gflops": round(flops * steps / min(t) / 1e9, 2)}
+        out[k] = summary(t)
+        if k != "official":  # our FLOPs and steps: the official epoch has other batches (one per 128 rows)
+            out[k]["gflops"] = round(flops * steps / min(t) / 1e9, 2)
     if official is not None:
+        out["official"]["timing"] = (
+            "laser_official.py's own timing of its train_laser calls, mean of the epochs after the first, "
+            f"1 + {epochs} epochs per run" if driver else
+            f"wall time of --laser-official-cmd for 1 + {epochs} epochs minus that for 1 epoch, over {epochs}")
+        if driver:
+            keep = ("rows", "batches_per_epoch", "mean_blocks_observed_per_batch", "batches_skipped_no_block_observed",
+                    "train_acc_all_blocks", "train_acc_mean_over_block_sets", "hyperparameters",
+                    "hyperparameters_from", "num_workers", "torch_threads", "stubbed", "epoch_seconds")
+            out["official"]["last_run"] = {k: official_run.get(k) for k in keep}
         out["ours_over_official"] = round(min(per_epoch[next(iter(modes))]) / min(per_epoch["official"]), 2)
+    out["timing"] = f"ours: wall time of a fit of 1 + {epochs} epochs minus that of a 1-epoch fit, over {epochs}"
     if set(modes) == set(MODES):
         out["per_party_over_batched"] = round(min(per_epoch["per_party"]) / min(per_epoch["batched"]), 2)
     return out
+
+
+def official_npz(config: ProtocolConfig, train: Any, path: Path) -> None:
+    """The laser section's training data in ``laser_official.py``'s layout: our training rows (labelled, at least one
+    block observed) with complete features (the same protocol without training missingness: the same rows and
+    standardised values; the official code draws its own missingness), the K blocks side by side."""
+    from partialvfl.data.mechanisms import MCAR, parse_mechanism
+
+    mech = parse_mechanism(config.train_missing)
+    if not isinstance(mech, MCAR):
+        raise ValueError(f"the official code draws MCAR missingness per batch; {config.train_missing!r} is not MCAR")
+    full = make_protocol(dataclasses.replace(config, train_missing="mcar0"))[0]
+    if not np.array_equal(full.ids, train.ids) or any(
+            not np.array_equal(f[train.observed[:, j]], b[train.observed[:, j]])
+            for j, (f, b) in enumerate(zip(full.blocks, train.blocks))):
+        raise RuntimeError("the protocol without training missingness gave other rows or values")
+    if len(set(full.feature_dims)) != 1:
+        raise ValueError(f"the official MLP needs equal party blocks, got widths {full.feature_dims}")
+    rows = np.flatnonzero(train.labeled & train.observed.any(axis=1))  # LASER-VFL's training rows (ours)
+    np.savez(path, x_train=np.concatenate(full.blocks, axis=1)[rows].astype(np.float32),
+             y_train=np.asarray(full.y)[rows].astype(np.int64), num_clients=full.n_parties,
+             p_miss_train=float(mech.p), num_classes=full.task.n_classes)
 
 
 def laser_step_flops(train: Any) -> tuple[int, int]:
@@ -252,15 +334,32 @@ def laser_step_flops(train: Any) -> tuple[int, int]:
     return count_flops(one_step), len(batches)
 
 
-def run_official(spec: dict[str, Any], epochs: int) -> None:
-    """The official LASER-VFL command (``{epochs}`` in it is replaced), W&B off, the same thread count."""
+def _official_env() -> dict[str, str]:
+    """W&B off, the same thread count."""
     threads = str(torch.get_num_threads())
-    env = dict(os.environ, WANDB_MODE="disabled", WANDB_DISABLED="true", OMP_NUM_THREADS=threads,
-               MKL_NUM_THREADS=threads)
+    return dict(os.environ, WANDB_MODE="disabled", WANDB_DISABLED="true", OMP_NUM_THREADS=threads,
+                MKL_NUM_THREADS=threads)
+
+
+def run_official(spec: dict[str, Any], epochs: int) -> None:
+    """``--laser-official-cmd`` (``{epochs}`` in it is replaced), run in the checkout."""
     cmd = shlex.split(spec["cmd"].replace("{epochs}", str(epochs)))
-    res = subprocess.run(cmd, cwd=spec["path"], env=env, capture_output=True, text=True, check=False)
+    res = subprocess.run(cmd, cwd=spec["path"], env=_official_env(), capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"the official LASER-VFL command failed ({res.returncode}): {res.stderr[-2000:]}")
+
+
+def run_official_driver(spec: dict[str, Any], epochs: int) -> dict[str, Any]:
+    """``laser_official.py`` on ``spec["data"]`` for ``epochs`` epochs at LASER_OFFICIAL's hyperparameters; its JSON."""
+    p = LASER_OFFICIAL
+    cmd = [sys.executable, str(HERE / "laser_official.py"), "--checkout", spec["path"], "--data", spec["data"],
+           "--epochs", str(epochs), "--threads", str(torch.get_num_threads()), "--lr", str(p["lr"]),
+           "--momentum", str(p["momentum"]), "--weight-decay", str(p["weight_decay"]),
+           "--batch-size", str(p["batch_size"])]
+    res = subprocess.run(cmd, env=_official_env(), capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"laser_official.py failed ({res.returncode}): {res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------- bytes on the wire
@@ -384,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
     ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
     ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
-    ap.add_argument("--laser-official-cmd", default="python main.py --epochs {epochs}",
-                    help="command (run in PATH) training its MLP path for {epochs} epochs on the same data")
+    ap.add_argument("--laser-official-cmd", metavar="CMD",
+                    help="instead of benchmarks/laser_official.py: a command (run in PATH) training the official MLP "
+                         "path for {epochs} epochs on the same data; timed by wall-time difference")
     ap.add_argument("--laser-epochs", type=int, default=2, help="LASER-VFL epochs timed per run")
     ap.add_argument("--baseline-src", metavar="SRC",
                     help="the src/ directory of an older checkout: time its FALSE-VFL step and LASER-VFL epoch "
@@ -397,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     repeats = a.repeats or (2 if a.quick else 10)
     wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick) and (s != "baseline" or a.baseline_src)]
+    if a.laser_official_cmd and not a.laser_official:
+        ap.error("--laser-official-cmd needs --laser-official PATH (the directory it runs in)")
+    if a.laser_official and not a.laser_official_cmd and not Path(a.laser_official, "methods", "laser.py").is_file():
+        ap.error(f"--laser-official {a.laser_official}: not a checkout of Valdeira/LASER-VFL (no methods/laser.py); "
+                 f"git clone https://github.com/Valdeira/LASER-VFL {a.laser_official}")
     official = {"path": a.laser_official, "cmd": a.laser_official_cmd} if a.laser_official else None
     res: dict[str, Any] = {"machine": machine(), "quick": a.quick, "repeats": repeats}
     peak = matmul_peak(repeats, [(2560, 196, 128), (2560, 128, 98)])
@@ -406,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"],
                                              _modes(a.compat)),
         "laser": lambda: laser_section(laser_data(a.quick), repeats, 1 if a.quick else a.laser_epochs, official,
-                                       _modes(a.compat)),
+                                       _modes(a.compat), laser_config(a.quick)),
         "bytes": lambda: bytes_section(fvl_data(a.quick), _fvl_params(a.quick), 3),
         "bf16": lambda: bf16_section(a.quick),
         "threads": lambda: threads_section(a.quick, repeats, a.contention),

@@ -26,14 +26,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from partialvfl.bench.grid import load_grid
+from partialvfl.bench.tables import md_table
+from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS as TEST_MECHANISMS
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
 from partialvfl.methods import evaluate, get_method
 
-TEST_MECHANISMS = ["mcar0", "mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9"]
-#: the cpu grid's FALSE-VFL configuration (src/partialvfl/bench/grids/cpu.toml)
-CPU_GRID = {"encoder": "mlp", "decoder": "mlp", "encoder_hidden": [128, 128], "decoder_hidden": [128, 128],
-            "global_hidden": [128, 128], "discriminator_hidden": [128], "mask_hidden": [128, 128],
-            "pretrain_epochs": 60, "pretrain_lr": 3e-3, "pretrain_batch_size": 256, "epochs": 100}
+
+def cpu_grid_params(method: str) -> dict[str, Any]:
+    """The cpu grid's FashionMNIST configuration of ``method`` (src/partialvfl/bench/grids/cpu.toml), without L."""
+    entry = next(m for m in load_grid("cpu").methods if m.name == method)
+    params = dict(entry.overrides, **entry.dataset_overrides.get("fashion-mnist", {}))
+    params.pop("predict_importance_samples", None)  # this benchmark sets L itself
+    return params
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                             max_train=1000 if args.quick else 4000, max_test=500 if args.quick else args.max_test,
                             train_missing=args.train_missing, test_missing="mcar0", seed=args.seed)
     train, _ = make_protocol(config)
-    params = dict(CPU_GRID, **({"pretrain_epochs": 2, "epochs": 2} if args.quick else {}))
+    params = dict(cpu_grid_params(args.method), **({"pretrain_epochs": 2, "epochs": 2} if args.quick else {}))
     model = get_method(args.method)("paper", seed=args.seed, **params)
     t0 = time.perf_counter()
     model.fit(train)
@@ -77,16 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mech:6s} L={n:4d}: accuracy {100 * r['accuracy']:5.1f}  ESS median {r['ess_median']:6.1f} "
                   f"(mean {100 * r['ess_fraction']:5.1f} % of L)  predict {r['predict_seconds']:6.2f} s", flush=True)
     print("\naccuracy (%) by test mechanism and L; last rows: mean accuracy, ESS mean as % of L, predict s")
-    print("| test | " + " | ".join(f"L={n}" for n in samples) + " |")
-    print("|---|" + "---|" * len(samples))
-    for mech in TEST_MECHANISMS:
-        cells = [next(r for r in rows if r["test"] == mech and r["L"] == n) for n in samples]
-        print(f"| {mech} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in cells) + " |")
-    for label, key, scale in (("mean", "accuracy", 100), ("ESS % of L", "ess_fraction", 100),
-                              ("predict s", "predict_seconds", 1)):
-        vals = [np.mean([r[key] for r in rows if r["L"] == n]) * scale for n in samples]
-        print(f"| {label} | " + " | ".join(f"{v:.2f}" if key == "predict_seconds" else f"{v:.1f}" for v in vals)
-              + " |")
+    table = [[mech] + [f"{100 * next(r for r in rows if r['test'] == mech and r['L'] == n)['accuracy']:.1f}"
+                       for n in samples] for mech in TEST_MECHANISMS]
+    for label, key, fmt in (("mean", "accuracy", "{:.1f}"), ("ESS % of L", "ess_fraction", "{:.1f}"),
+                            ("predict s", "predict_seconds", "{:.2f}")):
+        scale = 1 if key == "predict_seconds" else 100
+        table.append([label] + [fmt.format(np.mean([r[key] for r in rows if r["L"] == n]) * scale) for n in samples])
+    print(md_table(["test"] + [f"L={n}" for n in samples], table))
     if args.json:
         Path(args.json).write_text(json.dumps({"fit_seconds": fit_s, "rows": rows, "args": vars(args)}, indent=1))
     return 0
