@@ -357,3 +357,10 @@ def test_checkpoint_and_resume_over_grpc_equals_uninterrupted(name: str, referen
     assert resumed.resumed_step_ == n // every * every
     assert_same(resumed.history_, ref.model.history_, exact=False)
     np.testing.assert_allclose(proba, ref.proba, rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_checkpoints_are_pruned_to_the_last_two(train, tmp_path) -> None:  # noqa: ANN001
+    """Every party of the in-process federation answers ``forget``, so pruned checkpoints go entirely."""
+    fit(METHODS[0], train, checkpointer=Checkpointer(tmp_path, every=1, keep=2))
+    dirs = sorted(p for p in tmp_path.glob("step-*"))
+    assert len(dirs) == 2 and all((d / "coordinator.pt").exists() for d in dirs)

@@ -187,7 +187,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps its file until the next prune
             log.warning("parties could not delete their state of %s: %s", d, e)
             done = False
-        if done is False:  # keep the record (party_states.json) so a later prune asks again
+        if not done:  # keep the record (party_states.json) so a later prune asks again
             (d / "coordinator.pt").unlink(missing_ok=True)
         else:
             shutil.rmtree(d, ignore_errors=True)

@@ -74,10 +74,12 @@ class Federation(ABC):
         self.transport.new_step()
         self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **_tag(model))
 
-    def forget(self, directory: str | Path) -> None:
-        """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints)."""
+    def forget(self, directory: str | Path) -> bool:
+        """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints); whether
+        every party answered (one that did not keeps its file until it is asked again)."""
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "forget", tolerate=True, dir=str(directory))
+        replies = self.transport.broadcast(range(self.n_parties), "forget", tolerate=True, dir=str(directory))
+        return len(replies) == self.n_parties
 
     def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
         return self.transport.call(party, kind, tensors, **meta)
