@@ -87,6 +87,25 @@ def test_predict_names_columns_it_ignores_and_refuses_missing_ones(example: Path
     assert "no --table for ['telco']" in capsys.readouterr().err
 
 
+def test_predict_reads_each_table_once(example: Path, model: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The columns predict ignores are named from the one read of each table (a Parquet file is parsed once)."""
+    pd.read_csv(example / "outcomes" / "bank.csv").to_parquet(tmp_path / "bank.parquet")
+    args = tables(example, "new")
+    args[args.index(f"bank={example / 'new' / 'bank.csv'}")] = f"bank={tmp_path / 'bank.parquet'}"
+    paths = {str(Path(a.split("=", 1)[1])) for a in args[1::2]}
+    reads: list[str] = []
+    for reader in ("read_csv", "read_parquet"):
+        def counted(path: object, *a: object, _real: object = getattr(pd, reader), **k: object) -> object:
+            if str(path) in paths:
+                reads.append(str(path))
+            return _real(path, *a, **k)  # type: ignore[operator]
+        monkeypatch.setattr(pd, reader, counted)
+    assert main(["predict", "--model", str(model), *args, "--out", str(tmp_path / "p.csv")]) == 0
+    assert "party 'bank': columns ['defaulted'] are not used by the model" in capsys.readouterr().err
+    assert sorted(reads) == sorted(paths)
+
+
 def test_fit_with_tables_refuses_protocol_options(example: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture) -> None:
     assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",

@@ -97,6 +97,16 @@ def test_canonical_order_is_the_keyed_hash_order() -> None:
     assert sorted(other.tolist()) == [0, 1, 2, 3]
 
 
+def test_normalised_ids_are_hashed_as_they_are() -> None:
+    """IDs normalised once (table_ids, normalize_ids) hash and order exactly as the raw IDs; not normalised again."""
+    raw = [" 7", 12, 12.5, "e\u0301 ", b"u1", 3.0]
+    texts = normalize_ids(raw, "t")
+    np.testing.assert_array_equal(hash_ids(texts, KEY, normalized=True), hash_ids(raw, KEY))
+    assert sample_order(texts, KEY, normalized=True).tolist() == sample_order(raw, KEY).tolist()
+    with pytest.raises(TypeError, match=r"hash_ids\(normalized=True\) takes normalised ID texts, got int at row 1"):
+        hash_ids(["7", 12], KEY, normalized=True)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(st.integers(-10**6, 10**6), st.text(min_size=1, max_size=6)), max_size=12))
 def test_normalised_ids_collide_only_when_their_texts_do(values: list) -> None:

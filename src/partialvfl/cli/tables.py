@@ -57,8 +57,9 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     return 0
 
 
-def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> Any:
-    """The ``--table`` files as the model's dataset: its ID, (label) and feature columns, its parties."""
+def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> tuple[Any, dict[str, str], str]:
+    """The ``--table`` files as the model's dataset (its ID, (label) and feature columns, its parties), with the
+    parsed ``{party: file}`` and the ID column, resolved here once for the caller."""
     from partialvfl.data.builders import from_tables
 
     info = model.data_info_
@@ -78,22 +79,21 @@ def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> Any:
         raise ValueError("say which column holds the labels: --label COLUMN")
     names = model.index_.feature_names
     columns = None if names is None else {p: [c.split(":", 1)[1] for c in names[k]] for k, p in enumerate(parties)}
+    seen: dict[str, list[Any]] = {}
     data = from_tables({p: tables[p] for p in parties}, id_column=id_column, label_column=label,
-                       active_party=model.index_.active_party, feature_columns=columns)
-    _note_ignored(data, tables, id_column, label, columns)
-    return data
+                       active_party=model.index_.active_party, feature_columns=columns, _columns=seen)
+    _note_ignored(seen, tables, id_column, label, columns)
+    return data, tables, id_column
 
 
-def _note_ignored(data: Any, tables: dict[str, str], id_column: str, label: str | None,
+def _note_ignored(seen: dict[str, list[Any]], tables: dict[str, str], id_column: str, label: str | None,
                   columns: dict[str, list[str]] | None) -> None:
-    """Name the columns of the tables the model does not use (a label column of new users' tables included)."""
-    import pandas as pd
-
+    """Name the columns of the tables the model does not use (a label column of new users' tables included), from
+    the columns ``from_tables`` saw when it read them (``seen``: no second read)."""
     if columns is None:
         return
-    for party, path in tables.items():
-        head = pd.read_parquet(path) if str(path).lower().endswith((".parquet", ".pq")) else pd.read_csv(path, nrows=0)
-        extra = [str(c) for c in head.columns if c not in (id_column, label) and c not in columns[party]]
+    for party in tables:
+        extra = [str(c) for c in seen[party] if c not in (id_column, label) and c not in columns[party]]
         if extra:
             _say(f"note: party {party!r}: columns {extra} are not used by the model")
 
@@ -142,11 +142,10 @@ def predict_tables(args: argparse.Namespace) -> int:
     from partialvfl.methods import VFLMethod
 
     model = VFLMethod.load(args.model)
-    data = _model_tables(args, model, labels=False)
+    data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output = model.predict_output(data)
     order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
-    id_column = args.id_column or model.data_info_.get("id_column")
     frame = prediction_frame(model, output[order], data.observed[order], data.ids[order], id_column)
     write_predictions(frame, args.out)
     return 0
@@ -159,10 +158,10 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model)
-    data = _model_tables(args, model, labels=True)
+    data, tables, _ = _model_tables(args, model, labels=True)
     with use_threads(threads_for(args, model, data)):
         res = evaluate(model, data)
-    res.update({"method": model.name, "tables": parse_tables(args.table)})
+    res.update({"method": model.name, "tables": tables})
     metric = "accuracy" if "accuracy" in res else "rmse"
     lines = [f"{model.name} on the given tables: {metric} {res[metric]:.4f} over {res['n_samples']} labelled samples"]
     for k, v in res["by_observed_parties"].items():

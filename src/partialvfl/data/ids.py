@@ -123,19 +123,30 @@ def order_key(key: bytes | str | Path | None) -> bytes:
     return key
 
 
-def hash_ids(ids: Sequence[Any] | np.ndarray, key: bytes, where: str = "IDs") -> np.ndarray:
-    """``(n, 32)`` uint8 array of ``HMAC-SHA256(key, normalised ID)`` for every ID (duplicates allowed here)."""
+def hash_ids(ids: Sequence[Any] | np.ndarray, key: bytes, where: str = "IDs", *,
+             normalized: bool = False) -> np.ndarray:
+    """``(n, 32)`` uint8 array of ``HMAC-SHA256(key, normalised ID)`` for every ID (duplicates allowed here).
+
+    With ``normalized`` the IDs are the texts :func:`normalize_ids` returned (e.g. by
+    :func:`~partialvfl.data.tables.table_ids`) and are hashed as they are, not normalised again (normalising is
+    idempotent, so the hashes are the same); anything but text is then a ``TypeError``.
+    """
     if len(key) < MIN_KEY_BYTES:
         raise ValueError(f"the HMAC key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
-    texts = normalize_ids(ids, where, unique=False)
+    texts = ids if normalized else normalize_ids(ids, where, unique=False)
     out = np.empty((len(texts), HASH_BYTES), dtype=np.uint8)
     for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{where}: hash_ids(normalized=True) takes normalised ID texts, got "
+                            f"{type(text).__name__} at row {i}")
         out[i] = np.frombuffer(hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest(), dtype=np.uint8)
     return out
 
 
-def sample_order(ids: Sequence[Any] | np.ndarray, key: bytes | str | Path | None = None) -> np.ndarray:
-    """Positions that put ``ids`` in the canonical order (by keyed hash of the normalised ID, see above)."""
-    hashes = hash_ids(ids, order_key(key))
+def sample_order(ids: Sequence[Any] | np.ndarray, key: bytes | str | Path | None = None, *,
+                 normalized: bool = False) -> np.ndarray:
+    """Positions that put ``ids`` in the canonical order (by keyed hash of the normalised ID, see above);
+    ``normalized``: the IDs are already normalised texts (see :func:`hash_ids`)."""
+    hashes = hash_ids(ids, order_key(key), normalized=normalized)
     keys = [bytes(h) for h in hashes]
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)

@@ -180,6 +180,7 @@ def from_tables(
     order_key: bytes | str | Path | None = None,
     name: str = "",
     _format: str | None = None,
+    _columns: dict[str, list[Any]] | None = None,
 ) -> VerticalDataset:
     """One table per party (a DataFrame, or a ``.csv``/``.parquet`` path), outer-joined on ``id_column``.
 
@@ -198,6 +199,9 @@ def from_tables(
     * Features: every other column (or ``feature_columns[party]``); numeric only (bool as 0/1; a text or
       categorical column is refused, naming it) and finite in every held row.  Feature names are
       ``"<party>:<column>"``, so parties may share column names.
+
+    ``_columns`` (a dict, filled in): every party's table columns as read, so a caller can name the columns it
+    ignores without reading the tables again.
     """
     if not isinstance(tables, Mapping) or not tables:
         raise DataValidationError("tables must be a non-empty mapping {party name: DataFrame or path}")
@@ -219,9 +223,11 @@ def from_tables(
         cols = None if feature_columns is None else feature_columns.get(key, feature_columns.get(party))
         features[party] = select_features(where, df, id_column=id_column, label_column=label_column, columns=cols)
         frames[party] = df
+        if _columns is not None:
+            _columns[party] = list(df.columns)
 
     union = list(set().union(*(keys[p] for p in parties)))
-    union = [union[i] for i in sample_order(union, order_key)]
+    union = [union[i] for i in sample_order(union, order_key, normalized=True)]  # table_ids normalised them
     lookup = pd.Index(union)
     n = len(union)
     blocks, observed, names = [], np.zeros((n, len(parties)), dtype=bool), []

@@ -320,7 +320,7 @@ class GrpcFederation(Federation):
         if src is None:
             raise ValueError("align needs the label table ([labels] in the federation file)")
         lab_ids, lab_y, task = read_labels(src)
-        lab_hashes = hash_ids(lab_ids, self._require_key())
+        lab_hashes = hash_ids(lab_ids, self._require_key(), normalized=True)  # read_labels normalised them
         held = self.party_hashes()
         order, observed = observed_from_hashes([*held, lab_hashes])
         observed = observed[:, :-1]
@@ -358,7 +358,7 @@ class GrpcFederation(Federation):
         """
         handle = handle or self.new_handle("predict")
         ids = np.asarray(normalize_ids(ids, "the IDs to predict"), dtype=object)  # empty or repeated: refused
-        order = hash_ids(ids, self._require_key())
+        order = hash_ids(ids, self._require_key(), normalized=True)
         if len({bytes(h) for h in order}) != len(order):
             raise DataValidationError("the ID list has duplicates")
         held = self.party_hashes() if table is None else self.table_hashes(table)

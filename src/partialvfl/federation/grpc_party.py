@@ -129,7 +129,7 @@ class PartyTable:
         self.features = feature_values(where, df, cols, ids)
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = hash_ids(self.ids, key)
+        self.hashes = hash_ids(self.ids, key, normalized=True)  # table_ids normalised them
         self.index = {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
