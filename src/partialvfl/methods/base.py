@@ -79,7 +79,9 @@ class IndexInfo:
         return len(self.party_names)
 
     @classmethod
-    def of(cls, view: CoordinatorView, feature_names: Any = None) -> IndexInfo:
+    def of(cls, view: CoordinatorView) -> IndexInfo:
+        """What a model keeps of the data it was fitted on (no values): task, parties, shapes, feature names."""
+        feature_names = view.feature_names
         names = None if feature_names is None else tuple(tuple(str(c) for c in f) for f in feature_names)
         return cls(view.task, tuple(view.party_names), tuple(view.feature_dims),
                    tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
@@ -251,7 +253,7 @@ class VFLMethod(ABC):
         if not view.labeled.any():
             raise ValueError(f"{self.name}: the training data has no labelled sample")
         self.federation_ = federation
-        self.index_ = IndexInfo.of(view, view.feature_names)
+        self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
         self.data_info_ = dict(data_info or {})
         self.label_prior_ = _label_prior(view)
