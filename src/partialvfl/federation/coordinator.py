@@ -67,12 +67,12 @@ class Federation(ABC):
     def save(self, directory: str | Path, *, model: str | None = None) -> None:
         """Have every party save its state for ``directory``, tagged with the digest ``model`` of the whole model."""
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "save", dir=str(directory), **_tag(model))
+        self.transport.broadcast(range(self.n_parties), "save", dir=str(directory), **model_tag(model))
 
     def load(self, directory: str | Path, *, model: str | None = None) -> None:
         """Have every party restore its state of ``directory`` (refused where it belongs to another ``model``)."""
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **_tag(model))
+        self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **model_tag(model))
 
     def forget(self, directory: str | Path) -> bool:
         """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints); whether
@@ -88,7 +88,8 @@ class Federation(ABC):
         self.transport.close()
 
 
-def _tag(model: str | None) -> dict[str, str]:
+def model_tag(model: str | None) -> dict[str, str]:
+    """The ``model`` meta of a save/load request (a party keeps a model's state under its name), if any."""
     return {} if model is None else {"model": str(model)}
 
 

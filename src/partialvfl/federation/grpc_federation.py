@@ -39,7 +39,7 @@ from partialvfl.data.ids import normalize_ids
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
 from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observed_from_hashes, positions_in
-from partialvfl.federation.coordinator import Federation
+from partialvfl.federation.coordinator import Federation, model_tag
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
 from partialvfl.federation.transport import PartyUnavailable
@@ -414,7 +414,7 @@ class GrpcFederation(Federation):
         # recorded first: if a party fails, the others' files can still be found and deleted (``forget``)
         (d / PARTY_STATES_FILE).write_text(json.dumps({"party_dir": rel, "parties": list(self.party_names)}))
         self.transport.new_step()
-        self.transport.broadcast(range(self.n_parties), "save", dir=rel, **({} if model is None else {"model": model}))
+        self.transport.broadcast(range(self.n_parties), "save", dir=rel, **model_tag(model))
 
     @staticmethod
     def saved_party_dir(directory: str | Path) -> str:
@@ -439,5 +439,5 @@ class GrpcFederation(Federation):
         rel = self.saved_party_dir(directory)
         self.transport.new_step()
         replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel,
-                                           **({} if model is None else {"model": model}))
+                                           **model_tag(model))
         self.absent |= set(self._present()) - set(replies)

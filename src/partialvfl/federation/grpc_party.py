@@ -198,7 +198,6 @@ class PartyServer:
         self._lock = threading.Lock()
         self.sessions = SessionGuard()
         self.inference = InferenceGuard()
-        self.handles: set[str] = set()
         self.prediction_handles: set[str] = set()
         self.refusals = 0
         self.access = AccessLog(cfg.access_log or AccessLogConfig(self.state_dir / "access.log"))
@@ -259,7 +258,8 @@ class PartyServer:
         if not isinstance(handle, str) or not handle or not isinstance(n, int) or n < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach needs meta 'handle' (str) and 'n_samples' (int)")
         name, table = self._table(req)
-        self.policy.check_handles(len(self.handles), handle, handle in self.handles)
+        attached = self.runtime.handles
+        self.policy.check_handles(len(attached), handle, handle in attached)
         hashes, rows = req.tensors["hashes"], req.tensors["rows"].numpy()  # shapes: declared in SERVER_MESSAGES
         if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
@@ -288,7 +288,6 @@ class PartyServer:
                          ids=table.ids[local], feature_names=table.feature_names,
                          feature_shape=table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
-        self.handles.add(handle)
         if name == TRAINING_TABLE:
             self.prediction_handles.discard(handle)
         else:
@@ -302,7 +301,6 @@ class PartyServer:
     def _release(self, req: Request) -> Reply:
         handle = str(req.meta["handle"])
         self.runtime.release(handle)
-        self.handles.discard(handle)
         self.prediction_handles.discard(handle)
         return Reply()
 

@@ -193,6 +193,11 @@ class PartyRuntime:
         self._data.pop(handle, None)
         self._scaled.pop(handle, None)
 
+    @property
+    def handles(self) -> frozenset[str]:
+        """The handles data is attached under."""
+        return frozenset(self._data)
+
     def raw_data(self, handle: str) -> PartyView:
         """The rows attached under ``handle`` as the party's table holds them."""
         try:
