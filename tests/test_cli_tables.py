@@ -111,6 +111,10 @@ def test_fit_with_tables_refuses_protocol_options(example: Path, tmp_path: Path,
     assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
                  "--labels", "200", "--out", str(tmp_path / "m")]) == 2
     assert "--labels belong to the benchmark protocol" in capsys.readouterr().err
+    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+                 "--max-train", "10", "--splitter", "grid", "--train-missing", "mcar5", "--seed", "3",
+                 "--out", str(tmp_path / "m")]) == 2  # --seed applies to tables too: not named
+    assert "--train-missing, --splitter, --max-train belong to" in capsys.readouterr().err
     assert main(["fit", *tables(example, "train"), "--out", str(tmp_path / "m")]) == 2
     assert "fit --table needs --id COLUMN, --label COLUMN and --active PARTY" in capsys.readouterr().err
 

@@ -17,8 +17,6 @@ __all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "S
            "protocol_config", "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
-PROTOCOL_DESTS = ("dataset", "data_dir", "parties", "labels", "aligned", "train_missing", "test_missing", "splitter",
-                  "max_train", "max_test")
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")
@@ -31,28 +29,39 @@ MECHANISM_FORMS = " | ".join(MECHANISMS)
 
 
 def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool = True) -> None:
-    """The options of :func:`protocol_config` (``--train-missing`` if ``train``, ``--test-missing`` if ``test``)."""
+    """The options of :func:`protocol_config` (``--train-missing`` if ``train``, ``--test-missing`` if ``test``).
+
+    Records their names (all but ``--seed``) as the parser default ``protocol_options``: the options that
+    :func:`refuse_protocol_options` refuses beside ``--table``.
+    """
     g = p.add_argument_group("protocol (the FALSE-VFL paper's: labels, aligned reserve, missingness)")
-    g.add_argument("--dataset", default=PROTOCOL_DEFAULTS["dataset"],
-                   help="dataset name (see `partialvfl datasets`); default: %(default)s")
-    g.add_argument("--data-dir", default=None, help="directory holding the dataset's original files, if needed")
-    g.add_argument("--parties", type=int, default=PROTOCOL_DEFAULTS["parties"],
-                   help="number of parties K; default: %(default)s")
-    g.add_argument("--labels", type=int, default=PROTOCOL_DEFAULTS["labels"],
-                   help="labelled training samples (paper: 500 tabular, 1000 images); default: %(default)s")
-    g.add_argument("--aligned", type=int, default=PROTOCOL_DEFAULTS["aligned"],
-                   help="labelled samples kept fully aligned (paper: 100 / 200); default: %(default)s")
+    options = [
+        g.add_argument("--dataset", default=PROTOCOL_DEFAULTS["dataset"],
+                       help="dataset name (see `partialvfl datasets`); default: %(default)s"),
+        g.add_argument("--data-dir", default=None, help="directory holding the dataset's original files, if needed"),
+        g.add_argument("--parties", type=int, default=PROTOCOL_DEFAULTS["parties"],
+                       help="number of parties K; default: %(default)s"),
+        g.add_argument("--labels", type=int, default=PROTOCOL_DEFAULTS["labels"],
+                       help="labelled training samples (paper: 500 tabular, 1000 images); default: %(default)s"),
+        g.add_argument("--aligned", type=int, default=PROTOCOL_DEFAULTS["aligned"],
+                       help="labelled samples kept fully aligned (paper: 100 / 200); default: %(default)s"),
+    ]
     if train:
-        g.add_argument("--train-missing", default="mcar:0.2",
-                       help=f"mechanism for all other training samples: {MECHANISM_FORMS}; default: %(default)s")
+        options.append(g.add_argument(
+            "--train-missing", default="mcar:0.2",
+            help=f"mechanism for all other training samples: {MECHANISM_FORMS}; default: %(default)s"))
     if test:
-        g.add_argument("--test-missing", default="none",
-                       help=f"mechanism for every test sample: {MECHANISM_FORMS}; default: %(default)s")
-    g.add_argument("--splitter", default=None, help=f"party split: {SPLITTER_FORMS}; default: grid for images, "
-                                                    "views for multi-view sources, contiguous otherwise")
-    g.add_argument("--max-train", type=int, default=None, help="cap the training set (quick runs)")
-    g.add_argument("--max-test", type=int, default=None, help="cap the test set (quick runs)")
+        options.append(g.add_argument(
+            "--test-missing", default="none",
+            help=f"mechanism for every test sample: {MECHANISM_FORMS}; default: %(default)s"))
+    options += [
+        g.add_argument("--splitter", default=None, help=f"party split: {SPLITTER_FORMS}; default: grid for images, "
+                                                        "views for multi-view sources, contiguous otherwise"),
+        g.add_argument("--max-train", type=int, default=None, help="cap the training set (quick runs)"),
+        g.add_argument("--max-test", type=int, default=None, help="cap the test set (quick runs)"),
+    ]
     g.add_argument("--seed", type=int, default=0, help="seed for split, labels, mechanisms, model; default: 0")
+    p.set_defaults(protocol_options=tuple(a.dest for a in options))
 
 
 THREADS_HELP = ("torch threads for the fit: a number, or auto (default): one thread when the method's estimated "
@@ -127,8 +136,8 @@ def parse_tables(items: list[str]) -> dict[str, str]:
 
 def refuse_protocol_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """With ``--table`` the protocol options (but ``--seed``) do not apply: refuse any given a non-default value."""
-    given = [f"--{dest.replace('_', '-')}" for dest in PROTOCOL_DESTS
-             if hasattr(args, dest) and getattr(args, dest) != p.get_default(dest)]
+    given = [f"--{dest.replace('_', '-')}" for dest in getattr(args, "protocol_options", ())
+             if getattr(args, dest) != p.get_default(dest)]
     if given:
         raise ValueError(f"{', '.join(given)} belong to the benchmark protocol (--dataset); they do not apply to "
                          "--table")
