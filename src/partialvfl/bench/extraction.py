@@ -30,8 +30,8 @@ import torch
 
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_transport import PartyError
-from partialvfl.nn.blocks import build_encoder
-from partialvfl.utils.seeding import numpy_rng, torch_seeded
+from partialvfl.methods.splitnn.party import build_party_model
+from partialvfl.utils.seeding import numpy_rng
 
 __all__ = ["ATTACKS", "AttackOutcome", "Extractor", "relative_rmse", "run_attacks"]
 
@@ -140,9 +140,7 @@ class Extractor:
 
 def rebuild(cfg: dict[str, Any], seed: int, party: int) -> torch.nn.Module:
     """The party's network as the coordinator believes it was built (from the coordinator's seed)."""
-    with torch_seeded(seed, "splitnn", party, MODEL):
-        net = build_encoder((cfg["feature_dim"],), cfg["latent_dim"], "mlp", hidden=tuple(cfg["encoder_hidden"]))
-    return net.double().eval()
+    return build_party_model(cfg, seed, party, MODEL).double().eval()
 
 
 def invert(nets: Sequence[torch.nn.Module], embeddings: Sequence[np.ndarray], d: int, iters: int = 100) -> np.ndarray:

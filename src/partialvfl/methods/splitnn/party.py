@@ -18,7 +18,15 @@ from partialvfl.nn.blocks import build_encoder
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = ["SplitParty"]
+__all__ = ["SplitParty", "build_party_model"]
+
+
+def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) -> nn.Module:
+    """Party ``party``'s model ``name`` as a ``setup`` with ``config`` and ``seed`` builds it (seeded weights)."""
+    with torch_seeded(seed, "splitnn", party, name):
+        return build_encoder(tuple(int(s) for s in config["feature_shape"]), int(config["latent_dim"]),
+                             config.get("encoder", "auto"), hidden=tuple(config.get("encoder_hidden", (256, 256))),
+                             width=int(config.get("resnet_width", 64)))
 
 
 @register_program
@@ -43,11 +51,7 @@ class SplitParty(PartyProgram):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         opt = config["optimizer"]
         for name in config["models"]:
-            with torch_seeded(seed, "splitnn", runtime.index, name):
-                model = build_encoder(self.feature_shape, self.latent_dim, config.get("encoder", "auto"),
-                                      hidden=tuple(config.get("encoder_hidden", (256, 256))),
-                                      width=int(config.get("resnet_width", 64)))
-            self.models[name] = model
+            self.models[name] = model = build_party_model(config, seed, runtime.index, name)
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
