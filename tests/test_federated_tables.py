@@ -75,10 +75,26 @@ def test_in_process_and_federated_fits_give_identical_predictions(example: Path,
 def test_predict_federation_writes_the_users_id_column_and_integer_classes(example: Path,
                                                                           deployment: LocalDeployment,
                                                                           tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture) -> None:
+                                                                          capsys: pytest.CaptureFixture,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from partialvfl.methods import VFLMethod
+
+    seen: list[int] = []
+    fit_federated = VFLMethod.fit_federated
+
+    def recording(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(torch.get_num_threads())
+        return fit_federated(self, *a, **kw)
+
+    monkeypatch.setattr(VFLMethod, "fit_federated", recording)
+    before = torch.get_num_threads()
+    want = 2 if before == 1 else 1  # a number the process does not already use
     model = tmp_path / "model"
     assert main(["fit", "--federation", str(deployment.federation_file), "--method", "vanilla-vfl", "--epochs", "2",
-                 "--out", str(model), "--quiet"]) == 0
+                 "--out", str(model), "--quiet", "--threads", str(want)]) == 0
+    assert seen == [want] and torch.get_num_threads() == before  # the coordinator ran with --threads
     capsys.readouterr()
     bank = pd.read_csv(example / "train" / "bank.csv")
     bank[["customer_id"]].to_csv(tmp_path / "ids.csv", index=False)

@@ -86,6 +86,7 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
     party says hello again, the fit resumes from the last checkpoint).  Returns the training handle."""
     from partialvfl.federation.transport import PartyUnavailable
     from partialvfl.utils.progress import report_line
+    from partialvfl.utils.threads import use_threads
 
     verbose = not args.quiet
     timeout, retries = getattr(args, "party_timeout", None), int(getattr(args, "party_retries", 0) or 0)
@@ -101,7 +102,8 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
             labels = fed.config.labels if fed.config is not None else None
             info = {"federation": str(args.federation), "n_samples": view.n_samples,
                     "id_column": labels and labels.id_column, "label_column": labels and labels.label_column}
-            method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
+            with use_threads(_coordinator_threads(args, method, view)):
+                method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
             return handle
         except PartyUnavailable as e:
             if timeout is None or attempt >= retries:
@@ -113,6 +115,14 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
             latest = ck.latest()
             report_line("every party answers again: continuing from "
                         + (f"the checkpoint after step {latest.step}" if latest else "the start"), True)
+
+
+def _coordinator_threads(args: argparse.Namespace, method: Any, view: Any) -> int:
+    """The coordinator's torch threads under ``--threads`` (each party process follows its own setting)."""
+    from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
+
+    flops = step_flops_of(type(method), method.resolve_params(None), view.feature_shapes)
+    return resolve_threads(getattr(args, "threads", "auto"), flops, thread_budget())
 
 
 def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarray, str | None]:
