@@ -570,6 +570,22 @@ def test_variants_and_the_gap_are_chosen_on_validation_rows_never_on_test() -> N
     assert sum(is_validation(r) for r in rows) == 5
 
 
+@pytest.mark.parametrize("validated", [True, False])
+def test_a_tie_between_variants_goes_to_the_one_that_used_the_unlabelled_data(validated: bool) -> None:
+    """Equal validation scores (or, without validation rows, equal test means): the variant shown is the one that
+    used the unlabelled data (no *), whichever entry the store lists first."""
+    rows = []
+    for entry, variant in (("ll", "labelled-only"), ("lp", None)):  # the labelled-only entry first
+        kw: dict[str, Any] = dict(method="laser-vfl", label="LASER", overrides={"pretrain": variant is None},
+                                  variant=variant)
+        rows.append(_row(entry, accuracy=0.5, **kw))
+        if validated:
+            rows.append(_row(f"val-{entry}", test_mechanism="validation", role="validation", accuracy=0.7, **kw))
+    (laser,) = aggregate(rows)
+    assert laser.variants == 2 and not laser.labelled_only and not laser.starred
+    assert laser.selected_on == ("validation" if validated else "test")
+
+
 def test_validation_cells_fit_on_part_of_the_labels_and_score_the_rest(tmp_path: Path, dummy_dir: Path) -> None:
     grid = _grid_file(tmp_path / "g.toml", seeds="[0, 1]", validation=True)
     summary = run_grid(grid, tmp_path / "store", workers=1, progress=False)

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partialvfl.bench.aggregate import Aggregate, entry_key, is_validation
+from partialvfl.bench.aggregate import Aggregate, entry_key, is_validation, mean_std
+from partialvfl.bench.figures import label_colours, method_labels, new_figure, plot_band, save_figure
 from partialvfl.bench.naming import is_false_vfl, mech_key, mechanism_title, method_key
-from partialvfl.bench.tables import md_table
+from partialvfl.bench.tables import md_table, mean_std_text, tests_of
 
 __all__ = ["Axis", "ablation_axis", "ablation_markdown", "axis_curves", "write_ablation_figures", "winners"]
 
@@ -96,7 +97,7 @@ def axis_curves(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis:
     out = {}
     for key, seeds in per_seed.items():
         means = [statistics.fmean(v) for v in seeds.values()]
-        out[key] = (statistics.fmean(means), statistics.stdev(means) if len(means) > 1 else math.nan, len(means))
+        out[key] = (*mean_std(means), len(means))
     return out
 
 
@@ -150,6 +151,7 @@ def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate],
              "the test mechanisms per seed, then mean (std) over seeds; the best of each column in bold.", ""]
     titles = {a.label: a.title for a in aggs}
     methods = {a.label: a.method for a in aggs}
+    wins = winners(aggs, axis)
     for train in sorted({k[0] for k in curves}, key=mech_key):
         labels = sorted({k[1] for k in curves if k[0] == train}, key=lambda lab: method_key(methods[lab], lab))
         top = {d: max((curves[(train, lab, d)][0] for lab in labels if (train, lab, d) in curves), default=math.nan)
@@ -159,12 +161,12 @@ def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate],
             row = [titles[lab]]
             for d in datasets:
                 c = curves.get((train, lab, d))
-                text = "" if c is None else (f"{c[0]:.1f}" if math.isnan(c[1]) else f"{c[0]:.1f} ({c[1]:.1f})")
+                text = "" if c is None else mean_std_text(c[0], c[1])
                 row.append(f"**{text}**" if c is not None and round(c[0], 1) == round(top[d], 1) else text)
             body.append(row)
         parts += [f"**Trained under {mechanism_title(train)}**", "",
                   md_table(["Method"] + [f"{axis.name} = {axis.show(d)}" for d in datasets], body), ""]
-        parts += [_winner_map(winners(aggs, axis), axis, train), ""]
+        parts += [_winner_map(wins, axis, train), ""]
     if axis.name == "K":
         parts += [_pattern_table(rows, axis), ""]
     return "\n".join(parts).rstrip() + "\n"
@@ -193,21 +195,17 @@ def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
 def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis: Axis,
                            out: Path) -> list[Path]:
     """Per training mechanism: accuracy against the axis, one panel per test mechanism and one for the average."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     curves = axis_curves(rows, aggs, axis)
     datasets = axis.ordered()
     xs = list(range(len(datasets)))
-    labels = sorted({(a.method, a.label) for a in aggs}, key=lambda ml: method_key(*ml))
-    colour = {label: f"C{i % 10}" for i, (_, label) in enumerate(labels)}
+    labels = method_labels(aggs)
+    colour = label_colours(labels)
     style = {label: "-" if i < 10 else "--" for i, (_, label) in enumerate(labels)}
     titles = {a.label: a.title for a in aggs}
     written = []
     for train in sorted({a.train for a in aggs}, key=mech_key):
-        tests = sorted({a.test for a in aggs if a.train == train}, key=mech_key)
-        fig = Figure(figsize=(16, 7), layout="constrained")
-        FigureCanvasAgg(fig)
+        tests = tests_of([a for a in aggs if a.train == train])
+        fig = new_figure((16, 7))
         axes = fig.subplots(2, (len(tests) + 2) // 2, squeeze=False).ravel()
         cell = {(a.label, a.dataset, a.test): a for a in aggs if a.train == train}
         for ax, test in zip(axes, [*tests, "average"]):
@@ -221,10 +219,8 @@ def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggreg
                 if not pts:
                     continue
                 px, mean, std = zip(*pts)
-                std = [0.0 if math.isnan(s) else s for s in std]
-                ax.plot(px, mean, style[label], marker="o", markersize=3, color=colour[label], label=titles[label])
-                ax.fill_between(px, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                                color=colour[label], alpha=0.15, linewidth=0)
+                plot_band(ax, px, mean, std, colour=colour[label], title=titles[label], alpha=0.15,
+                          linestyle=style[label])
             ax.set_xticks(xs, [axis.show(d) for d in datasets])
             ax.set_xlabel(axis.name)
             ax.set_title(mechanism_title(test) if test != "average" else "mean over test mechanisms", fontsize=9)
@@ -235,8 +231,5 @@ def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggreg
         axes[len(tests)].legend(fontsize=7, loc="best")
         fig.suptitle(f"Accuracy against {axis.name}, trained under {mechanism_title(train)}; mean and \u00b11 std "
                      "over seeds", fontsize=10)
-        for ext in ("png", "svg"):
-            path = out / f"ablation-{axis.name}-{train}.{ext}"
-            fig.savefig(path, dpi=110)
-            written.append(path)
+        written += save_figure(fig, out, f"ablation-{axis.name}-{train}", dpi=110)
     return written

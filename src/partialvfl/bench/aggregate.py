@@ -21,7 +21,7 @@ from partialvfl.bench.grid import stable_hash
 from partialvfl.bench.naming import LABELLED_ONLY, is_false_vfl, mech_key, method_key, method_title
 
 __all__ = ["Aggregate", "GapSummary", "aggregate", "best", "entry_key", "gap_summary", "is_validation",
-           "robustness_ratios", "select", "validation_scores"]
+           "mean_std", "robustness_ratios", "select", "validation_scores"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,8 @@ def _value(row: dict[str, Any]) -> float | None:
     return None if row.get("accuracy") is None else 100.0 * float(row["accuracy"])
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof = 1; ``nan`` for a single value)."""
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if len(values) > 1 else math.nan
     return mean, std
@@ -115,38 +116,36 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
         dataset, train, test, label, entry = key
         method, metric, labelled_only = info[key]
         seeded.sort()
-        mean, std = _mean_std([v for _, v in seeded])
+        mean, std = mean_std([v for _, v in seeded])
         candidates[(dataset, train, test, label)].append(Aggregate(
             dataset, train, test, label, method, metric, mean, std, len(seeded), labelled_only,
             seeds=tuple(s for s, _ in seeded), validation=val.get((dataset, train, label, entry), math.nan),
             entry=entry,
         ))
-    out = [_select(group) for group in candidates.values()]
+    out = []
+    for group in candidates.values():
+        # the variant shown for a label; those that used the unlabelled data (no *) come first, so they win a tie
+        chosen = select(sorted(group, key=lambda a: a.labelled_only))
+        assert chosen is not None
+        how = "only" if len(group) == 1 else "validation" if _validated(group) else "test"
+        out.append(replace(chosen, variants=len(group), selected_on=how))
     out.sort(key=lambda a: (a.dataset, mech_key(a.train), method_key(a.method, a.label), mech_key(a.test)))
     return out
 
 
-def _select(group: list[Aggregate]) -> Aggregate:
-    """The variant shown for a label: best validation score if every variant has one, else best test mean; on a
-    tie the variant that used the unlabelled data (no *)."""
-    if len(group) == 1:
-        return replace(group[0], variants=1, selected_on="only")
-    sign = 1.0 if group[0].higher_is_better else -1.0
-    if all(not math.isnan(a.validation) for a in group):
-        chosen, how = max(group, key=lambda a: (sign * a.validation, not a.labelled_only)), "validation"
-    else:
-        chosen, how = max(group, key=lambda a: (sign * a.mean, not a.labelled_only)), "test"
-    return replace(chosen, variants=len(group), selected_on=how)
+def _validated(values: Sequence[Aggregate]) -> bool:
+    return all(not math.isnan(a.validation) for a in values)
 
 
 def select(values: Iterable[Aggregate]) -> Aggregate | None:
-    """Among entries of one configuration (different labels), the one with the best validation score, or, if any
-    lacks one, the best test mean (a practitioner's choice, not an oracle's)."""
+    """The entry with the best validation score, or, if any lacks one, the best test mean (a practitioner's choice,
+    not an oracle's); on a tie the first.  Picks the variant shown for a label (:func:`aggregate`) and, among the
+    entries of one configuration (different labels), the two sides of a gap (:func:`gap_summary`)."""
     vals = list(values)
     if not vals:
         return None
     sign = 1.0 if vals[0].higher_is_better else -1.0
-    if all(not math.isnan(a.validation) for a in vals):
+    if _validated(vals):
         return max(vals, key=lambda a: sign * a.validation)
     return best(vals)
 

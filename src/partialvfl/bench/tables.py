@@ -22,10 +22,11 @@ from partialvfl.bench.naming import (
 from partialvfl.bench.paper_results import paper_accuracy, paper_ratio
 
 __all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "gaps_markdown", "headline", "md_table",
-           "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of"]
+           "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of"]
 
 
-def _fmt(mean: float, std: float, digits: int = 1) -> str:
+def mean_std_text(mean: float, std: float, digits: int = 1) -> str:
+    """``mean (std)``, or the mean alone where the std is ``nan`` (one seed)."""
     if math.isnan(std):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ({std:.{digits}f})"
@@ -78,7 +79,7 @@ def table_markdown(aggs: Sequence[Aggregate], train: str) -> str:
                     row.append("")
                     continue
                 d = _digits(a.metric)
-                text = _fmt(a.mean, a.std, d)
+                text = mean_std_text(a.mean, a.std, d)
                 b = top[t]
                 if b is not None and round(a.mean, d) == round(b.mean, d):
                     text = f"**{text}**"
