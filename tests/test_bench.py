@@ -570,6 +570,22 @@ def test_variants_and_the_gap_are_chosen_on_validation_rows_never_on_test() -> N
     assert sum(is_validation(r) for r in rows) == 5
 
 
+def test_a_gap_chosen_partly_on_test_means_is_not_labelled_validation() -> None:
+    """A partly finished store: FALSE-VFL-II has no validation score, so the FALSE-VFL side is chosen on test means
+    even though the chosen FALSE-VFL-I has one; the gap must say ``test``."""
+    rows = [
+        _row("f1", method="false-vfl-1", label="false-vfl-1", accuracy=0.60),
+        _row("val-f1", method="false-vfl-1", label="false-vfl-1", test_mechanism="validation", role="validation",
+             accuracy=0.8),
+        _row("f2", method="false-vfl-2", label="false-vfl-2", accuracy=0.50),  # no validation row yet
+        _row("pl", method="plug-vfl", label="plug-vfl", accuracy=0.70),
+        _row("val-pl", method="plug-vfl", label="plug-vfl", test_mechanism="validation", role="validation",
+             accuracy=0.6),
+    ]
+    (c,) = gap_summary(aggregate(rows)).configs
+    assert c["false_vfl"] == "FALSE-VFL-I" and c["selected_on"] == "test"
+
+
 @pytest.mark.parametrize("validated", [True, False])
 def test_a_tie_between_variants_goes_to_the_one_that_used_the_unlabelled_data(validated: bool) -> None:
     """Equal validation scores (or, without validation rows, equal test means): the variant shown is the one that

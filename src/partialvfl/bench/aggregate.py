@@ -203,9 +203,9 @@ def gap_summary(aggs: Sequence[Aggregate]) -> GapSummary:
         groups[(a.dataset, a.train, a.test)].append(a)
     summary = GapSummary()
     for (dataset, train, test), group in groups.items():
-        ours = select(a for a in group if is_false_vfl(a.method))
-        other = select(a for a in group if not is_false_vfl(a.method))
-        oracle = best(a for a in group if not is_false_vfl(a.method))
+        ours_side = [a for a in group if is_false_vfl(a.method)]
+        other_side = [a for a in group if not is_false_vfl(a.method)]
+        ours, other, oracle = select(ours_side), select(other_side), best(other_side)
         if ours is None or other is None or oracle is None:
             continue
         sign = 1.0 if ours.higher_is_better else -1.0
@@ -214,8 +214,9 @@ def gap_summary(aggs: Sequence[Aggregate]) -> GapSummary:
             "false_vfl": ours.title, "false_vfl_mean": ours.mean,
             "best_other": other.title, "best_other_mean": other.mean, "gap": sign * (ours.mean - other.mean),
             "oracle_other": oracle.title, "oracle_gap": sign * (ours.mean - oracle.mean),
-            "selected_on": "validation" if not (math.isnan(ours.validation) or math.isnan(other.validation))
-            else "test",
+            # validation only if every choice behind the two sides was: each side's entry, and each entry's variant
+            "selected_on": "validation" if _validated(ours_side) and _validated(other_side) and {
+                ours.selected_on, other.selected_on} <= {"validation", "only"} else "test",
         })
     summary.configs.sort(key=lambda c: (c["dataset"], mech_key(c["train"]), mech_key(c["test"])))
     return summary
