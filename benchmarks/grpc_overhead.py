@@ -3,13 +3,15 @@
 ``digits`` split over K parties (default 4), each party a separate ``partialvfl party serve`` process on
 127.0.0.1 with mutual TLS, plus this process as the coordinator.  Reports, for training and for prediction:
 wall time in process vs federated and their ratio (the fastest of interleaved repeats, after one warm-up fit on
-each side, since the first use of an optimiser imports lazily for seconds in every process), and bytes that crossed
+each side, since the first use of an optimiser imports lazily for seconds in every process); the cost of one more
+epoch on each side (the same fits with ``--extra-epochs`` more epochs per stage, minus the shorter ones: a whole
+fit's ratio includes the set-up rounds and the first batches, which do not grow with the epochs); and bytes that crossed
 a party boundary per sample per step (tensor bytes from the message log; on-the-wire frame bytes, which include the
 coordinator's traffic with its own party and the safetensors/JSON headers, beside them).  It also checks that both
 runs give the same predictions.
 
-    /work/venv/bin/python benchmarks/grpc_overhead.py                   # false-vfl-1, 4 parties, 2+2 epochs
-    /work/venv/bin/python benchmarks/grpc_overhead.py --method vanilla-vfl --epochs 3 --json out.json
+    python benchmarks/grpc_overhead.py                   # false-vfl-1, 4 parties, 2+2 epochs
+    python benchmarks/grpc_overhead.py --method vanilla-vfl --epochs 3 --json out.json
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = epoch_params(args.method, args.epochs)
     warm = epoch_params(args.method, 1)
     fit_local, fit_remote, pred_local, pred_remote = [], [], [], []
+    long_local: list[float] = []  # extra seconds of the fits with --extra-epochs more epochs
+    long_remote: list[float] = []
 
     with tempfile.TemporaryDirectory() as tmp, LocalDeployment(Path(tmp), train, extra=[test], deadline=120.0) as dep:
         t0 = time.perf_counter()
@@ -99,11 +103,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if rep == 0:
                     pred_bytes = log.total_bytes()
                     wire_pred = t.bytes_sent + t.bytes_received - wire0
+                if args.extra_epochs:  # the same fits with more epochs: the difference is the cost of an epoch
+                    longer = epoch_params(args.method, args.epochs + args.extra_epochs)
+                    t0 = time.perf_counter()
+                    cls(args.preset, seed=args.seed, **longer).fit(train)
+                    long_local.append(time.perf_counter() - t0 - fit_local[-1])
+                    t0 = time.perf_counter()
+                    cls(args.preset, seed=args.seed, **longer).fit_federated(fed, train.coordinator_view(), handle)
+                    long_remote.append(time.perf_counter() - t0 - fit_remote[-1])
         finally:
             fed.close()
     n_fit = samples_per_fit(args.method, train, args.epochs)
     n_pred = int(test.observed.any(axis=1).sum())
     fl, fr, pl, pr = min(fit_local), min(fit_remote), min(pred_local), min(pred_remote)
+    per_epoch: dict[str, Any] = {}
+    if long_local:
+        # epochs added per stage: FALSE-VFL trains two stages, so extra_epochs adds 2 x extra_epochs epochs
+        added = args.extra_epochs * (2 if args.method.startswith("false-vfl") else 1)
+        el, er = np.median(long_local) / added, np.median(long_remote) / added
+        per_epoch = {"extra_epoch_seconds_in_process": round(float(el), 3),
+                     "extra_epoch_seconds_federated": round(float(er), 3),
+                     "extra_epoch_ratio": round(float(er / max(el, 1e-9)), 2)}
     return {
         "method": args.method, "preset": args.preset, "parties": args.parties, "epochs": args.epochs,
         "repeats": args.repeats, "train_samples": train.n_samples, "predict_samples": test.n_samples,
@@ -114,6 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fit_ratio_median": round(float(np.median(fit_remote) / np.median(fit_local)), 2),
         "fit_seconds_all_in_process": [round(v, 2) for v in fit_local],
         "fit_seconds_all_federated": [round(v, 2) for v in fit_remote],
+        **per_epoch,
         "fit_party_compute_seconds": round(party_train, 2),
         "fit_crossing_messages": n_messages,
         "fit_crossing_bytes_per_sample_step": round(train_bytes / max(n_fit, 1), 1),
@@ -138,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-missing", default="mcar2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timing repeats (fastest reported)")
+    ap.add_argument("--extra-epochs", type=int, default=2,
+                    help="also fit with this many more epochs (per stage) and report the cost of one epoch as the "
+                         "difference, without the fit's fixed costs (set-up, first rounds); 0 skips it")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     res = run(args)
