@@ -646,3 +646,11 @@ def test_ablation_report_over_k_averages_tests_and_maps_the_winners(tmp_path: Pa
     assert "| 4 | LASER-VFL +10.0 (FALSE-VFL #2) | FALSE-VFL-I +6.0 (FALSE-VFL #1) |" in md
     assert "| 8 | FALSE-VFL-I +2.0 (FALSE-VFL #1) | FALSE-VFL-I +12.0 (FALSE-VFL #1) |" in md
     assert "| 4 | 12 | 900 | 10.0 | 60.0 |" in md  # patterns, rows, pattern-batch vs mixed batch size
+
+
+def test_datasets_are_reported_in_natural_order() -> None:
+    from partialvfl.bench.naming import dataset_key
+
+    labels = ["fm K=12", "hapt-raw", "fm K=4", "fm alpha=inf", "fm K=8", "fm alpha=0.1", "fm alpha=1", "fm"]
+    assert sorted(labels, key=dataset_key) == ["fm", "fm K=4", "fm K=8", "fm K=12", "fm alpha=0.1", "fm alpha=1",
+                                               "fm alpha=inf", "hapt-raw"]

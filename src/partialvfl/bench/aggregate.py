@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from partialvfl.bench.grid import stable_hash
-from partialvfl.bench.naming import LABELLED_ONLY, is_false_vfl, mech_key, method_key, method_title
+from partialvfl.bench.naming import LABELLED_ONLY, dataset_key, is_false_vfl, mech_key, method_key, method_title
 
 __all__ = ["Aggregate", "GapSummary", "aggregate", "best", "entry_key", "gap_summary", "is_validation",
            "mean_std", "robustness_ratios", "select", "validation_scores"]
@@ -129,7 +129,7 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
         assert chosen is not None
         how = "only" if len(group) == 1 else "validation" if _validated(group) else "test"
         out.append(replace(chosen, variants=len(group), selected_on=how))
-    out.sort(key=lambda a: (a.dataset, mech_key(a.train), method_key(a.method, a.label), mech_key(a.test)))
+    out.sort(key=lambda a: (dataset_key(a.dataset), mech_key(a.train), method_key(a.method, a.label), mech_key(a.test)))
     return out
 
 
@@ -188,7 +188,7 @@ class GapSummary:
         return statistics.fmean(vals) if vals else math.nan
 
     def by(self, axis: str) -> dict[str, float]:
-        keys = sorted({c[axis] for c in self.configs}, key=mech_key if axis != "dataset" else str)
+        keys = sorted({c[axis] for c in self.configs}, key=mech_key if axis != "dataset" else dataset_key)
         return {k: self.mean_gap(**{axis: k}) for k in keys}
 
 
@@ -218,7 +218,7 @@ def gap_summary(aggs: Sequence[Aggregate]) -> GapSummary:
             "selected_on": "validation" if _validated(ours_side) and _validated(other_side) and {
                 ours.selected_on, other.selected_on} <= {"validation", "only"} else "test",
         })
-    summary.configs.sort(key=lambda c: (c["dataset"], mech_key(c["train"]), mech_key(c["test"])))
+    summary.configs.sort(key=lambda c: (dataset_key(c["dataset"]), mech_key(c["train"]), mech_key(c["test"])))
     return summary
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from partialvfl.bench.aggregate import Aggregate
-from partialvfl.bench.naming import PAPER_DATASET_NAME, mech_key, mechanism_title, method_key
+from partialvfl.bench.naming import PAPER_DATASET_NAME, dataset_key, mech_key, mechanism_title, method_key
 from partialvfl.bench.tables import rows_by_label, tests_of
 
 __all__ = ["label_colours", "method_labels", "new_figure", "plot_band", "save_figure", "write_figures"]
@@ -62,7 +62,7 @@ def write_figures(aggs: Sequence[Aggregate], out: Path) -> list[Path]:
     colour = label_colours(method_labels(aggs))  # one colour per method in every figure
     for train in sorted({a.train for a in aggs}, key=mech_key):
         sel = [a for a in aggs if a.train == train]
-        datasets = sorted({a.dataset for a in sel})
+        datasets = sorted({a.dataset for a in sel}, key=dataset_key)
         fig = new_figure((max(5.5, 4.2 * len(datasets)), 3.8))
         axes = fig.subplots(1, len(datasets), squeeze=False)[0]
         for ax, dataset in zip(axes, datasets):

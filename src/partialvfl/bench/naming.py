@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
 
-__all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "is_false_vfl", "mech_key", "mechanism_title",
-           "method_key", "method_title"]
+__all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "dataset_key", "is_false_vfl", "mech_key",
+           "mechanism_title", "method_key", "method_title"]
 
 PAPER_NAME = {v: k for k, v in PAPER_METHODS.items()}
 #: Display names: the FALSE-VFL paper's, plus those of the methods it does not compare with.
@@ -34,6 +36,13 @@ def method_title(label: str, method: str) -> str:
 
 def is_false_vfl(method: str) -> bool:
     return method.startswith("false-vfl")
+
+
+def dataset_key(name: str) -> tuple[tuple[int, float, str], ...]:
+    """Datasets in natural order: numbers in a label compare as numbers (``K=4`` < ``K=12``, ``alpha=0.1`` < ``1`` <
+    ``inf``), the rest as text."""
+    parts = re.split(r"(\d+(?:\.\d+)?|inf)", name)
+    return tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts) if p)
 
 
 def mech_key(name: str) -> tuple[int, str]:

@@ -38,7 +38,7 @@ from partialvfl.bench.aggregate import (
     robustness_ratios,
 )
 from partialvfl.bench.figures import write_figures
-from partialvfl.bench.naming import mech_key, mechanism_title, method_title
+from partialvfl.bench.naming import dataset_key, mech_key, mechanism_title, method_title
 from partialvfl.bench.tables import (
     comparison_markdown,
     cost_markdown,
@@ -102,7 +102,7 @@ class _Writer:
 
 def _summary_line(store: str | Path, rows: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]]) -> str:
     return (f"{len(rows)} results ({len({r['cell_hash'] for r in rows})} fits) from the store `{store}`; "
-            f"datasets: {', '.join(sorted({r['dataset'] for r in rows}))}; code version(s): "
+            f"datasets: {', '.join(sorted({r['dataset'] for r in rows}, key=dataset_key))}; code version(s): "
             f"{', '.join(sorted({str(r['code_version']) for r in rows}))}; grid(s): "
             f"{', '.join(sorted({str(r['grid']) for r in rows}))}."
             + (f" {len({r['cell_hash'] for r in failed})} fit(s) failed and are left out." if failed else ""))

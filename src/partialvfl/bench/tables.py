@@ -14,6 +14,7 @@ from partialvfl.bench.aggregate import Aggregate, GapSummary, best, is_validatio
 from partialvfl.bench.naming import (
     PAPER_DATASET_NAME,
     PAPER_NAME,
+    dataset_key,
     mech_key,
     mechanism_title,
     method_key,
@@ -65,7 +66,7 @@ def table_markdown(aggs: Sequence[Aggregate], train: str) -> str:
     sel = [a for a in aggs if a.train == train]
     tests = tests_of(sel)
     out_rows = []
-    for dataset in sorted({a.dataset for a in sel}):
+    for dataset in sorted({a.dataset for a in sel}, key=dataset_key):
         ds = [a for a in sel if a.dataset == dataset]
         top = {t: best(a for a in ds if a.test == t) for t in tests}
         first = True
@@ -139,7 +140,7 @@ def ratios_markdown(ratios: Sequence[dict[str, Any]]) -> str:
         return "No method was run under both MCAR 2 and MCAR 5 training: no robustness ratios."
     tests = sorted({r["test"] for r in ratios}, key=mech_key)
     rows = []
-    for dataset in sorted({r["dataset"] for r in ratios}):
+    for dataset in sorted({r["dataset"] for r in ratios}, key=dataset_key):
         ds = [r for r in ratios if r["dataset"] == dataset]
         top = {t: max((r["ratio"] for r in ds if r["test"] == t), default=math.nan) for t in tests}
         labels = list(dict.fromkeys(r["label"] for r in ds))
@@ -193,7 +194,7 @@ def comparison_markdown(rows: Sequence[dict[str, Any]]) -> str:
              "side). Our grids may use "
              "fewer seeds, smaller caps, fewer epochs and other presets than the paper: read the grid before the "
              "differences.", ""]
-    for dataset in sorted({r["dataset"] for r in acc}):
+    for dataset in sorted({r["dataset"] for r in acc}, key=dataset_key):
         for train in sorted({r["train"] for r in acc if r["dataset"] == dataset}, key=mech_key):
             sel = [r for r in acc if r["dataset"] == dataset and r["train"] == train]
             tests = sorted({r["test"] for r in sel}, key=mech_key)
