@@ -143,9 +143,11 @@ def _pattern_table(rows: Sequence[dict[str, Any]], axis: Axis) -> str:
                  "mixed batch size"], body))
 
 
-def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis: Axis) -> str:
-    """The ablation section: per training mechanism the averaged table and the who-wins-where map."""
-    curves = axis_curves(rows, aggs, axis)
+def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis: Axis,
+                      curves: dict[tuple[str, str, str], tuple[float, float, int]] | None = None) -> str:
+    """The ablation section: per training mechanism the averaged table and the who-wins-where map (``curves``:
+    :func:`axis_curves` of the same data, if the caller has them)."""
+    curves = axis_curves(rows, aggs, axis) if curves is None else curves
     datasets = axis.ordered()
     parts = [f"Ablation over {axis.name} ({', '.join(axis.show(d) for d in datasets)}): accuracy (%) averaged over "
              "the test mechanisms per seed, then mean (std) over seeds; the best of each column in bold.", ""]
@@ -193,9 +195,11 @@ def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
 
 
 def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis: Axis,
-                           out: Path) -> list[Path]:
-    """Per training mechanism: accuracy against the axis, one panel per test mechanism and one for the average."""
-    curves = axis_curves(rows, aggs, axis)
+                           out: Path, curves: dict[tuple[str, str, str], tuple[float, float, int]] | None = None
+                           ) -> list[Path]:
+    """Per training mechanism: accuracy against the axis, one panel per test mechanism and one for the average
+    (``curves``: :func:`axis_curves` of the same data, if the caller has them)."""
+    curves = axis_curves(rows, aggs, axis) if curves is None else curves
     datasets = axis.ordered()
     xs = list(range(len(datasets)))
     labels = method_labels(aggs)

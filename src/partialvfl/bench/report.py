@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partialvfl.bench.ablation import ablation_axis, ablation_markdown, write_ablation_figures
+from partialvfl.bench.ablation import ablation_axis, ablation_markdown, axis_curves, write_ablation_figures
 from partialvfl.bench.aggregate import (
     Aggregate,
     GapSummary,
@@ -127,9 +127,10 @@ def _ablation(w: _Writer, rows: Sequence[dict[str, Any]], aggs: Sequence[Aggrega
     axis = ablation_axis(rows)
     if axis is None:
         return
-    w.part(f"ablation-{axis.name}.md", f"Ablation over {axis.name}", ablation_markdown(rows, aggs, axis))
+    curves = axis_curves(rows, aggs, axis)  # once, for the tables and the figures
+    w.part(f"ablation-{axis.name}.md", f"Ablation over {axis.name}", ablation_markdown(rows, aggs, axis, curves))
     if figures:
-        w.written += write_ablation_figures(rows, aggs, axis, w.out)
+        w.written += write_ablation_figures(rows, aggs, axis, w.out, curves)
         w.sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
                        f"(ablation-{axis.name}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
         w.sections.append("")
