@@ -200,15 +200,26 @@ def attack_seed(ex: Extractor, x: np.ndarray, *, width: int = 1, min_hidden: int
     return AttackOutcome(name, refused, _describe(cfg), relative_rmse(x, x_hat))
 
 
-def attack_probes(ex: Extractor, x: np.ndarray, *, width: int = 1, probes: int = 4, seed: int = 1234,
-                  **_: Any) -> AttackOutcome:
-    nets, embs, refused, cfg = [], [], [], {}
+def _probe(ex: Extractor, width: int, probes: int, seed: int
+           ) -> tuple[list[dict[str, Any]], list[np.ndarray], list[str]]:
+    """``probes`` setups (seeds ``seed``, ``seed + 1``, ...) each embedding every row: the accepted configurations,
+    the embeddings, and the first setup's refusals."""
+    if probes < 1:
+        raise ValueError(f"an attack needs at least one probe, got {probes}")
+    cfgs, embs, refused = [], [], []
     for p in range(probes):
         cfg, r = ex.setup_first(ex.candidates(width), seed + p)
         refused += r if p == 0 else []
-        nets.append(rebuild(cfg, seed + p, ex.party))
+        cfgs.append(cfg)
         embs.append(ex.embed())
-    x_hat = invert(nets, embs, ex.d)
+    return cfgs, embs, refused
+
+
+def attack_probes(ex: Extractor, x: np.ndarray, *, width: int = 1, probes: int = 4, seed: int = 1234,
+                  **_: Any) -> AttackOutcome:
+    cfgs, embs, refused = _probe(ex, width, probes, seed)
+    x_hat = invert([rebuild(c, seed + p, ex.party) for p, c in enumerate(cfgs)], embs, ex.d)
+    cfg = cfgs[-1]
     return AttackOutcome(f"{probes} probes, width {width}d", refused, _describe(cfg), relative_rmse(x, x_hat))
 
 
@@ -216,11 +227,8 @@ def attack_known_rows(ex: Extractor, x: np.ndarray, *, width: int = 1, n_known: 
                       seed: int = 1234, **_: Any) -> AttackOutcome:
     n_known = n_known or ex.d + 1
     known = np.sort(numpy_rng(seed, "known rows").choice(len(x), size=n_known, replace=False))
-    embs, refused, cfg = [], [], {}
-    for p in range(probes):
-        cfg, r = ex.setup_first(ex.candidates(width), seed + p)
-        refused += r if p == 0 else []
-        embs.append(ex.embed())
+    cfgs, embs, refused = _probe(ex, width, probes, seed)
+    cfg = cfgs[-1]
     x_hat = ridge(np.concatenate(embs, axis=1), x, known)
     unknown = np.setdiff1d(np.arange(len(x)), known)
     name = f"{n_known} known rows" + (f", {probes} probes" if probes > 1 else "") + f", width {width}d"
