@@ -654,3 +654,21 @@ def test_datasets_are_reported_in_natural_order() -> None:
     labels = ["fm K=12", "hapt-raw", "fm K=4", "fm alpha=inf", "fm K=8", "fm alpha=0.1", "fm alpha=1", "fm"]
     assert sorted(labels, key=dataset_key) == ["fm", "fm K=4", "fm K=8", "fm K=12", "fm alpha=0.1", "fm alpha=1",
                                                "fm alpha=inf", "hapt-raw"]
+
+
+def test_a_fit_is_refused_once_the_package_source_changed_under_the_grid(tmp_path: Path, dummy_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grid worker that has imported the old code must not import edited modules lazily and record the mix."""
+    from partialvfl.bench import cell as cell_module
+    from partialvfl.bench.store import source_fingerprint
+
+    now = source_fingerprint()
+    assert "bench/cell.py" in now and all(k.endswith(".py") for k in now)
+    edited = dict(now, **{"nn/stats.py": (0, 0)})  # as if nn/stats.py had another size and time at the start
+    monkeypatch.setattr(cell_module, "_SOURCE_AT_START", edited)
+    summary = run_grid(_grid_file(tmp_path / "g.toml", seeds="[0]"), tmp_path / "store", workers=1, progress=False)
+    assert not summary.done and len(summary.failed) == 2
+    assert "SourceChanged: the partialvfl source changed while this grid ran (nn/stats.py)" in summary.failed[0][1]
+    monkeypatch.setattr(cell_module, "_SOURCE_AT_START", now)  # unchanged: the rerun fits them
+    assert len(run_grid(_grid_file(tmp_path / "g.toml", seeds="[0]"), tmp_path / "store", workers=1,
+                        progress=False).done) == 2

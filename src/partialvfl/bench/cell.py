@@ -15,10 +15,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from partialvfl.bench.grid import Cell, DatasetSpec
-from partialvfl.bench.store import now_utc
+from partialvfl.bench.store import SourceChanged, now_utc, source_fingerprint
 from partialvfl.utils.threads import resolve_threads, step_flops_of, use_threads
 
-__all__ = ["CellResult", "Notify", "data_stats", "failed_rows", "import_modules", "run_cell", "variant_of"]
+__all__ = ["CellResult", "Notify", "check_source", "data_stats", "failed_rows", "import_modules", "run_cell",
+           "variant_of"]
+
+#: the package's source as this process found it when it started running fits (see :func:`check_source`)
+_SOURCE_AT_START = source_fingerprint()
+
+
+def check_source() -> None:
+    """Refuse to run (or record) a fit once the package's source files differ from those this process started with:
+    its modules are a mix of old (imported) and new (imported lazily later) code.  :class:`SourceChanged` names them."""
+    now = source_fingerprint()
+    if now != _SOURCE_AT_START:
+        raise SourceChanged(_SOURCE_AT_START, now)
 
 Notify = Callable[[str, str], None]
 
@@ -183,8 +195,10 @@ def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = 
     if notify is not None:
         notify(cell.key, "started")
     try:
+        check_source()
         import_modules(imports)
         rows = _fit_and_evaluate(cell, grid_name, version, notify, threads)
+        check_source()  # an edit during the fit: its lazily imported modules may be the new code
         error = None
     except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error
         error = "".join(traceback.format_exception(e))[-4000:]

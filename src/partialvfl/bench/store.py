@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLUMNS", "ResultStore", "code_version", "now_utc"]
+__all__ = ["COLUMNS", "ResultStore", "SourceChanged", "code_version", "now_utc", "source_fingerprint"]
 
 STORE_FILE = "results.sqlite"
 SCHEMA_VERSION = 2  # 2: source, role, data_stats (added to older stores on open)
@@ -90,6 +90,32 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return __version__
+
+
+def source_fingerprint() -> dict[str, tuple[int, int]]:
+    """Size and modification time of every ``.py`` file of the installed ``partialvfl`` package, by relative path."""
+    root = Path(__file__).resolve().parent.parent
+    out: dict[str, tuple[int, int]] = {}
+    for path in root.rglob("*.py"):
+        try:
+            st = path.stat()
+        except OSError:  # removed while we walk: a change, seen as a missing entry
+            continue
+        out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class SourceChanged(RuntimeError):
+    """The package's source files changed after this process started using them."""
+
+    def __init__(self, before: dict[str, tuple[int, int]], now: dict[str, tuple[int, int]]) -> None:
+        changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        super().__init__(
+            f"the partialvfl source changed while this grid ran ({shown}): this process already runs the old code "
+            "and would import the new code lazily, so a fit could mix both under one recorded code version.  Rerun "
+            "the grid from an unchanged checkout (e.g. a git clone); finished fits are kept.")
+        self.changed = changed
 
 
 class ResultStore:
