@@ -9,7 +9,8 @@ Prints, with the hardware, torch threads and load average beside every section:
 * ``laser``: LASER-VFL at the official code's hyperparameters (4 parties of 196 pixels, per-party
   Linear(d,128)-ReLU-Linear(128,128)-ReLU-Linear(128,128), mean fusion, K linear heads, SGD lr 0.03 momentum 0.8
   weight decay 1e-4, batch 128): time per epoch batched and per party, FLOPs and GFLOP/s; with
-  ``--laser-official PATH`` also the official code's time per epoch, side by side (see below);
+  ``--laser-official PATH`` also the official code's time per epoch, side by side (see below), and ours with
+  per-sample batching (batches mixing patterns, about as many per epoch as the official code's);
 * ``bytes``: FALSE-VFL bytes per sample-step crossing party boundaries (message log; independent of the load):
   ``samples`` wire (kappa latent samples) vs ``lean`` (posterior mean and scale) vs ``lean`` + bfloat16;
 * ``bf16``: the accuracy effect of bfloat16 on the wire (two short fits on digits, same seed);
@@ -236,10 +237,10 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
     ``laser_official.py`` (the default): one run of 1 + ``epochs`` epochs, its own timing of the epochs after the
     first.  ``config`` (the protocol of ``train``) is needed for the latter, to write the data it trains on."""
 
-    def ours(batched: bool | None) -> Any:
+    def ours(batched: bool | None, **more: Any) -> Any:
         def fit(n: int) -> None:
-            method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=n)).fit(train, federation=federation(train,
-                                                                                                      batched))
+            method("laser-vfl", "fast", **dict(LASER_OFFICIAL, epochs=n, **more)).fit(
+                train, federation=federation(train, batched))
         return fit
 
     def difference(fit: Any) -> Any:
@@ -249,6 +250,8 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
         return per_epoch
 
     fits = {name: ours(b) for name, b in modes.items()}
+    if official is not None:  # batches mixing patterns, about as many per epoch as the official code's
+        fits["per_sample"] = ours(next(iter(modes.values())), batching="per-sample")
     driver = official is not None and not official.get("cmd")
     if official is not None and not driver:
         fits["official"] = lambda n: run_official(official, n)
@@ -277,7 +280,7 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
     out: dict[str, Any] = {"flops_per_step": flops, "steps_per_epoch": steps}
     for k, t in per_epoch.items():
         out[k] = summary(t)
-        if k != "official":  # our FLOPs and steps: the official epoch has other batches (one per 128 rows)
+        if k not in ("official", "per_sample"):  # pattern batching's FLOPs and steps (the others batch otherwise)
             out[k]["gflops"] = round(flops * steps / min(t) / 1e9, 2)
     if official is not None:
         out["official"]["timing"] = (
@@ -290,6 +293,7 @@ def laser_section(train: Any, repeats: int, epochs: int, official: dict[str, Any
                     "hyperparameters_from", "num_workers", "torch_threads", "stubbed", "epoch_seconds")
             out["official"]["last_run"] = {k: official_run.get(k) for k in keep}
         out["ours_over_official"] = round(min(per_epoch[next(iter(modes))]) / min(per_epoch["official"]), 2)
+        out["ours_per_sample_over_official"] = round(min(per_epoch["per_sample"]) / min(per_epoch["official"]), 2)
     out["timing"] = f"ours: wall time of a fit of 1 + {epochs} epochs minus that of a 1-epoch fit, over {epochs}"
     if set(modes) == set(MODES):
         out["per_party_over_batched"] = round(min(per_epoch["per_party"]) / min(per_epoch["batched"]), 2)
