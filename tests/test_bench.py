@@ -651,9 +651,9 @@ def test_ablation_report_over_k_averages_tests_and_maps_the_winners(tmp_path: Pa
 def test_datasets_are_reported_in_natural_order() -> None:
     from partialvfl.bench.naming import dataset_key
 
-    labels = ["fm K=12", "hapt-raw", "fm K=4", "fm alpha=inf", "fm K=8", "fm alpha=0.1", "fm alpha=1", "fm"]
+    labels = ["fm K=12", "hapt-raw", "fm K=4", "fm alpha=inf", "fm K=8", "fm alpha=0.1", "fm alpha=1", "fm", "info"]
     assert sorted(labels, key=dataset_key) == ["fm", "fm K=4", "fm K=8", "fm K=12", "fm alpha=0.1", "fm alpha=1",
-                                               "fm alpha=inf", "hapt-raw"]
+                                               "fm alpha=inf", "hapt-raw", "info"]
 
 
 def test_a_fit_is_refused_once_the_package_source_changed_under_the_grid(tmp_path: Path, dummy_dir: Path,

@@ -41,7 +41,7 @@ def is_false_vfl(method: str) -> bool:
 def dataset_key(name: str) -> tuple[tuple[int, float, str], ...]:
     """Datasets in natural order: numbers in a label compare as numbers (``K=4`` < ``K=12``, ``alpha=0.1`` < ``1`` <
     ``inf``), the rest as text."""
-    parts = re.split(r"(\d+(?:\.\d+)?|inf)", name)
+    parts = re.split(r"(\d+(?:\.\d+)?|\binf\b)", name)  # "inf" as a word only: "info" stays text
     return tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts) if p)
 
 
