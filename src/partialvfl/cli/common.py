@@ -76,12 +76,13 @@ def add_threads_option(p: argparse.ArgumentParser, help_text: str = THREADS_HELP
 
 
 def threads_for(args: argparse.Namespace, model: Any, data: Any) -> int:
-    """The torch threads ``--threads`` gives a fit of ``model`` on ``data`` (see :mod:`partialvfl.utils.threads`)."""
+    """The torch threads ``--threads`` gives a fit of ``model`` on ``data`` (a dataset or a coordinator's view; see
+    :mod:`partialvfl.utils.threads`)."""
     from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
 
-    dataset = data.info.get("dataset") or data.name or None
+    dataset = data.info.get("dataset") or getattr(data, "name", "") or None
     flops = step_flops_of(type(model), model.resolve_params(dataset), data.feature_shapes)
-    return resolve_threads(args.threads, flops, thread_budget())
+    return resolve_threads(getattr(args, "threads", "auto"), flops, thread_budget())
 
 
 def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -> Any:

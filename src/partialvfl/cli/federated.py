@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.cli.checkpoints import report_checkpoints
+from partialvfl.cli.common import threads_for
 from partialvfl.cli.params import method_from_args
 
 __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_fit", "run_federated_predict"]
@@ -102,7 +103,7 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
             labels = fed.config.labels if fed.config is not None else None
             info = {"federation": str(args.federation), "n_samples": view.n_samples,
                     "id_column": labels and labels.id_column, "label_column": labels and labels.label_column}
-            with use_threads(_coordinator_threads(args, method, view)):
+            with use_threads(threads_for(args, method, view)):  # the coordinator's; each party sets its own
                 method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
             return handle
         except PartyUnavailable as e:
@@ -115,14 +116,6 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
             latest = ck.latest()
             report_line("every party answers again: continuing from "
                         + (f"the checkpoint after step {latest.step}" if latest else "the start"), True)
-
-
-def _coordinator_threads(args: argparse.Namespace, method: Any, view: Any) -> int:
-    """The coordinator's torch threads under ``--threads`` (each party process follows its own setting)."""
-    from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
-
-    flops = step_flops_of(type(method), method.resolve_params(None), view.feature_shapes)
-    return resolve_threads(getattr(args, "threads", "auto"), flops, thread_budget())
 
 
 def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarray, str | None]:
