@@ -121,3 +121,32 @@ def test_normalised_ids_collide_only_when_their_texts_do(values: list) -> None:
     else:
         with pytest.raises(DataValidationError, match="t: "):
             normalize_ids(values, "t")
+
+
+def test_every_table_reader_follows_one_suffix_rule(tmp_path: Path) -> None:
+    """The party server, the coordinator's label table and the predict ID list read a table's format from its name
+    as from_tables does: compressed CSV is CSV, an unknown suffix is refused (it was read as CSV by the servers)."""
+    from partialvfl.cli.federated import read_id_list
+    from partialvfl.data.tables import table_format
+    from partialvfl.federation.grpc_federation import LabelSource, read_labels
+
+    assert [table_format(n) for n in ("a.csv", "A.CSV.GZ", "a.parquet", "a.PQ", "a.txt", "a.tsv", "a.csv.bak")] == \
+        ["csv", "csv", "parquet", "parquet", None, None, None]
+    frame = pd.DataFrame({"uid": ["007", "8"], "y": [1, 0], "f": [0.5, 1.5]})
+    frame.to_csv(tmp_path / "t.csv.gz", index=False)
+    frame.to_csv(tmp_path / "t.txt", index=False)
+    cfg = dict(name="shop", index=1, address="127.0.0.1:0", id_column="uid",
+               tls=TlsFiles(tmp_path / "ca", tmp_path / "c", tmp_path / "k"), state_dir=tmp_path / "s",
+               hmac_key_file=tmp_path / "h", exclude_columns=("y",))
+    table = PartyTable(PartyConfig(data_path=tmp_path / "t.csv.gz", **cfg), KEY)  # type: ignore[arg-type]
+    assert table.ids.tolist() == ["007", "8"] and table.features.tolist() == [[0.5], [1.5]]
+    with pytest.raises(DataValidationError, match=r"cannot tell the format of .*t\.txt"):
+        PartyTable(PartyConfig(data_path=tmp_path / "t.txt", **cfg), KEY)  # type: ignore[arg-type]
+    with pytest.raises(DataValidationError, match=r"label table .*cannot tell the format of .*t\.txt"):
+        read_labels(LabelSource(tmp_path / "t.txt", "uid", "y"))
+    assert read_labels(LabelSource(tmp_path / "t.csv.gz", "uid", "y"))[0].tolist() == ["007", "8"]
+    ids, column = read_id_list(tmp_path / "t.csv.gz", "uid")  # was read as lines of gzip bytes
+    assert ids.tolist() == ["007", "8"] and column == "uid"
+    (tmp_path / "ids.txt").write_text("007\n8\n")
+    ids, column = read_id_list(tmp_path / "ids.txt")  # not a table: one ID per line
+    assert ids.tolist() == ["007", "8"] and column is None

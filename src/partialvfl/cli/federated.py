@@ -122,14 +122,13 @@ def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarra
     """IDs from a CSV/Parquet table (``column``, default its first column) or a text file with one ID per line,
     normalised by the one ID rule; returns them and the column's name (``None`` for a text file)."""
     from partialvfl.data.ids import normalize_ids
-    from partialvfl.data.tables import read_table
+    from partialvfl.data.tables import read_table, table_format
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"ID file not found: {p}")
-    if p.suffix.lower() in (".parquet", ".pq", ".csv"):
-        fmt = "csv" if p.suffix.lower() == ".csv" else "parquet"
-        df, _ = read_table(f"ID file {p}", p, column or "", fmt)
+    if table_format(p) is not None:
+        df, _ = read_table(f"ID file {p}", p, column or "")
         col = column or str(df.columns[0])
         if col not in df.columns:
             raise ValueError(f"{p} has no column {col!r}")

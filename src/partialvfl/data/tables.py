@@ -27,7 +27,7 @@ from partialvfl.data.ids import normalize_ids, sample_order
 from partialvfl.data.labels import encode_labels
 
 __all__ = ["TableLike", "columns_hint", "feature_values", "from_csv", "from_parquet", "from_tables", "read_table",
-           "select_features", "table_ids"]
+           "select_features", "table_format", "table_ids"]
 
 TableLike = pd.DataFrame | str | Path
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".csv.zst")
@@ -44,6 +44,13 @@ def columns_hint(df: pd.DataFrame, limit: int = 12) -> str:
     return f"its {len(cols)} columns begin {cols[:limit]}"
 
 
+def table_format(path: str | Path) -> str | None:
+    """``"csv"`` or ``"parquet"`` as a table file's name says (``.csv`` and compressed ``.csv.gz`` etc., ``.parquet``,
+    ``.pq``; any case), ``None`` when the name says neither.  The one suffix rule for every reader of table files."""
+    lower = Path(path).name.lower()
+    return "csv" if lower.endswith(_CSV_SUFFIXES) else "parquet" if lower.endswith(_PARQUET_SUFFIXES) else None
+
+
 def read_table(where: str, table: TableLike, id_column: str, fmt: str | None = None) -> tuple[pd.DataFrame, str]:
     """A table as a DataFrame, plus where it came from.
 
@@ -57,11 +64,10 @@ def read_table(where: str, table: TableLike, id_column: str, fmt: str | None = N
         raise DataValidationError(f"{where}: expected a pandas DataFrame or a CSV/Parquet path, got "
                                   f"{type(table).__name__}")
     path = Path(table).expanduser()
-    lower = path.name.lower()
-    kind = fmt or ("csv" if lower.endswith(_CSV_SUFFIXES) else "parquet" if lower.endswith(_PARQUET_SUFFIXES) else None)
+    kind = fmt or table_format(path)
     if kind is None:
-        raise DataValidationError(f"{where}: cannot tell the format of {path} from its name; use a .csv or .parquet "
-                                  "file (or from_csv / from_parquet)")
+        raise DataValidationError(f"{where}: cannot tell the format of {path} from its name; name it .csv (or "
+                                  ".csv.gz, ...) or .parquet (or .pq), or read it with from_csv / from_parquet")
     if not path.is_file():
         raise FileNotFoundError(f"{where}: table file {path} not found")
     if kind == "parquet":

@@ -151,8 +151,7 @@ def read_labels(src: LabelSource) -> tuple[np.ndarray, np.ndarray, Task]:
     where = f"label table {src.path}"
     if not src.path.is_file():
         raise FileNotFoundError(f"label table not found: {src.path}")
-    df, _ = read_table(where, src.path, src.id_column,
-                       "parquet" if src.path.suffix.lower() in (".parquet", ".pq") else "csv")
+    df, _ = read_table(where, src.path, src.id_column)
     ids, _ = table_ids(where, df, src.id_column)
     if src.label_column not in df.columns:
         raise DataValidationError(f"{where}: label column {src.label_column!r} not found; {columns_hint(df)}")

@@ -116,8 +116,7 @@ class PartyTable:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
         if not cfg.data_path.is_file():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
-        fmt = "parquet" if cfg.data_path.suffix.lower() in (".parquet", ".pq") else "csv"
-        df, _ = read_table(where, cfg.data_path, cfg.id_column, fmt)
+        df, _ = read_table(where, cfg.data_path, cfg.id_column)
         ids, _ = table_ids(where, df, cfg.id_column)
         cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
                                exclude=cfg.exclude_columns)
