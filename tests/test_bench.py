@@ -152,7 +152,11 @@ def test_shipped_grids_load_and_expand() -> None:
     load_grid("cpu")
 
 
-@pytest.mark.parametrize("name", ["smoke", "cpu", "paper", "ablation-k", "ablation-alpha", "fashion-mnist-full"])
+_BENCHMARK_GRIDS = sorted(str(p) for p in (Path(__file__).parent.parent / "benchmarks" / "grids").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", ["smoke", "cpu", "paper", "ablation-k", "ablation-alpha", "fashion-mnist-full",
+                                  *_BENCHMARK_GRIDS])
 def test_shipped_grid_methods_accept_their_presets_and_overrides(name: str) -> None:
     from partialvfl.methods import get_method
 
