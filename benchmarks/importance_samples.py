@@ -15,7 +15,6 @@ the model's seed, so every L sees the same fitted model; the spread over L at on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -29,7 +28,8 @@ import torch
 from partialvfl.bench.grid import load_grid
 from partialvfl.bench.tables import md_table
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS as TEST_MECHANISMS
-from partialvfl.data.protocol import ProtocolConfig, make_protocol
+from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
+from partialvfl.data.sources import load_source
 from partialvfl.methods import evaluate, get_method
 
 
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     config = ProtocolConfig(dataset="fashion-mnist", parties=8, n_labels=1000, n_aligned=200,
                             max_train=1000 if args.quick else 4000, max_test=500 if args.quick else args.max_test,
                             train_missing=args.train_missing, test_missing="mcar0", seed=args.seed)
-    train, _ = make_protocol(config)
+    source = load_source(config.dataset)  # read once: every test mechanism's set is cut from it
+    train, _ = make_protocol(config, source)
     params = dict(cpu_grid_params(args.method), **({"pretrain_epochs": 2, "epochs": 2} if args.quick else {}))
     model = get_method(args.method)("paper", seed=args.seed, **params)
     t0 = time.perf_counter()
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = [int(s) for s in args.samples.split(",")]
     rows: list[dict[str, Any]] = []
     for mech in TEST_MECHANISMS:
-        test = make_protocol(dataclasses.replace(config, test_missing=mech))[1]
+        test = with_test_mechanism(config, mech, source)
         for n in samples:
             model.params_["predict_importance_samples"] = n
             res = evaluate(model, test)

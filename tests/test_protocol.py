@@ -6,7 +6,7 @@ from sklearn.datasets import load_digits
 
 from partialvfl.data.dataset import DataValidationError, Task
 from partialvfl.data.mechanisms import MechanismError
-from partialvfl.data.protocol import ProtocolConfig, describe, make_protocol, stage_rng
+from partialvfl.data.protocol import ProtocolConfig, describe, make_protocol, stage_rng, with_test_mechanism
 from partialvfl.data.sources.base import RawSource
 from partialvfl.data.splitters import SplitterError
 
@@ -81,6 +81,20 @@ def test_test_mask_does_not_depend_on_the_training_mechanism_or_labels(digits):
         np.testing.assert_array_equal(a, b)  # NaN in the same places
     _, test_c = make_protocol(cfg(test_missing="mar2"), digits)
     assert not np.array_equal(test_a.observed, test_c.observed)
+
+
+@pytest.mark.parametrize("mechanism", ["mcar0", "mar1", "mnar9"])
+def test_with_test_mechanism_gives_the_protocols_test_set(digits, mechanism):
+    """The grid and the L benchmark score every test mechanism on sets cut by with_test_mechanism: the same rows, values
+    and mask as a protocol built with that test mechanism (and the given training mechanism)."""
+    _, expected = make_protocol(cfg(train_missing="mar2", test_missing=mechanism), digits)
+    got = with_test_mechanism(cfg(train_missing="mar2", test_missing="mcar2"), mechanism, digits)
+    np.testing.assert_array_equal(got.ids, expected.ids)
+    np.testing.assert_array_equal(got.observed, expected.observed)
+    np.testing.assert_array_equal(got.y, expected.y)
+    for a, b in zip(got.blocks, expected.blocks):
+        np.testing.assert_array_equal(a, b)
+    assert got.info["mechanism"] == expected.info["mechanism"]
 
 
 def test_same_seed_same_data_other_seed_other_data(digits):

@@ -11,7 +11,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from partialvfl.bench.grid import Cell, DatasetSpec
@@ -81,23 +81,12 @@ def _source(spec: DatasetSpec) -> Any:
     return _SOURCES[key]
 
 
-def _test_set(config: Any, mechanism: str, source: Any) -> Any:
-    """The test set of ``config`` under another test mechanism.
-
-    The protocol draws the test mask from its own seeded stage, so it depends only on (seed, test mechanism, test
-    samples): the training side is rebuilt under the cheap ``mcar0`` and thrown away.
-    """
-    from partialvfl.data.protocol import make_protocol
-
-    return make_protocol(replace(config, train_missing="mcar0", test_missing=mechanism), source)[1]
-
-
 def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None,
                       threads: int | str = "auto") -> list[dict[str, Any]]:
     import torch
 
     from partialvfl.data.holdout import hold_out_labels
-    from partialvfl.data.protocol import ProtocolConfig, make_protocol
+    from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.base import get_method
     from partialvfl.methods.evaluation import evaluate
@@ -134,7 +123,7 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
         if mech == "validation":
             data = val
         else:
-            data = first_test if mech == tests[0] else _test_set(config, mech, source)
+            data = first_test if mech == tests[0] else with_test_mechanism(config, mech, source)
         with use_threads(n_threads):
             res = evaluate(model, data)
         rows.append({

@@ -23,7 +23,7 @@ depends only on (seed, test mechanism, the test samples), never on the training 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from partialvfl.data.preprocessing import Standardizer
 from partialvfl.data.sources.base import RawSource
 from partialvfl.data.splitters import Splitter, parse_splitter, split_source_array
 
-__all__ = ["STAGES", "ProtocolConfig", "describe", "make_protocol", "stage_rng"]
+__all__ = ["STAGES", "ProtocolConfig", "describe", "make_protocol", "stage_rng", "with_test_mechanism"]
 
 #: The stage number of each random stage; the generator of a stage is seeded by SeedSequence([seed, number]).
 STAGES = {
@@ -242,6 +242,15 @@ def make_protocol(
     test = test.with_observed(observed_te)
     test.info.update(info, role="test", mechanism=test_mech.name)
     return train, test
+
+
+def with_test_mechanism(config: ProtocolConfig, mechanism: str, source: RawSource | None = None) -> VerticalDataset:
+    """The test set of ``config`` under test mechanism ``mechanism``, the same rows and values as ``make_protocol``'s.
+
+    The test mask comes from its own seeded stage, so it depends only on (seed, test mechanism, test samples): the
+    training side is rebuilt under the cheap ``mcar0`` and thrown away.  Pass ``source`` to avoid reloading it.
+    """
+    return make_protocol(replace(config, train_missing="mcar0", test_missing=mechanism), source)[1]
 
 
 def describe(train: VerticalDataset, test: VerticalDataset) -> dict[str, Any]:
