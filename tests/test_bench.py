@@ -296,23 +296,6 @@ def test_run_records_results_failures_and_skips(tmp_path: Path, dummy_dir: Path)
         assert s.count() == 12
 
 
-def test_other_test_mechanisms_reuse_the_protocol_test_set(tmp_path: Path) -> None:
-    """The runner's shortcut (train side under mcar0) gives exactly make_protocol's test set."""
-    from partialvfl.bench.cell import _test_set
-    from partialvfl.data.protocol import ProtocolConfig, make_protocol
-    from partialvfl.data.sources import load_source
-
-    source = load_source("digits")
-    cfg = ProtocolConfig("digits", parties=4, n_labels=60, n_aligned=10, train_missing="mar2", test_missing="mcar0",
-                         seed=3, max_train=200, max_test=100)
-    direct = make_protocol(ProtocolConfig(**{**cfg.to_dict(), "test_missing": "mnar7"}), source)[1]
-    shortcut = _test_set(cfg, "mnar7", source)
-    np.testing.assert_array_equal(direct.observed, shortcut.observed)
-    np.testing.assert_array_equal(direct.y, shortcut.y)
-    for a, b in zip(direct.blocks, shortcut.blocks):
-        np.testing.assert_array_equal(a, b)
-
-
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_dir: Path) -> None:
     grid = _grid_file(tmp_path / "g.toml", seeds="[0, 1, 2]")  # 6 fits
     store = tmp_path / "store"
