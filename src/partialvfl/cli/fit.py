@@ -83,7 +83,8 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--out", required=True, help="CSV of predictions")
     add_table_options(p, fit=False)
     p.add_argument("--federation", help="the coordinator's federation file: predict across party processes")
-    p.add_argument("--ids", help="with --federation: CSV/Parquet (or text, one per line) with the IDs to predict")
+    p.add_argument("--ids", help="with --federation: the IDs to predict, a .csv (.csv.gz, ...) or .parquet/.pq table, "
+                   "or any other file as text with one ID per line")
     p.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
     p.add_argument("--table-set", default=None, metavar="NAME",
                    help="predict from the parties' prediction tables of this name ([[data.predict]] in party.toml: "
