@@ -150,3 +150,20 @@ def test_every_table_reader_follows_one_suffix_rule(tmp_path: Path) -> None:
     (tmp_path / "ids.txt").write_text("007\n8\n")
     ids, column = read_id_list(tmp_path / "ids.txt")  # not a table: one ID per line
     assert ids.tolist() == ["007", "8"] and column is None
+
+
+def test_text_id_files_that_are_not_one_id_per_line_are_refused(tmp_path: Path) -> None:
+    """A .tsv (its header would become an ID), a table row in a text file, or binary bytes are refused by name."""
+    from partialvfl.cli.federated import read_id_list
+
+    (tmp_path / "ids.tsv").write_text("uid\tscore\n007\t0.5\n")
+    with pytest.raises(ValueError, match=r"ids\.tsv: '\.tsv' is not a format --ids reads"):
+        read_id_list(tmp_path / "ids.tsv")
+    (tmp_path / "rows.txt").write_text("007\n8,0.5\n")
+    with pytest.raises(ValueError, match=r"rows\.txt, line 2: '8,0\.5' holds a tab or comma"):
+        read_id_list(tmp_path / "rows.txt")
+    (tmp_path / "blob.dat").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ValueError, match=r"blob\.dat is not UTF-8 text"):
+        read_id_list(tmp_path / "blob.dat")
+    (tmp_path / "ids.lst").write_text("  007 \r\n\n8\r\n")  # any other name: text, blank lines skipped
+    assert read_id_list(tmp_path / "ids.lst")[0].tolist() == ["007", "8"]

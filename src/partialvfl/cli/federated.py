@@ -134,8 +134,33 @@ def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarra
             raise ValueError(f"{p} has no column {col!r}")
         raw: Any = df[col].to_numpy(dtype=object)
     else:
-        col, raw = None, [line for line in p.read_text().splitlines() if line.strip()]
+        col, raw = None, _text_id_lines(p)
     return np.array(normalize_ids(raw, f"ID file {p}"), dtype=object), col
+
+
+_NOT_TEXT_SUFFIXES = (".tsv", ".tab", ".txt.gz", ".gz", ".bz2", ".xz", ".zip", ".zst", ".xls", ".xlsx", ".json",
+                      ".jsonl", ".feather", ".arrow", ".orc", ".avro", ".pkl", ".pickle")
+
+
+def _text_id_lines(p: Path) -> list[str]:
+    """The non-blank lines of a text ID file, one ID each (stripped of surrounding spaces).
+
+    Refuses what would silently become wrong IDs: a file named as another format (a ``.tsv`` header would become an
+    ID), bytes that are not UTF-8 text, and lines holding a tab or comma (a table row, not an ID)."""
+    if p.name.lower().endswith(_NOT_TEXT_SUFFIXES):
+        raise ValueError(f"ID file {p}: {p.suffix!r} is not a format --ids reads; give a .csv (.csv.gz, ...) or "
+                         ".parquet/.pq table (with --id-column), or a text file with one ID per line")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"ID file {p} is not UTF-8 text (byte {e.start}); a table must be named .csv (.csv.gz, "
+                         "...) or .parquet/.pq") from None
+    lines = [line.strip() for line in text.splitlines()]
+    for number, line in enumerate(lines, 1):
+        if "\t" in line or "," in line:
+            raise ValueError(f"ID file {p}, line {number}: {line[:60]!r} holds a tab or comma; a text ID file has "
+                             "one ID per line (for a table, name it .csv and choose the column with --id-column)")
+    return [line for line in lines if line]
 
 
 def run_federated_predict(args: argparse.Namespace) -> int:

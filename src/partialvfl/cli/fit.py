@@ -84,7 +84,8 @@ def add_predict_command(sub: Any) -> None:
     add_table_options(p, fit=False)
     p.add_argument("--federation", help="the coordinator's federation file: predict across party processes")
     p.add_argument("--ids", help="with --federation: the IDs to predict, a .csv (.csv.gz, ...) or .parquet/.pq table, "
-                   "or any other file as text with one ID per line")
+                   "or any other file as UTF-8 text with one ID per line (.tsv, .json, .xlsx and the like, "
+                   "and lines holding a tab or comma, are refused)")
     p.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
     p.add_argument("--table-set", default=None, metavar="NAME",
                    help="predict from the parties' prediction tables of this name ([[data.predict]] in party.toml: "
