@@ -138,7 +138,7 @@ def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarra
     return np.array(normalize_ids(raw, f"ID file {p}"), dtype=object), col
 
 
-_NOT_TEXT_SUFFIXES = (".tsv", ".tab", ".txt.gz", ".gz", ".bz2", ".xz", ".zip", ".zst", ".xls", ".xlsx", ".json",
+_NOT_TEXT_SUFFIXES = (".tsv", ".tab", ".gz", ".bz2", ".xz", ".zip", ".zst", ".xls", ".xlsx", ".json",
                       ".jsonl", ".feather", ".arrow", ".orc", ".avro", ".pkl", ".pickle")
 
 
