@@ -21,7 +21,6 @@ from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
 from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.alignment import hash_ids, load_key
 from partialvfl.federation.certs import issue_certificate
 from partialvfl.federation.grpc_federation import load_federation_config
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -227,8 +226,7 @@ def test_new_users_are_predicted_from_their_own_table_and_never_trained_on(dep, 
     fed = dep.federation()
     try:  # the fit's alignment never sees the new users: they are in no training table
         view, handle = fed.align(handle="check")
-        key = load_key(dep.key_file)
-        new = {bytes(h).hex() for h in hash_ids(new_users.ids, key)}
+        new = {bytes(h).hex() for h in fed.id_tokens(new_users.ids)}
         assert view.n_samples == len(data.ids) and not new & set(view.ids)
         fed.release(handle)
     finally:
