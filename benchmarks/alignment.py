@@ -100,11 +100,12 @@ def lookups(dep: LocalDeployment, new_ids: np.ndarray) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data = make_data(args.parties, args.ids, args.overlap, args.labels, args.seed)
-    new = make_data(args.parties, args.lookup, 1.0, 0.0, args.seed + 1, prefix="N")
+    new = make_data(args.parties, max(args.lookup, 1), 1.0, 0.0, args.seed + 1, prefix="N")
     out: dict[str, Any] = {"parties": args.parties, "ids_per_party": args.ids, "overlap": args.overlap,
-                           "union": data.n_samples, "labels": int(data.labeled.sum()), "cpu_cores": os.cpu_count()}
+                           "union": data.n_samples, "labels": int(data.labeled.sum()), "cpu_cores": os.cpu_count(),
+                           "party_threads": args.threads}
     out["blindings_per_second_per_core"], out["hash_to_group_per_second"] = (round(r) for r in per_core_rates())
-    kw = {"deadline": 1800.0, "start_timeout": 900.0, "max_message_mb": 512.0}
+    kw = {"deadline": 1800.0, "start_timeout": 900.0, "max_message_mb": 512.0, "threads": args.threads}
     with tempfile.TemporaryDirectory() as d:
         with LocalDeployment(Path(d) / "psu", data, predict={"new-users": new}, **kw) as dep:
             dep.start()
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--overlap", type=float, default=0.6, help="share of each party's IDs every party holds")
     ap.add_argument("--labels", type=float, default=0.1, help="share of the label holder's IDs with a label")
     ap.add_argument("--lookup", type=int, default=1000, help="new IDs to look up (0: skip)")
+    ap.add_argument("--threads", type=int, default=2, help="threads per party process ([party] threads)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -133,8 +133,8 @@ def _tampered(kind: str, party: int, change: Any) -> Any:
 
 @pytest.mark.parametrize(("kind", "party", "change", "message"), [
     ("psu_tokens", 1, lambda t: t[:-1], r"party 1 \('shop'\) sent 2 tokens for the 3 rows of its training table"),
-    ("psu_tokens", 0, lambda t: torch.cat([torch.full_like(t[:1], 255), t[1:]]),
-     r"party 0 \('bank'\), psu_tokens: element 0 is not a valid ristretto255"),
+    ("psu_eval", 0, lambda t: torch.cat([torch.full_like(t[:1], 255), t[1:]]),
+     r"party 0 \('bank'\), psu_eval: element 0 is not a valid ristretto255"),
     ("psu_tokens", 1, lambda t: t[[0, 0, 1]], r"party 1 \('shop'\), psu_tokens: the set holds the same element twice"),
     ("psu_eval", 0, lambda t: t[:-1], r"party 0 \('bank'\) answered psu_eval with 1 elements for 2 sent"),
     ("psu_unblind", 2, lambda t: t[:1], r"party 2 \('insurer'\) sent 1 tokens for the 2 rows"),

@@ -206,11 +206,15 @@ def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> No
         fed.close()
     entries = read_access_log(log_file)[before:]
     kinds = [(e["kind"], e["outcome"]) for e in entries]
-    assert kinds == [("hello", "served"), ("ids", "served"), ("attach", "served"), ("setup", "refused"),
-                     ("release", "served")], kinds
-    hello, ids, attach, setup, _ = entries
+    # the bank is the label holder: no alignment key, its tokens come blinded through a keyed party
+    assert kinds == [("hello", "served"), ("psu_open", "served"), ("psu_blind", "served"), ("psu_unblind", "served"),
+                     ("attach", "served"), ("setup", "refused"), ("release", "served")], kinds
+    hello, _, blind, unblind, attach, setup, _ = entries
     assert hello["peer"] == "coordinator" and hello["address"].startswith("ipv4:127.0.0.1")
-    assert ids["reply"] == {"hashes": [[int(data.observed[:, 0].sum()), 32], "uint8"]} and ids["reply_bytes"] > 0
+    held = int(data.observed[:, 0].sum())
+    assert blind["reply"] == {"points": [[held, 32], "uint8"]} and blind["reply_bytes"] > 0
+    assert unblind["request"] == {"points": [[held, 32], "uint8"]} and unblind["reply"] == {"tokens": [[held, 32],
+                                                                                                        "uint8"]}
     assert attach["request"]["rows"] == [[int(data.observed[:, 0].sum())], "int64"]
     assert attach["meta"] == {"handle": "audit", "n_samples": len(data.ids)} and attach["status"] == "OK"
     assert setup["status"] == "PERMISSION_DENIED" and "'no/such' is not one this party runs" in setup["reason"]

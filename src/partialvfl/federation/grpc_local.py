@@ -118,6 +118,7 @@ class LocalDeployment:
         policy: str | Mapping[str, Any] = "research",
         predict: Mapping[str, VerticalDataset] | None = None,
         alignment: str = "psu",
+        threads: int = 1,
     ) -> None:
         self.dir = Path(directory)
         self.data = data
@@ -134,6 +135,7 @@ class LocalDeployment:
         self.ports: dict[int, int] = {}
         self.certs = self.dir / "certs"
         self.alignment = alignment
+        self.threads = threads
         self.key_file = self.dir / "hmac.key"  # alignment = "hmac" only: every party and the coordinator
         self.alignment_key_file = self.dir / "alignment.key"  # the passive parties only
         self.federation_file = self.dir / "federation.toml"
@@ -173,6 +175,7 @@ state_dir = {_q(self.dir / "state" / name)}
 {self._alignment_lines(k)}
 allowed_peers = ["coordinator"]
 plugins = [{plugins}]
+threads = {self.threads}
 
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}

@@ -17,14 +17,16 @@ Message flow of one session (``psu``; K parties of which the keyed ones hold the
 4. ``psu_unblind`` to each unkeyed party -> its tokens; the coordinator unblinds its own with ``1/r``.
 
 Every reply is checked before anything is used: the number of tokens against the rows the party said it holds,
-duplicates, group-element validity, the keyed parties' key checks agreeing; a failure is an :class:`AlignmentError`
-naming the party, and nothing is attached.
+duplicates, the keyed parties' key checks agreeing, and every element that enters a group operation (libsodium
+refuses an invalid encoding); a failure is an :class:`AlignmentError` naming the party, and nothing is attached.
+The coordinator blinds and unblinds its own IDs while the parties compute (libsodium runs without the GIL).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -158,30 +160,37 @@ class PsuAlignment(_Base):
         meta = self._table_meta(table)
         requests = {k: Request("psu_tokens", {}, {**meta, "salt": self.salt}) if k in self.keyed
                     else Request("psu_blind", {}, dict(meta)) for k in parties}
-        replies = self.transport.call_many(requests, tolerate=tolerate)
+        with ThreadPoolExecutor(1) as pool:  # the coordinator blinds its own IDs while the parties work
+            blinding = pool.submit(Blinding, list(own), self.threads) if own is not None else None
+            replies = self.transport.call_many(requests, tolerate=tolerate)
+            mine = blinding.result() if blinding is not None else None
+            return self._finish(replies, mine, meta, tolerate, expected or {}, table, pool)
+
+    def _finish(self, replies: dict[int, Any], mine: Blinding | None, meta: dict[str, Any], tolerate: bool,
+                expected: dict[int, int], table: str | None, pool: ThreadPoolExecutor,
+                ) -> tuple[dict[int, np.ndarray], np.ndarray | None]:
         tokens: dict[int, np.ndarray] = {}
         checks: dict[str, int] = {}
         blinded: dict[int, list[bytes]] = {}
         for k, r in sorted(replies.items()):
             if k in self.keyed:
-                tokens[k] = self._checked(k, r.tensors["tokens"], (expected or {}).get(k), table)
+                tokens[k] = self._checked(k, r.tensors["tokens"], expected.get(k), table)
                 checks.setdefault(str(r.meta.get("key_check")), k)
             else:
                 pts = points_list(r.tensors["points"], f"{self.who(k)}, psu_blind")
-                self._check_count(k, np.empty(len(pts)), (expected or {}).get(k), table)
+                self._check_count(k, np.empty(len(pts)), expected.get(k), table)
                 check_distinct(pts, f"{self.who(k)}, psu_blind")
                 blinded[k] = pts
         if len(checks) > 1:
             a, b = sorted(checks.values())[:2]
             raise AlignmentError(f"{self.who(a)} and {self.who(b)} hold different alignment keys: give every "
                                  "passive party the same alignment_key_file")
-        mine = Blinding(list(own), self.threads) if own is not None else None
         evaluated = self._evaluate([*blinded.values(), *([mine.points] if mine else [])])
-        own_tokens = None
-        if mine is not None:
-            own_tokens = points_array(mine.unblind(evaluated.pop(), "the keyed parties' psu_eval replies"))
+        unblinding = None
+        if mine is not None:  # while the parties unblind theirs
+            unblinding = pool.submit(mine.unblind, evaluated.pop(), "the keyed parties' psu_eval replies")
         tokens.update(self._unblind(dict(zip(blinded, evaluated, strict=True)), meta, tolerate))
-        return tokens, own_tokens
+        return tokens, (points_array(unblinding.result()) if unblinding is not None else None)
 
     def id_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens of the coordinator's own IDs: blinded, evaluated by one keyed party in one round, unblinded."""
@@ -194,10 +203,8 @@ class PsuAlignment(_Base):
     def _checked(self, k: int, arr: torch.Tensor, expected: int | None, table: str | None) -> np.ndarray:
         tokens = arr.numpy()
         self._check_count(k, tokens, expected, table)
-        pts = points_list(tokens, f"{self.who(k)}, psu_tokens")
-        check_distinct(pts, f"{self.who(k)}, psu_tokens")
-        validate_points(pts, f"{self.who(k)}, psu_tokens")
-        return tokens
+        check_distinct(points_list(tokens, f"{self.who(k)}, psu_tokens"), f"{self.who(k)}, psu_tokens")
+        return tokens  # only compared: an invalid encoding would match nothing (the group operations check theirs)
 
     def _evaluate(self, sets: list[list[bytes]]) -> list[list[bytes]]:
         """Every set raised to the session key by the keyed parties: the concatenation split over them in one round
@@ -205,7 +212,7 @@ class PsuAlignment(_Base):
         flat = [p for s in sets for p in s]
         if not flat:
             return [[] for _ in sets]
-        n_parts = len(self.keyed) if len(flat) >= 2048 else 1
+        n_parts = len(self.keyed) if len(flat) >= 512 else 1
         chunk = -(-len(flat) // n_parts)
         parts = {}
         for i in range(n_parts):
@@ -220,6 +227,7 @@ class PsuAlignment(_Base):
             got = points_list(replies[k].tensors["points"], f"{self.who(k)}, psu_eval")
             if len(got) != b - a:
                 raise AlignmentError(f"{self.who(k)} answered psu_eval with {len(got)} elements for {b - a} sent")
+            validate_points(got, f"{self.who(k)}, psu_eval")  # before another party uses them
             out.extend(got)
         result, start = [], 0
         for s in sets:
