@@ -44,7 +44,7 @@ from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageSpec, TensorSpec
 
 __all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "PartyAligner", "evaluate",
-           "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key",
+           "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key", "session_order",
            "validate_points", "write_alignment_key"]
 
 #: domain separation of the hash into the group and of the session key (version 1 of the protocol)
@@ -212,6 +212,13 @@ def read_alignment_key(path: str | Path) -> bytes:
         raise FileNotFoundError(f"alignment key file not found: {p} (make one with `partialvfl certs init`; only "
                                 "the passive parties hold it)")
     return read_key(p)
+
+
+def session_order(ids: Sequence[str], secret: bytes, salt: Sequence[str]) -> np.ndarray:
+    """Positions that put normalised ``ids`` in the order a federation aligned with ``secret`` and ``salt`` built
+    (sorted by token): for comparing an in-process fit with a federated one, by whoever holds every key."""
+    tokens = evaluate(hash_to_group(list(ids)), session_key(secret, check_salt(list(salt), "salt")), "IDs")
+    return np.array(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=np.int64)
 
 
 class Blinding:
