@@ -290,3 +290,31 @@ def test_a_party_with_another_key_stops_the_alignment_before_anything_is_attache
             fed.close()
         for name in dep.names:
             assert not [e for e in read_access_log(dep.dir / "state" / name / "access.log") if e["kind"] == "attach"]
+
+
+def test_session_order_reproduces_the_federations_order_for_whoever_holds_every_key(tmp_path: Path) -> None:
+    parties = three(tmp_path)
+    coord = PsuAlignment(Wire(parties), ["bank", "shop", "insurer"])
+    tokens, _ = coord.party_tokens([0, 1, 2], None)
+    union = sorted({t for arr in tokens.values() for t in points_list(arr, "t")})
+    ids = ["e", "d", "c", "b", "a"]
+    order = psu.session_order(ids, SECRET, coord.salt or [])
+    assert points_list(coord.id_tokens([ids[i] for i in order]), "t") == union
+
+
+def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(psu_dep: LocalDeployment,
+                                                                              tmp_path: Path) -> None:
+    from partialvfl.federation.grpc_federation import load_federation_config
+    from partialvfl.federation.party_config import load_party_config
+
+    assert "key_file" not in psu_dep.federation_file.read_text()  # the coordinator holds no key
+    cfgs = [load_party_config(psu_dep.party_config_file(k)) for k in range(3)]
+    assert [c.alignment_key_file is not None for c in cfgs] == [True, True, False]  # the insurer (active) has none
+    assert {c.alignment for c in cfgs} == {"psu"} and load_federation_config(psu_dep.federation_file).alignment == "psu"
+    base = psu_dep.party_config_file(0).read_text()
+    for line, message in [('alignment = "hmac"', "alignment = 'hmac' needs 'hmac_key_file'"),
+                          ('alignment = "plain"', "alignment must be 'psu' or 'hmac'")]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(base.replace('alignment = "psu"', line))
+        with pytest.raises(ValueError, match=message):
+            load_party_config(bad)

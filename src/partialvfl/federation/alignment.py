@@ -1,4 +1,8 @@
-"""Entity alignment without a central table: parties report their IDs as HMAC-SHA256 keyed hashes.
+"""The explicit shared-key alignment (``alignment = "hmac"``) and the matching both alignments share.
+
+The default alignment is the keyless private set union of :mod:`partialvfl.federation.psu`: its tokens are matched
+by :func:`observed_from_hashes` and :func:`positions_in` below like the hashes of this mode.  This mode, for parties
+inside one trust domain only:
 
 IDs are normalised by the one rule of :mod:`partialvfl.data.ids` (text, NFC, surrounding white space removed;
 integral numbers as digits) before hashing, exactly as :func:`~partialvfl.data.builders.from_tables` joins them.
