@@ -160,7 +160,7 @@ class PsuAlignment(_Base):
         meta = self._table_meta(table)
         requests = {k: Request("psu_tokens", {}, {**meta, "salt": self.salt}) if k in self.keyed
                     else Request("psu_blind", {}, dict(meta)) for k in parties}
-        with ThreadPoolExecutor(1) as pool:  # the coordinator blinds its own IDs while the parties work
+        with ThreadPoolExecutor(2) as pool:  # the coordinator blinds its own IDs while the parties work
             blinding = pool.submit(Blinding, list(own), self.threads) if own is not None else None
             replies = self.transport.call_many(requests, tolerate=tolerate)
             mine = blinding.result() if blinding is not None else None
@@ -185,11 +185,15 @@ class PsuAlignment(_Base):
             a, b = sorted(checks.values())[:2]
             raise AlignmentError(f"{self.who(a)} and {self.who(b)} hold different alignment keys: give every "
                                  "passive party the same alignment_key_file")
-        evaluated = self._evaluate([*blinded.values(), *([mine.points] if mine else [])])
+        evaluated, answers = self._evaluate([*blinded.values(), *([mine.points] if mine else [])], check=False)
+        checking = pool.submit(self._validate, answers)  # while the parties unblind: blames a bad evaluator first
         unblinding = None
-        if mine is not None:  # while the parties unblind theirs
+        if mine is not None:
             unblinding = pool.submit(mine.unblind, evaluated.pop(), "the keyed parties' psu_eval replies")
-        tokens.update(self._unblind(dict(zip(blinded, evaluated, strict=True)), meta, tolerate))
+        try:
+            tokens.update(self._unblind(dict(zip(blinded, evaluated, strict=True)), meta, tolerate))
+        finally:
+            checking.result()
         return tokens, (points_array(unblinding.result()) if unblinding is not None else None)
 
     def id_tokens(self, texts: Sequence[str]) -> np.ndarray:
@@ -197,7 +201,7 @@ class PsuAlignment(_Base):
         if self.salt is None:
             raise AlignmentError("align the parties first: this session's alignment is not open")
         mine = Blinding(list(texts), self.threads)
-        evaluated = self._evaluate([mine.points])[0]
+        evaluated = self._evaluate([mine.points])[0][0]
         return points_array(mine.unblind(evaluated, "the keyed party's psu_eval reply"))
 
     def _checked(self, k: int, arr: torch.Tensor, expected: int | None, table: str | None) -> np.ndarray:
@@ -206,12 +210,18 @@ class PsuAlignment(_Base):
         check_distinct(points_list(tokens, f"{self.who(k)}, psu_tokens"), f"{self.who(k)}, psu_tokens")
         return tokens  # only compared: an invalid encoding would match nothing (the group operations check theirs)
 
-    def _evaluate(self, sets: list[list[bytes]]) -> list[list[bytes]]:
+    def _validate(self, answers: dict[int, list[bytes]]) -> None:
+        for k, got in answers.items():
+            validate_points(got, f"{self.who(k)}, psu_eval")
+
+    def _evaluate(self, sets: list[list[bytes]], check: bool = True,
+                  ) -> tuple[list[list[bytes]], dict[int, list[bytes]]]:
         """Every set raised to the session key by the keyed parties: the concatenation split over them in one round
-        (a single small set goes to one party, taking turns)."""
+        (a single small set goes to one party, taking turns).  Also returns each party's answer, validated here
+        with ``check``, else by the caller before another party uses it."""
         flat = [p for s in sets for p in s]
         if not flat:
-            return [[] for _ in sets]
+            return [[] for _ in sets], {}
         n_parts = len(self.keyed) if len(flat) >= 512 else 1
         chunk = -(-len(flat) // n_parts)
         parts = {}
@@ -223,17 +233,20 @@ class PsuAlignment(_Base):
         replies = self.transport.call_many({k: Request("psu_eval", {"points": torch.from_numpy(
             points_array(flat[a:b]))}, {"salt": self.salt}) for k, (a, b) in parts.items()})
         out: list[bytes] = []
+        answers: dict[int, list[bytes]] = {}
         for k, (a, b) in sorted(parts.items(), key=lambda kv: kv[1]):
             got = points_list(replies[k].tensors["points"], f"{self.who(k)}, psu_eval")
             if len(got) != b - a:
                 raise AlignmentError(f"{self.who(k)} answered psu_eval with {len(got)} elements for {b - a} sent")
-            validate_points(got, f"{self.who(k)}, psu_eval")  # before another party uses them
+            answers[k] = got
             out.extend(got)
+        if check:
+            self._validate(answers)
         result, start = [], 0
         for s in sets:
             result.append(out[start:start + len(s)])
             start += len(s)
-        return result
+        return result, answers
 
     def _unblind(self, evaluated: dict[int, list[bytes]], meta: dict[str, Any], tolerate: bool,
                  ) -> dict[int, np.ndarray]:
