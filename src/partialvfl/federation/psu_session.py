@@ -222,7 +222,7 @@ class PsuAlignment(_Base):
         flat = [p for s in sets for p in s]
         if not flat:
             return [[] for _ in sets], {}
-        n_parts = len(self.keyed) if len(flat) >= 512 else 1
+        n_parts = len(self.keyed) if len(flat) >= 4096 else 1  # a lookup batch: one round to one party
         chunk = -(-len(flat) // n_parts)
         parts = {}
         for i in range(n_parts):
