@@ -259,8 +259,8 @@ def test_a_guessed_id_is_tested_only_online_logged_and_capped(psu_dep: LocalDepl
         guesses = [f"C{i:06d}" for i in range(1500)]
         tokens = fed.id_tokens(guesses)  # the only way to test guesses: the keyed parties answer, log and count
         assert tokens.shape == (1500, 32)
-        # align() had each keyed party evaluate 1,250 (the insurer's rows and the labels, split); the next party
-        # in turn would reach 3,250, over the session's cap of 3,000
+        # align() had one keyed party evaluate about 2,500 (the insurer's 1,500 rows and its labels), the lookup
+        # above went to the other; this one, to the first again, would pass the session's cap of 3,000
         with pytest.raises(PartyError, match="max_lookups"):
             fed.id_tokens([f"C{i:06d}" for i in range(1500, 3500)])
     finally:
