@@ -62,7 +62,9 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     ck = fit_checkpointer(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
-    fed.alignment_id = GrpcFederation.party_dir_for(ck.directory)  # a resumed fit: the same tokens, the same order
+    # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed or
+    # repeated, gets the same tokens, so the same sample order and the same model
+    fed.alignment_id = f"fit seed {method.seed}"
     try:
         if args.party_timeout is not None:  # parties not up yet are waited for, too
             fed.rejoin(args.party_timeout)

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.data.ids import read_key
+from partialvfl.data.ids import normalize_ids, read_key
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageSpec, TensorSpec
@@ -217,7 +217,8 @@ def read_alignment_key(path: str | Path) -> bytes:
 def session_order(ids: Sequence[str], secret: bytes, salt: Sequence[str]) -> np.ndarray:
     """Positions that put normalised ``ids`` in the order a federation aligned with ``secret`` and ``salt`` built
     (sorted by token): for comparing an in-process fit with a federated one, by whoever holds every key."""
-    tokens = evaluate(hash_to_group(list(ids)), session_key(secret, check_salt(list(salt), "salt")), "IDs")
+    texts = normalize_ids(ids, "IDs", unique=False)
+    tokens = evaluate(hash_to_group(texts), session_key(secret, check_salt(list(salt), "salt")), "IDs")
     return np.array(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=np.int64)
 
 
