@@ -7,7 +7,7 @@ torch, no gRPC).
 * :mod:`.data_commands`: ``datasets``, ``describe``, ``methods``;
 * :mod:`.fit`: ``fit`` (in process or ``--federation``), ``evaluate``, ``predict``;
 * :mod:`.bench`: ``bench``, ``report``;
-* :mod:`.deploy`: ``party serve``, ``certs init``;
+* :mod:`.deploy`: ``party serve``, ``certs init``; :mod:`.serve`: ``serve`` (the prediction service);
 * :mod:`.params`: ``--param`` and ``--epochs`` (one parser, one rule); :mod:`.common`: the protocol options.
 """
 
@@ -17,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from partialvfl.cli import bench, data_commands, deploy, fit
+from partialvfl.cli import bench, data_commands, deploy, fit, serve
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_commands(sub)
     deploy.add_commands(sub)
     fit.add_predict_command(sub)
+    serve.add_commands(sub)
     return parser
 
 

@@ -201,6 +201,7 @@ class GrpcFederation(Federation):
         self.absent: set[int] = set()
         self.party_info: dict[int, dict[str, Any]] = {}
         self.config: FederationConfig | None = None
+        self.last_held: np.ndarray | None = None
         self._hashes: dict[int, np.ndarray] = {}
 
     @classmethod
@@ -414,6 +415,7 @@ class GrpcFederation(Federation):
                 pos = positions_in(order, hashes)
                 observed[pos[pos >= 0], k] = True
         self._attach_order(order, observed, handle, table=table)
+        self.last_held = observed.copy()  # which party holds which of the IDs, answering or not
         observed[:, sorted(self.absent)] = False
         dims, shapes = self.feature_dims()
         if feature_dims is not None:

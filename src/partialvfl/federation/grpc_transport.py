@@ -221,6 +221,11 @@ class GrpcTransport(Transport):
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.endpoints = list(endpoints)
         self.deadline = float(deadline)
+        # a caller with its own time budget (the prediction service: one request's deadline) sets an absolute
+        # ``time.monotonic()`` instant here; every call then waits at most until it, but never less than
+        # ``min_timeout`` seconds (so the parties that are on time still get a round after one was late)
+        self.deadline_at: float | None = None
+        self.min_timeout = 0.001
         self.max_message_bytes = int(max_message_bytes)
         self.session = secrets.token_hex(16)
         self._seq = 0
@@ -253,6 +258,12 @@ class GrpcTransport(Transport):
         self._seq = 0
         return self.session
 
+    def call_timeout(self) -> float:
+        """The timeout of a call issued now: :attr:`deadline`, shortened to :attr:`deadline_at` when one is set."""
+        if self.deadline_at is None:
+            return self.deadline
+        return min(self.deadline, max(self.min_timeout, self.deadline_at - time.monotonic()))
+
     def _encode(self, request: Request) -> bytes:
         self._seq += 1
         return encode_request(request, step=self.step, round=self.round, session=self.session, seq=self._seq)
@@ -278,11 +289,12 @@ class GrpcTransport(Transport):
                     gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
         """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
         futures: dict[int, tuple[Request, Any]] = {}
+        timeout = self.call_timeout()
         for party, req in requests.items():
             req = self._admit(party, req)
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = req, self._pool.submit(self._calls[party], payload, timeout=self.deadline)
+            futures[party] = req, self._pool.submit(self._calls[party], payload, timeout=timeout)
         t0 = time.perf_counter()
         try:
             for party, (req, fut) in futures.items():

@@ -116,6 +116,7 @@ class PsuAlignment(_Base):
         self.opened: set[int] = set()
         self.persisted: dict[int, bool] = {}
         self._next = 0
+        self.avoid: set[int] = set()  # keyed parties not to ask a lookup of while another can answer (a slow one)
 
     # ------------------------------------------------------------------ step 1
     def open(self, parties: Sequence[int], tolerate: bool = False) -> None:
@@ -225,8 +226,9 @@ class PsuAlignment(_Base):
         n_parts = len(self.keyed) if len(flat) >= 4096 else 1  # a lookup batch: one round to one party
         chunk = -(-len(flat) // n_parts)
         parts = {}
+        turns = [k for k in self.keyed if k not in self.avoid] if n_parts == 1 else []
         for i in range(n_parts):
-            k = self.keyed[(self._next + i) % len(self.keyed)]
+            k = turns[self._next % len(turns)] if turns else self.keyed[(self._next + i) % len(self.keyed)]
             parts[k] = (i * chunk, min(len(flat), (i + 1) * chunk))
         self._next += 1
         self.transport.new_step()

@@ -1,0 +1,312 @@
+"""The HTTP JSON API of the prediction service (FastAPI on uvicorn; the OpenAPI schema at ``/openapi.json``).
+
+* ``POST /v1/predict``: ``{"ids": [...], "features": {ID: {column: value}}, "deadline_ms": 50,
+  "allow_prior_only": false}`` -> per ID its status, class, probabilities and the parties used, with the model
+  version and the parties that timed out or failed for this request;
+* ``GET /healthz`` (the process answers), ``GET /readyz`` (a model is loaded; the parties' last known state),
+  ``GET /metrics`` (Prometheus text: latency histogram, batch sizes, per-party timeouts and errors);
+* ``POST /admin/reload``: load a new model version between two batches (no request is dropped).
+
+Bad input is a 4xx whose ``error`` names the field (``ids[3]``, ``features.17.income``, ``body``); a bearer token
+(``--token-file``) guards ``/v1`` and ``/admin``.  Every request is logged as one JSON line (``partialvfl.access``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from partialvfl.data.dataset import DataValidationError
+from partialvfl.data.ids import normalize_ids
+from partialvfl.serving.batcher import Job, MicroBatcher
+from partialvfl.serving.metrics import ServiceMetrics
+from partialvfl.serving.predictors import NO_ANSWER, OK, BatchOutcome, FeatureError
+
+__all__ = ["ServiceConfig", "create_app"]
+
+access_log = logging.getLogger("partialvfl.access")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's limits and options (the ``serve`` flags)."""
+
+    token: str | None = None
+    max_ids: int = 1000
+    max_body_bytes: int = 1 << 20
+    deadline: float | None = None  # seconds; None: the federation file's deadline (no deadline in process)
+    batch_window: float = 0.0
+    max_batch_ids: int = 4096
+
+
+class PredictRequest(BaseModel):
+    """A prediction request."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[StrictStr | StrictInt] = Field(min_length=1, description="the users to predict")
+    features: dict[str, dict[str, StrictInt | StrictFloat | StrictStr | None]] = Field(
+        default_factory=dict, description="the active party's own feature values by ID, for users not in its table "
+                                          "(in-process mode only)")
+    deadline_ms: float | None = Field(default=None, gt=0, description="parties not answering within it are "
+                                                                      "missing blocks for this request")
+    allow_prior_only: bool = Field(default=False, description="IDs no party (that answered) holds get the training "
+                                                              "label prior instead of an error status")
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a JSON field path (``ids[2]``, ``features.17.income``)."""
+    if len(loc) > 1 and loc[-1] in _UNION_TAGS:  # which member of a union failed: not part of the field
+        loc = loc[:-1]
+    out = ""
+    for part in loc:
+        if part == "body" and not out:
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class BodyLimit:
+    """Refuses a body over ``limit`` bytes (declared or streamed) with 413 before the route reads it."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        too_big = _error(413, f"body: more than {self.limit} bytes (--max-body-bytes)")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_big(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooBig
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooBig:
+            await too_big(scope, receive, send)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _validation_error(errors: Sequence[Any]) -> JSONResponse:
+    """422 naming the first wrong field (``ids[2]``, ``deadline_ms``), every one (up to 20) under ``errors``."""
+    by_field: dict[str, list[str]] = {}
+    for e in errors:
+        by_field.setdefault(_field(tuple(e.get("loc", ()))), []).append(str(e.get("msg")))
+    listed = [{"field": f, "message": " or ".join(m)} for f, m in list(by_field.items())[:20]]
+    return _error(422, f"{listed[0]['field']}: {listed[0]['message']}", errors=listed)
+
+
+class ReloadRequest(BaseModel):
+    """A reload: the saved model directory to serve next (default: the serving one, read again)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, description="a saved model directory (default: the one serving)")
+
+
+def _json_value(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def create_app(predictor: Any, config: ServiceConfig | None = None) -> FastAPI:
+    """The service over ``predictor`` (:mod:`partialvfl.serving.predictors`); started and stopped with the app."""
+    cfg = config or ServiceConfig()
+    metrics = ServiceMetrics(predictor.party_names)
+    metrics.set_version(predictor.version)
+    batcher = MicroBatcher(predictor, window=cfg.batch_window, max_ids=cfg.max_batch_ids, on_batch=metrics.batch)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
+        yield
+        await asyncio.to_thread(batcher.stop)  # in-flight requests finished (uvicorn waits for them), queue empty
+        close = getattr(batcher.predictor, "close", None)
+        if close is not None:
+            close()
+
+    app = FastAPI(title="partialvfl prediction service", version="1", lifespan=lifespan,
+                  description="Predictions from whichever parties answer in time (any-subset prediction).")
+    app.state.batcher, app.state.metrics, app.state.config = batcher, metrics, cfg
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+
+    @app.middleware("http")
+    async def log_access(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        seconds = time.perf_counter() - t0
+        if request.url.path == "/v1/predict":
+            metrics.request(seconds, response.status_code)
+        access_log.info(json.dumps({"time": round(time.time(), 3), "method": request.method,
+                                    "path": request.url.path, "status": response.status_code,
+                                    "ms": round(1000 * seconds, 2),
+                                    "client": request.client.host if request.client else None}))
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return _error(400, f"body: malformed JSON ({first.get('ctx', {}).get('error', first.get('msg'))})")
+        return _validation_error(exc.errors())
+
+    def authorized(authorization: str | None = Header(default=None)) -> None:
+        if cfg.token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), cfg.token.encode()):
+            raise HTTPException(401, "Authorization: a valid bearer token is required",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.post("/v1/predict", dependencies=[Depends(authorized)],
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": PredictRequest.model_json_schema()}}}})
+    async def predict(request: Request) -> JSONResponse:
+        """Predict the given IDs from the parties that answer within the deadline (any content type: the body is
+        read as JSON)."""
+        try:
+            body = PredictRequest.model_validate(json.loads(await request.body()))
+        except json.JSONDecodeError as e:
+            return _error(400, f"body: malformed JSON ({e})")
+        except UnicodeDecodeError:
+            return _error(400, "body: not UTF-8 text")
+        except ValidationError as e:
+            return _validation_error(e.errors())
+        if len(body.ids) > cfg.max_ids:
+            return _error(413, f"ids: {len(body.ids)} IDs exceed the limit of {cfg.max_ids} per request (--max-ids)")
+        try:
+            keys = _distinct_ids(body.ids)
+            features = batcher.predictor.check_features(body.features, keys)
+        except FeatureError as e:
+            return _error(422, str(e))
+        except DataValidationError as e:
+            return _error(422, str(e))
+        deadline = body.deadline_ms / 1000 if body.deadline_ms is not None else cfg.deadline
+        job = Job(keys, features, None if deadline is None else time.monotonic() + deadline)
+        try:
+            outcome = await asyncio.wrap_future(batcher.submit(job))
+        except FeatureError as e:
+            return _error(422, str(e))
+        except Exception as e:  # noqa: BLE001 - the batch failed as a whole: say so, the service goes on
+            return _error(503, f"prediction failed: {type(e).__name__}: {e}")
+        return JSONResponse(_response(batcher.predictor, body, keys, outcome))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """A model is loaded; each party's last known state (``ok``, ``timed_out``, ``down``)."""
+        p = batcher.predictor
+        parties = dict(getattr(p, "state", {}) or dict.fromkeys(p.party_names, "ok"))
+        ready = any(s != "down" for s in parties.values())
+        return JSONResponse({"ready": ready, "model_version": p.version, "parties": parties},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        """Prometheus text format."""
+        body, content_type = metrics.render()
+        return PlainTextResponse(body, media_type=content_type)
+
+    @app.post("/admin/reload", dependencies=[Depends(authorized)],
+              openapi_extra={"requestBody": {"content": {"application/json": {
+                  "schema": ReloadRequest.model_json_schema()}}}})
+    async def reload(request: Request) -> JSONResponse:
+        """Load a model version between two batches; requests wait for it, none is dropped."""
+        raw = await request.body()
+        try:
+            target = ReloadRequest.model_validate(json.loads(raw) if raw.strip() else {}).model
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"body: malformed JSON ({e})")
+        except ValidationError as e:
+            return _validation_error(e.errors())
+        try:
+            version = await asyncio.wrap_future(reload_model(batcher, target))
+        except Exception as e:  # noqa: BLE001 - the old model keeps serving
+            return _error(422, f"model: {type(e).__name__}: {e} (the previous model keeps serving)")
+        metrics.set_version(version)
+        return JSONResponse({"model_version": version})
+
+    return app
+
+
+def reload_model(batcher: MicroBatcher, model_dir: str | None) -> Any:
+    """Swap the batcher's predictor for one with the model at ``model_dir`` (default: the current one again), on
+    the batch thread; the future holds the new version."""
+    def run() -> str:
+        current = batcher.predictor
+        target = model_dir or current.model_dir
+        batcher.predictor = current.reloaded(target)
+        return batcher.predictor.version
+
+    return batcher.control(run)
+
+
+def _distinct_ids(ids: list[str | int]) -> list[str]:
+    keys = normalize_ids(ids, "ids", unique=False)
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        j = first.setdefault(k, i)
+        if j != i:
+            raise DataValidationError(f"ids[{i}]: {ids[i]!r} repeats ids[{j}]")
+    return keys
+
+
+def _response(predictor: Any, body: PredictRequest, keys: list[str], outcome: BatchOutcome) -> dict[str, Any]:
+    task = predictor.model.index_.task
+    classes = [_json_value(c) for c in task.classes] if task.is_classification else None
+    results = []
+    for raw, key in zip(body.ids, keys):
+        status, row = outcome.status[key], outcome.output.get(key)
+        item: dict[str, Any] = {"id": raw, "status": status, "parties": outcome.parties[key]}
+        if status != OK:
+            held = "the parties holding it did not answer in time" if status == NO_ANSWER else "no party holds it"
+            if not body.allow_prior_only:
+                item["error"] = f"{held}; pass allow_prior_only for the training label prior"
+                results.append(item)
+                continue
+            item["status"], row = "prior_only", predictor.prior()
+        if classes is not None and row is not None:
+            item["prediction"] = classes[int(np.argmax(row))]
+            item["probabilities"] = {str(c): float(p) for c, p in zip(classes, row)}
+        elif row is not None:
+            item["prediction"] = float(np.ravel(row)[0])
+        results.append(item)
+    return {"model_version": predictor.version, "parties_timed_out": outcome.timed_out,
+            "parties_failed": outcome.failed, "results": results}

@@ -1,0 +1,58 @@
+"""The service's Prometheus metrics (``GET /metrics``), in a registry of their own (one per service)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from partialvfl.serving.predictors import BatchOutcome
+
+__all__ = ["ServiceMetrics"]
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class ServiceMetrics:
+    """Latency per request, batch sizes (requests and IDs), per-party timeouts and errors, the model version."""
+
+    def __init__(self, party_names: Sequence[str]) -> None:
+        self.registry = r = CollectorRegistry()
+        self.latency = Histogram("partialvfl_serve_request_seconds", "Time to answer POST /v1/predict",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("partialvfl_serve_requests", "POST /v1/predict requests by HTTP status", ["code"],
+                                registry=r)
+        self.batch_requests = Histogram("partialvfl_serve_batch_requests", "Requests per micro-batch",
+                                        buckets=SIZE_BUCKETS, registry=r)
+        self.batch_ids = Histogram("partialvfl_serve_batch_ids", "Distinct IDs per micro-batch", buckets=SIZE_BUCKETS,
+                                   registry=r)
+        self.timeouts = Counter("partialvfl_serve_party_timeouts", "Batches a party did not answer in time", ["party"],
+                                registry=r)
+        self.errors = Counter("partialvfl_serve_party_errors", "Batches a party failed (down, restarted)", ["party"],
+                              registry=r)
+        self.model = Gauge("partialvfl_serve_model_info", "The model version serving (value 1)", ["version"],
+                           registry=r)
+        for p in party_names:  # every party's series exists from the start (at 0)
+            self.timeouts.labels(party=p)
+            self.errors.labels(party=p)
+
+    def request(self, seconds: float, code: int) -> None:
+        self.latency.observe(seconds)
+        self.requests.labels(code=str(code)).inc()
+
+    def batch(self, n_requests: int, n_ids: int, outcome: BatchOutcome) -> None:
+        self.batch_requests.observe(n_requests)
+        self.batch_ids.observe(n_ids)
+        for p in outcome.timed_out:
+            self.timeouts.labels(party=p).inc()
+        for p in outcome.failed:
+            self.errors.labels(party=p).inc()
+
+    def set_version(self, version: str) -> None:
+        self.model.clear()
+        self.model.labels(version=version).set(1)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
