@@ -1,0 +1,143 @@
+"""The prediction service across real party processes (issue 26, items 1-3): predictions equal the offline
+``predict --federation`` path; a party delayed by seconds, with a deadline well below the delay, does not hold the
+response (it comes before the delay ends and names the party as timed out) and is used again once it is on time; a
+party killed and restarted is left out meanwhile and used again after it returns.  Delays and waits are seconds
+long, far from any machine-speed limit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from example_tables import write_example
+from partialvfl.data.builders import from_tables
+from partialvfl.federation.delay_proxy import DelayProxy
+from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.methods import get_method
+from partialvfl.methods.prediction import predict_reporting_parties
+
+pytest.importorskip("fastapi")
+from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402
+from partialvfl.serving.federated import FederationPredictor  # noqa: E402
+from test_serving import Service  # noqa: E402
+
+PARTIES = ("bank", "shop", "telco")
+KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
+DELAY = 6.0  # seconds the slow party's requests are held back
+DEADLINE_MS = 1500  # far below the delay
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path, DelayProxy]]:
+    d = write_example(tmp_path_factory.mktemp("example"), seed=7, n_train=300, n_new=20)
+    data = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, **KW)
+    dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0)
+    try:
+        dep.start()
+        fed = dep.federation()
+        try:
+            view, handle = fed.align()
+            model = get_method("laser-vfl")("fast", seed=0, epochs=2).fit_federated(fed, view, handle)
+            fed.release(handle)
+            model.save(d / "fed-model")
+        finally:
+            fed.close()
+        reference(dep, d)  # before the service opens its session (the parties serve one coordinator session)
+        with DelayProxy(f"127.0.0.1:{dep.ports[2]}") as proxy:  # the telco, reached through the proxy
+            text = dep.federation_file.read_text().replace(f"127.0.0.1:{dep.ports[2]}", proxy.address)
+            (dep.dir / "served.toml").write_text(text)
+            yield dep, d, proxy
+    finally:
+        dep.close()
+
+
+@pytest.fixture(scope="module")
+def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service]:
+    dep, d, _ = setup
+    predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml", rejoin_interval=0.2)
+    s = Service(create_app(predictor, ServiceConfig(deadline=30.0)))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def ids_of(d: Path, n: int = 12) -> list[str]:
+    import pandas as pd
+
+    return [str(i) for i in pd.read_csv(d / "train" / "bank.csv")["customer_id"].head(n)]
+
+
+def reference(dep: LocalDeployment, d: Path) -> None:
+    """The offline path's outputs and parties used for :func:`ids_of`, saved beside the model."""
+    fed = dep.federation(allow_absent=True)
+    try:
+        model = get_method("laser-vfl").load(d / "fed-model", federation=fed)
+        view, handle = fed.attach_ids(ids_of(d), task=model.index_.task)
+        out, used = predict_reporting_parties(model, fed, view, handle)
+        fed.release(handle)
+    finally:
+        fed.close()
+    np.savez(d / "reference.npz", out=out, used=used)
+
+
+def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployment, Path, DelayProxy],
+                                                     service: Service) -> None:
+    _, d, _ = setup
+    code, body = service.call("/v1/predict", {"ids": ids_of(d)}, token=None)
+    assert code == 200, body
+    assert body["parties_timed_out"] == [] and body["parties_failed"] == []
+    ref = np.load(d / "reference.npz")
+    out, used = ref["out"], ref["used"]
+    for i, r in enumerate(body["results"]):
+        assert r["status"] == "ok" and r["parties"] == [PARTIES[k] for k in np.flatnonzero(used[i])]
+        np.testing.assert_allclose([r["probabilities"]["0"], r["probabilities"]["1"]], out[i], rtol=1e-6)
+
+
+def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
+        setup: tuple[LocalDeployment, Path, DelayProxy], service: Service) -> None:
+    _, d, proxy = setup
+    ids = ids_of(d)
+    proxy.delay = DELAY
+    try:
+        t0 = time.monotonic()
+        code, body = service.call("/v1/predict", {"ids": ids, "deadline_ms": DEADLINE_MS}, token=None)
+        took = time.monotonic() - t0
+    finally:
+        proxy.delay = 0.0
+    assert code == 200, body
+    assert took < DELAY, took  # the response did not wait for the slow party
+    assert body["parties_timed_out"] == ["telco"] and body["parties_failed"] == []
+    assert all("telco" not in r["parties"] for r in body["results"])
+    assert any(r["status"] == "ok" for r in body["results"])
+    time.sleep(DELAY + 1)  # what the proxy held back reaches the telco (and is refused there as stale)
+    code, body = service.call("/v1/predict", {"ids": ids}, token=None)
+    assert code == 200 and body["parties_timed_out"] == [], body
+    assert any("telco" in r["parties"] for r in body["results"])  # on time again: used again at once
+    _, text = service.call("/metrics", token=None)
+    assert 'partialvfl_serve_party_timeouts_total{party="telco"} 1.0' in text
+
+
+def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment, Path, DelayProxy],
+                                                    service: Service) -> None:
+    dep, d, _ = setup
+    ids = ids_of(d)
+    dep.kill(1)
+    code, body = service.call("/v1/predict", {"ids": ids}, token=None)
+    assert code == 200, body
+    assert all("shop" not in r["parties"] for r in body["results"])
+    assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "down"
+    dep.start([1])  # the same port, a new process: it lost the session and the model
+    limit = time.monotonic() + 120
+    while True:
+        code, body = service.call("/v1/predict", {"ids": ids}, token=None)
+        assert code == 200, body
+        if any("shop" in r["parties"] for r in body["results"]):
+            break
+        assert time.monotonic() < limit, "the restarted party was not used again"
+        time.sleep(0.2)
+    assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
