@@ -17,9 +17,9 @@ DOC = ROOT / "docs" / "own-data.md"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.S | re.M)
 
 
-def blocks() -> list[tuple[str, str]]:
+def blocks(doc: Path = DOC) -> list[tuple[str, str]]:
     """``(info string, body)`` of every fenced block of the document, in order."""
-    return [(m.group(1).strip(), m.group(2)) for m in FENCE.finditer(DOC.read_text())]
+    return [(m.group(1).strip(), m.group(2)) for m in FENCE.finditer(doc.read_text())]
 
 
 def free_ports(n: int) -> list[int]:
@@ -33,10 +33,10 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def script_and_files() -> tuple[str, dict[str, str], list[str]]:
+def script_and_files(doc: Path = DOC) -> tuple[str, dict[str, str], list[str]]:
     """The bash script (Python blocks run as ``python - <<EOF``), the files to write, and the shown output lines."""
     lines, files, shown = ["set -euo pipefail"], {}, []
-    for info, body in blocks():
+    for info, body in blocks(doc):
         if info == "bash":
             lines.append(body)
         elif info == "python":

@@ -108,6 +108,7 @@ class PsuAlignment(_Base):
         super().__init__(transport, party_names)
         self.alignment_id = alignment_id
         self.threads = threads
+        self.cache_tokens = False
         self.reset()
 
     def reset(self) -> None:
@@ -117,6 +118,8 @@ class PsuAlignment(_Base):
         self.persisted: dict[int, bool] = {}
         self._next = 0
         self.avoid: set[int] = set()  # keyed parties not to ask a lookup of while another can answer (a slow one)
+        # with ``cache_tokens`` (a long-lived prediction service), each ID is looked up once per session
+        self.token_cache: dict[str, bytes] = {}
 
     # ------------------------------------------------------------------ step 1
     def open(self, parties: Sequence[int], tolerate: bool = False) -> None:
@@ -201,9 +204,17 @@ class PsuAlignment(_Base):
         """Tokens of the coordinator's own IDs: blinded, evaluated by one keyed party in one round, unblinded."""
         if self.salt is None:
             raise AlignmentError("align the parties first: this session's alignment is not open")
-        mine = Blinding(list(texts), self.threads)
-        evaluated = self._evaluate([mine.points])[0][0]
-        return points_array(mine.unblind(evaluated, "the keyed party's psu_eval reply"))
+        if not self.cache_tokens:
+            mine = Blinding(list(texts), self.threads)
+            evaluated = self._evaluate([mine.points])[0][0]
+            return points_array(mine.unblind(evaluated, "the keyed party's psu_eval reply"))
+        cache = self.token_cache
+        todo = [t for t in dict.fromkeys(texts) if t not in cache]
+        if todo:
+            mine = Blinding(todo, self.threads)
+            evaluated = self._evaluate([mine.points])[0][0]
+            cache.update(zip(todo, mine.unblind(evaluated, "the keyed party's psu_eval reply"), strict=True))
+        return points_array([cache[t] for t in texts])
 
     def _checked(self, k: int, arr: torch.Tensor, expected: int | None, table: str | None) -> np.ndarray:
         tokens = arr.numpy()

@@ -46,6 +46,8 @@ class FederationPredictor(_Base):
         self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False)
         self.transport = self.fed.grpc_transport
         self.transport.min_timeout = float(min_timeout)
+        if hasattr(self.fed.aligner, "cache_tokens"):  # each ID looked up once per session, not once per request
+            self.fed.aligner.cache_tokens = True
         self.connect_timeout = float(connect_timeout)
         self.rejoin_interval = float(rejoin_interval)
         self.model_dir = Path(model_dir)
@@ -53,6 +55,8 @@ class FederationPredictor(_Base):
         self.state: dict[str, str] = {}
         self._ready: dict[int, Any] = {}
         self._last_rejoin = 0.0
+        self._handle: str | None = None
+        self._warm = False
         self._backoff = self.rejoin_interval
         self._open(self.model_dir, self.connect_timeout)
 
@@ -73,6 +77,7 @@ class FederationPredictor(_Base):
         self.model, self.version, self.model_dir = model, model_version(model_dir), model_dir
         self.down = set(fed.absent)
         self._ready = {}
+        self._warm = False
         self.state = {fed.party_names[k]: ("down" if k in self.down else "ok") for k in range(fed.n_parties)}
         self._last_rejoin = time.monotonic()
 
@@ -119,42 +124,55 @@ class FederationPredictor(_Base):
         self.rejoin_if_back()
         fed, transport = self.fed, self.transport
         transport.failures.clear()  # only this batch's are read
-        fed.absent = set(self.down)
-        avoid = getattr(fed.aligner, "avoid", None)
+        fed.absent, fed.last_held = set(self.down), None
+        if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
+            deadline = max(deadline or 0.0, self.connect_timeout)
         if deadline is not None:
             transport.deadline_at = time.monotonic() + deadline
-        handle = None
         try:
-            view, handle, out, used = self._attach_and_predict(ids)
+            view, out, used = self._attach_and_predict(ids)
         finally:
             transport.deadline_at = None
-            if handle is not None:  # every party the IDs were attached at, late or not
-                transport.new_step()
-                transport.deadline_at = time.monotonic() + (deadline or transport.deadline)
-                transport.broadcast([k for k in range(fed.n_parties) if k not in self.down], "release",
-                                    tolerate=True, handle=handle)
-                transport.deadline_at = None
+        self._warm = True
         timed_out, failed = self._account(transport.failures)
-        if avoid is not None:
+        avoid = getattr(fed.aligner, "avoid", None)
+        if avoid is not None:  # the next ID lookups go to a keyed party that was on time
             avoid.clear()
             avoid.update(fed.party_names.index(p) for p in timed_out)
-        held = fed.last_held if fed.last_held is not None else view.observed
+        held = fed.last_held
         names = fed.party_names
         status, output, parties = {}, {}, {}
         for i, key in enumerate(ids):
             ok = bool(used[i].any())
-            status[key] = OK if ok else (NO_ANSWER if held[i].any() else UNKNOWN)
+            holders = held is None or held[i].any()  # not known when the lookup itself was late
+            status[key] = OK if ok else (NO_ANSWER if holders and (timed_out or failed) else UNKNOWN)
             output[key] = out[i] if ok else None
             parties[key] = [names[k] for k in np.flatnonzero(used[i])]
         return BatchOutcome(output, status, parties, timed_out, failed)
 
-    def _attach_and_predict(self, ids: Sequence[str]) -> tuple[Any, str, np.ndarray, np.ndarray]:
+    def finish(self) -> None:
+        """After the batch's answers are out: release its IDs at every party they were attached at (late or not;
+        a party keeps a bounded number of attached sets), waiting at most ``min_timeout``."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        transport = self.transport
+        transport.new_step()
+        transport.deadline_at = time.monotonic()  # + min_timeout: the floor of every call
+        try:
+            transport.broadcast([k for k in range(self.fed.n_parties) if k not in self.down], "release",
+                                tolerate=True, handle=handle)
+        finally:
+            transport.deadline_at = None
+
+    def _attach_and_predict(self, ids: Sequence[str]) -> tuple[Any, np.ndarray, np.ndarray]:
         """Attach and predict; a keyed party late for the ID lookup is avoided and the lookup asked again once."""
         fed, idx = self.fed, self.model.index_
         for attempt in (0, 1):
             try:
                 view, handle = fed.attach_ids(list(ids), task=idx.task, feature_dims=idx.feature_dims,
                                               feature_shapes=idx.feature_shapes)
+                self._handle = handle  # released by finish, whatever happens next
                 break
             except PartyUnavailable as e:  # the ID lookup (one keyed party) was not answered
                 avoid = getattr(fed.aligner, "avoid", None)
@@ -163,7 +181,7 @@ class FederationPredictor(_Base):
                 avoid.add(e.party)
                 fed.absent.add(e.party)
         out, used = predict_reporting_parties(self.model, fed, view, handle)
-        return view, handle, out, used
+        return view, out, used
 
     def _account(self, failures: list[tuple[int, int, str]]) -> tuple[list[str], list[str]]:
         """Sort the batch's failures into timed out and failed (down) parties; update :attr:`state`."""

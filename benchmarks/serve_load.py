@@ -1,0 +1,214 @@
+"""Load on the prediction service (issue 26): loopback only, bounded in time and count.
+
+The own-data example tables (``scripts/make_example_tables.py``, 1500 training customers) are served by three
+``partialvfl party serve`` processes (mutual TLS, a :class:`LocalDeployment`); each method is fitted across them and
+saved, then ``partialvfl serve --federation`` runs as its own process and this process sends it requests of one ID
+each (drawn, seeded, from the bank's customers) from C concurrent clients (threads with keep-alive connections) for
+``--seconds`` or ``--max-requests``, whichever ends first.  Reported per method and case: requests, errors (not HTTP
+200, or an ID not predicted), p50 and p99 latency seen by the client, predictions per second, timed-out share.
+
+Cases: concurrency 1 / 16 / 64 with every party on time; then one party (the telco) reached through a proxy that
+holds back every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms``
+at ``--deadline-ms`` (50 ms).
+
+    python benchmarks/serve_load.py --seconds 10 --json serve_load.json
+    python benchmarks/serve_load.py --methods laser-vfl --seconds 3          # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.util
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partialvfl.data.builders import from_tables
+from partialvfl.federation.delay_proxy import DelayProxy
+from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.methods import get_method
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTIES = ("bank", "shop", "telco")
+SLOW = 2  # the telco
+
+
+def example_tables(d: Path, seed: int) -> Path:
+    spec = importlib.util.spec_from_file_location("make_example_tables", ROOT / "scripts" / "make_example_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write(d, seed=seed, n_train=1500, n_new=300)
+    return d
+
+
+def fit_federated(dep: LocalDeployment, method: str, out: Path, seed: int) -> float:
+    fed = dep.federation()
+    try:
+        t0 = time.perf_counter()
+        view, handle = fed.align()
+        get_method(method)("fast", seed=seed).fit_federated(fed, view, handle).save(out)
+        fed.release(handle)
+        return time.perf_counter() - t0
+    finally:
+        fed.close()
+
+
+class ServiceProcess:
+    """``partialvfl serve --federation`` in a process of its own; stopped with SIGTERM."""
+
+    def __init__(self, model: Path, federation: Path, work: Path) -> None:
+        port_file = work / f"serve-{model.name}.port"
+        port_file.unlink(missing_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        self.log = open(work / f"serve-{model.name}.log", "ab")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "partialvfl", "serve", "--model", str(model), "--federation", str(federation),
+             "--port", "0", "--port-file", str(port_file), "--deadline-ms", "5000", "--max-ids", "100"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        limit = time.monotonic() + 300
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > limit:
+                raise RuntimeError(f"the service did not start: {(work / f'serve-{model.name}.log').read_text()}")
+            time.sleep(0.1)
+        self.port = int(port_file.read_text())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+        self.log.close()
+
+
+def load(port: int, ids: list[str], concurrency: int, seconds: float, max_requests: int,
+         deadline_ms: float | None, seed: int) -> dict[str, Any]:
+    """``concurrency`` clients, one ID per request, until ``seconds`` pass or ``max_requests`` are sent."""
+    lock = threading.Lock()
+    latencies: list[float] = []
+    counts = {"requests": 0, "errors": 0, "timed_out": 0}
+    stop_at = time.monotonic() + seconds
+
+    def client(c: int) -> None:
+        rng = random.Random(seed * 1000 + c)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while time.monotonic() < stop_at:
+            with lock:
+                if counts["requests"] >= max_requests:
+                    break
+                counts["requests"] += 1
+            body: dict[str, Any] = {"ids": [rng.choice(ids)]}
+            if deadline_ms is not None:
+                body["deadline_ms"] = deadline_ms
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", "/v1/predict", json.dumps(body), {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                answer = json.loads(resp.read())
+                ok = resp.status == 200 and answer["results"][0]["status"] == "ok"
+                late = bool(answer.get("parties_timed_out"))
+            except (OSError, http.client.HTTPException, ValueError, KeyError):
+                ok, late = False, False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt)
+                counts["errors"] += not ok
+                counts["timed_out"] += late
+        conn.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = np.asarray(latencies) * 1000
+    return {"concurrency": concurrency, "deadline_ms": deadline_ms, "seconds": round(wall, 2), **counts,
+            "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat.size else None,
+            "p99_ms": round(float(np.percentile(lat, 99)), 2) if lat.size else None,
+            "predictions_per_s": round((counts["requests"] - counts["errors"]) / wall, 1)}
+
+
+def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], args: argparse.Namespace
+               ) -> list[dict[str, Any]]:
+    model = work / f"model-{method}"
+    fit_s = fit_federated(dep, method, model, args.seed)
+    print(f"{method}: fitted across the parties in {fit_s:.1f} s", file=sys.stderr)
+    rows = []
+    with DelayProxy(f"127.0.0.1:{dep.ports[SLOW]}") as proxy:
+        fed_file = work / f"federation-{method}.toml"
+        fed_file.write_text(dep.federation_file.read_text().replace(f"127.0.0.1:{dep.ports[SLOW]}", proxy.address))
+        service = ServiceProcess(model, fed_file, work)
+        try:
+            load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
+            for c in args.concurrency:
+                rows.append({"method": method, "case": "all parties on time",
+                             **load(service.port, ids, c, args.seconds, args.max_requests, None, args.seed)})
+                print(rows[-1], file=sys.stderr)
+            proxy.delay = args.delay_ms / 1000
+            rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
+                         **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
+                                args.deadline_ms, args.seed)})
+            print(rows[-1], file=sys.stderr)
+        finally:
+            proxy.delay = 0.0
+            service.stop()
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| method | case | concurrency | deadline | requests | errors | timed out | p50 ms | p99 ms | "
+            "predictions/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        deadline = "-" if r["deadline_ms"] is None else f"{r['deadline_ms']:g} ms"
+        lines.append(f"| {r['method']} | {r['case']} | {r['concurrency']} | {deadline} | {r['requests']} | "
+                     f"{r['errors']} | {r['timed_out']} | {r['p50_ms']} | {r['p99_ms']} | {r['predictions_per_s']} |\n")
+    return head + "".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", nargs="+", default=["laser-vfl", "false-vfl-1"])
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 16, 64])
+    p.add_argument("--slow-concurrency", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=10.0, help="per case (default: %(default)s)")
+    p.add_argument("--max-requests", type=int, default=200_000, help="per case (default: %(default)s)")
+    p.add_argument("--delay-ms", type=float, default=200.0)
+    p.add_argument("--deadline-ms", type=float, default=50.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the rows and the machine here")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        d = example_tables(work / "example", args.seed)
+        data = from_tables({k: d / "train" / f"{k}.csv" for k in PARTIES}, id_column="customer_id",
+                           label_column="defaulted", active_party="bank")
+        ids = [str(i) for i in data.ids]
+        with LocalDeployment(work / "fed", data, deadline=120.0, start_timeout=600.0) as dep:
+            dep.start()
+            rows = [r for m in args.methods for r in run_method(m, dep, work, ids, args)]
+    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+               "python": platform.python_version()}
+    print(table(rows))
+    print(f"machine: {machine}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "machine": machine, "args": vars(args)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
