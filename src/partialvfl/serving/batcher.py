@@ -117,22 +117,11 @@ class MicroBatcher:
             log.exception("a batch of %d IDs failed", len(ids))
             for job in batch:
                 job.future.set_exception(e)
-            self._finish()
             return
         for job in batch:
             job.future.set_result(outcome)
         if self.on_batch is not None:
             self.on_batch(len(batch), len(ids), outcome)
-        self._finish()
-
-    def _finish(self) -> None:
-        """The predictor's clean-up rounds after the answers are out (releasing the batch at the parties)."""
-        finish = getattr(self.predictor, "finish", None)
-        if finish is not None:
-            try:
-                finish()
-            except Exception:  # noqa: BLE001 - logged; the next batch goes on
-                log.exception("cleaning up after a batch failed")
 
 
 def _settle(future: Future, run: Callable[[], Any]) -> None:

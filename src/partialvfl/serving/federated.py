@@ -1,9 +1,10 @@
 """The prediction service across a federation's party servers (:class:`FederationPredictor`).
 
-One batch = attach the batch's IDs at the parties, predict (the method's any-subset prediction), release; every call
-of the batch waits at most until the batch's deadline (``GrpcTransport.deadline_at``).  A party that has not
-answered by then is a missing block for the batch; the rest of the batch goes on without it.  Two kinds of party
-trouble are told apart:
+One batch = attach the batch's IDs at the parties (under one handle, :data:`HANDLE`, replacing the previous batch)
+and predict (the method's any-subset prediction); every call of the batch waits at most until the batch's deadline
+(``GrpcTransport.deadline_at``); each ID is looked up once per session (the alignment's token cache).  A party that
+has not answered by then is a missing block for the batch; the rest of the batch goes on without it.  Two kinds of
+party trouble are told apart:
 
 * *timed out* (``DEADLINE_EXCEEDED``): the party is slow but its session stands; the next batch asks it again, so a
   party that is on time again is used again at once;
@@ -32,6 +33,9 @@ from partialvfl.serving.predictors import NO_ANSWER, OK, UNKNOWN, BatchOutcome, 
 __all__ = ["FederationPredictor"]
 
 log = logging.getLogger("partialvfl.serve")
+#: every batch is attached under this one handle, replacing the previous batch at each party (in order, late or not):
+#: no release round per batch, and a late party never holds more than one set of the service's rows
+HANDLE = "serve"
 
 
 class FederationPredictor(_Base):
@@ -55,7 +59,6 @@ class FederationPredictor(_Base):
         self.state: dict[str, str] = {}
         self._ready: dict[int, Any] = {}
         self._last_rejoin = 0.0
-        self._handle: str | None = None
         self._warm = False
         self._backoff = self.rejoin_interval
         self._open(self.model_dir, self.connect_timeout)
@@ -112,7 +115,11 @@ class FederationPredictor(_Base):
     def close(self) -> None:
         for fut in self._ready.values():
             fut.cancel()
-        self.fed.close()
+        self.transport.deadline_at = time.monotonic() + self.connect_timeout
+        try:
+            self.fed.release(HANDLE)
+        finally:
+            self.fed.close()
 
     # ------------------------------------------------------------------ one batch
     def predict(self, ids: Sequence[str], features: Mapping[str, np.ndarray], deadline: float | None = None
@@ -150,29 +157,13 @@ class FederationPredictor(_Base):
             parties[key] = [names[k] for k in np.flatnonzero(used[i])]
         return BatchOutcome(output, status, parties, timed_out, failed)
 
-    def finish(self) -> None:
-        """After the batch's answers are out: release its IDs at every party they were attached at (late or not;
-        a party keeps a bounded number of attached sets), waiting at most ``min_timeout``."""
-        handle, self._handle = self._handle, None
-        if handle is None:
-            return
-        transport = self.transport
-        transport.new_step()
-        transport.deadline_at = time.monotonic()  # + min_timeout: the floor of every call
-        try:
-            transport.broadcast([k for k in range(self.fed.n_parties) if k not in self.down], "release",
-                                tolerate=True, handle=handle)
-        finally:
-            transport.deadline_at = None
-
     def _attach_and_predict(self, ids: Sequence[str]) -> tuple[Any, np.ndarray, np.ndarray]:
         """Attach and predict; a keyed party late for the ID lookup is avoided and the lookup asked again once."""
         fed, idx = self.fed, self.model.index_
         for attempt in (0, 1):
             try:
-                view, handle = fed.attach_ids(list(ids), task=idx.task, feature_dims=idx.feature_dims,
+                view, handle = fed.attach_ids(list(ids), HANDLE, task=idx.task, feature_dims=idx.feature_dims,
                                               feature_shapes=idx.feature_shapes)
-                self._handle = handle  # released by finish, whatever happens next
                 break
             except PartyUnavailable as e:  # the ID lookup (one keyed party) was not answered
                 avoid = getattr(fed.aligner, "avoid", None)
