@@ -231,3 +231,52 @@ def test_requests_queued_behind_a_batch_go_to_the_parties_as_one_batch() -> None
         batcher.stop(60)
     assert gate.calls == [["1"], ["2", "shared", "3", "4", "5", "6"]]  # one round, each ID once
     assert all(o is outcomes[0] for o in outcomes)
+
+
+class _SlowTables(TablePredictor):
+    """In-process tables whose batches wait until the test lets them go."""
+
+    go: threading.Event
+    started: threading.Event
+
+    def predict(self, ids: list[str], features: dict, deadline: float | None = None) -> BatchOutcome:
+        self.started.set()
+        self.go.wait(60)
+        return super().predict(ids, features, deadline)
+
+
+def test_a_graceful_stop_answers_the_requests_in_flight(example: Path) -> None:
+    predictor = _SlowTables(example / "model-0", new_tables(example))
+    predictor.go, predictor.started = threading.Event(), threading.Event()
+    s = Service(create_app(predictor))
+    ids = sorted(offline(example))[:2]
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(s.call, "/v1/predict", {"ids": ids})
+        assert predictor.started.wait(60)
+        s.server.should_exit = True  # what SIGTERM does
+        time.sleep(0.5)
+        assert call.running()  # still waiting for its batch: not cut off
+        predictor.go.set()
+        code, body = call.result(60)
+    s.thread.join(60)
+    assert code == 200 and [r["status"] for r in body["results"]] == ["ok", "ok"]
+    assert not s.thread.is_alive()
+
+
+def test_serve_refuses_bad_options(example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from partialvfl.cli import main
+
+    tables = [f"--table={p}={example / 'new' / f'{p}.csv'}" for p in PARTIES]
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    cases = [
+        ([], "one of them"),
+        ([*tables, "--federation", "f.toml"], "one of them"),
+        ([*tables, "--token-file", str(short)], "--token-file"),
+        ([*tables, "--max-ids", "0"], "--max-ids"),
+        ([*tables, "--tls-cert", "c.pem"], "--tls-key"),
+        ([f"--table=bank={example / 'new' / 'bank.csv'}"], "no --table for ['shop', 'telco']"),
+    ]
+    for extra, words in cases:
+        assert main(["serve", "--model", str(example / "model-0"), *extra]) == 2, extra
+        assert words in capsys.readouterr().err, extra
