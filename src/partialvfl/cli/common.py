@@ -12,11 +12,13 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP",
-           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative", "parse_tables",
-           "protocol_config", "refuse_protocol_options", "threads_for"]
+__all__ = ["DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS",
+           "THREADS_HELP", "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative",
+           "parse_tables", "protocol_config", "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
+#: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
+DEFAULT_PRESET = "fast"
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")
