@@ -7,8 +7,10 @@ each side, since the first use of an optimiser imports lazily for seconds in eve
 epoch on each side (the same fits with ``--extra-epochs`` more epochs per stage, minus the shorter ones: a whole
 fit's ratio includes the set-up rounds and the first batches, which do not grow with the epochs); and bytes that crossed
 a party boundary per sample per step (tensor bytes from the message log; on-the-wire frame bytes, which include the
-coordinator's traffic with its own party and the safetensors/JSON headers, beside them).  It also checks that both
-runs give the same predictions.
+coordinator's traffic with its own party and the safetensors/JSON headers, beside them).  It also reports how far
+the two runs' predictions are apart: the largest difference of a predicted probability and the share of test rows
+whose predicted class is the same (they are equal only where the method's federated path computes exactly as in
+process; nothing here asserts it).  No accuracy is printed: a few epochs measure the wire, not the model.
 
     python benchmarks/grpc_overhead.py                   # false-vfl-1, 4 parties, 2+2 epochs
     python benchmarks/grpc_overhead.py --method vanilla-vfl --epochs 3 --json out.json
@@ -39,16 +41,19 @@ def epoch_params(method: str, epochs: int) -> dict[str, Any]:
     if method.startswith("false-vfl"):
         return {"pretrain_epochs": epochs, "epochs": epochs}
     cls = get_method(method)
-    return {k: epochs for k in cls.default_params() if k in ("epochs", "epochs")}
+    return {k: epochs for k in cls.default_params() if k == "epochs"}
 
 
 def samples_per_fit(method: str, train: Any, epochs: int) -> int:
-    """Sample-steps of training: every sample processed once per epoch of each stage."""
+    """Sample-steps of training: every sample a stage trains on, once per epoch of each stage.  FALSE-VFL: stage 1
+    on every sample with an observed block, stage 2 on the labelled ones; a split-network method: its own training
+    rows (Vanilla VFL: the labelled rows every party observes; Local: those the active party observes)."""
     some = int(train.observed.any(axis=1).sum())
     labelled = int((train.labeled & train.observed.any(axis=1)).sum())
     if method.startswith("false-vfl"):
         return epochs * (some + labelled)
-    return epochs * labelled
+    rows = getattr(get_method(method)("fast"), "_training_rows", None)
+    return epochs * (len(rows(train.coordinator_view())) if rows is not None else labelled)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "predict_crossing_bytes_per_sample": round(pred_bytes / max(n_pred, 1), 1),
         "predict_wire_bytes_per_sample": round(wire_pred / max(n_pred, 1), 1),
         "max_abs_prediction_difference": float(np.abs(p_remote - p_local).max()),
-        "test_accuracy": float((p_remote.argmax(1) == test.y).mean()),
+        "same_predicted_class": round(float((p_remote.argmax(1) == p_local.argmax(1)).mean()), 4),
     }
 
 
