@@ -9,7 +9,9 @@ What subclasses implement:
 
 * ``name`` (registry key), ``party_program`` (the registered program name);
 * ``params``: the declared :class:`~partialvfl.methods.params.ParamSpace` (defaults, types, ranges, help, presets
-  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``);
+  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``); a fitted or
+  loaded model reads them typed as ``self.settings_.<name>`` (:mod:`partialvfl.methods.settings`), and keeps the
+  plain dict ``params_`` for model files and reports;
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
   build its modules, e.g. ``feature_dim``/``feature_shape`` from ``self.index_``);
 * ``_fit(view, handle, loop)``: training, with the training data attached at the parties under ``handle``; every
@@ -47,6 +49,7 @@ from partialvfl.federation.party import StateFileError
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
@@ -99,7 +102,7 @@ class IndexInfo:
                    None if names is None else tuple(tuple(f) for f in names))
 
 
-class VFLMethod(ABC):
+class VFLMethod(TypedParams, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -283,7 +286,7 @@ class VFLMethod(ABC):
         """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
         data is already standardised by the paper's protocol); returns what was done, for ``model.json``."""
         already = self.data_info_.get("standardized")
-        on = bool(self.params_.get("standardize", False)) and not already
+        on = self.settings_.standardize and not already
         federation.preprocess(handle, standardize=on)
         how = ("each party, on its own training rows" if on else
                f"none here: the data was standardised already ({already})" if already else "none (standardize=false)")
@@ -451,7 +454,10 @@ class VFLMethod(ABC):
             obj.index_ = IndexInfo.from_dict(meta["index"])
             saved = space.renamed(meta["params"])
             # models saved before party standardisation existed were trained on features as they are
-            obj.params_ = {**space.defaults(), "standardize": False, **saved}
+            values = {**space.defaults(), "standardize": False, **saved}
+            declared = set(space.names)
+            obj._set_params({k: v for k, v in values.items() if k in declared},
+                            {k: v for k, v in values.items() if k not in declared})
             obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "

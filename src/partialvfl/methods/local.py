@@ -34,7 +34,7 @@ class Local(SplitNNMethod):
         return ["f"] if party == self.index_.active_party else []
 
     def _build_heads(self) -> nn.ModuleDict:
-        return nn.ModuleDict({"g": self._make_head(int(self.params_["latent_dim"]))})
+        return nn.ModuleDict({"g": self._make_head(self.settings_.latent_dim)})
 
     def _training_rows(self, view: CoordinatorView) -> np.ndarray:
         return np.flatnonzero(view.labeled & view.observed[:, view.active_party])
