@@ -388,8 +388,9 @@ def bytes_section(train: Any, params: dict[str, Any], steps: int) -> dict[str, A
         labelled = int((train.labeled & train.observed.any(1)).sum())
         stage2 = log.total_bytes() / labelled
         log.clear()
-        model.predict_proba(train.subset(np.arange(min(500, train.n_samples))))
-        predict = log.total_bytes() / min(500, train.n_samples)
+        sample = train.subset(np.arange(min(500, train.n_samples)))
+        model.predict_proba(sample)
+        predict = log.total_bytes() / int(sample.observed.any(axis=1).sum())  # rows no party holds send nothing
         out[f"{wire}/{dtype}"] = {"stage1_bytes_per_sample_step": round(stage1), "stage1_by_round": kinds,
                                   "stage2": round(stage2), "predict_L20": round(predict)}
     base = out["samples/float32"]

@@ -142,3 +142,22 @@ def test_vanilla_random_names_no_party_for_the_rows_it_guesses(example: Path, tm
     places = held(example)
     everywhere = np.array([all(i in places[p] for p in PARTIES) for i in df["customer_id"]])
     assert df["n_parties"].to_numpy().tolist() == [3 if e else 0 for e in everywhere]
+
+
+def test_fit_messages_name_flags_not_python_arguments(example: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    base = ["fit", *tables(example, "train"), "--id", "customer_id", "--out", str(tmp_path / "m"), "--quiet"]
+    cases = {
+        ("--label", "default", "--active", "bank"): "active party 'bank': its --table has no label column 'default'",
+        ("--label", "defaulted", "--active", "insurer"): "--active 'insurer' is not one of the --table parties",
+    }
+    for extra, message in cases.items():
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "label_column" not in err and "active_party" not in err, err
+    (tmp_path / "bank.txt").write_text("customer_id,age\n1,2\n")
+    argv = [*base, "--label", "defaulted", "--active", "bank"]
+    argv[argv.index(f"bank={example / 'train' / 'bank.csv'}")] = f"bank={tmp_path / 'bank.txt'}"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell the format from the file's name; name it .csv" in err and "from_csv" not in err

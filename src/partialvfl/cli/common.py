@@ -125,7 +125,10 @@ def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
 
 
 def parse_tables(items: list[str]) -> dict[str, str]:
-    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party is an error."""
+    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party, or a file named as neither CSV nor
+    Parquet, is an error."""
+    from partialvfl.data.tables import table_format
+
     out: dict[str, str] = {}
     for item in items:
         party, eq, path = item.partition("=")
@@ -133,6 +136,9 @@ def parse_tables(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--table takes PARTY=FILE, got {item!r}")
         if party.strip() in out:
             raise ValueError(f"--table names party {party.strip()!r} twice")
+        if table_format(path.strip()) is None:
+            raise ValueError(f"--table {item}: cannot tell the format from the file's name; name it .csv (or .csv.gz, "
+                             "...) or .parquet (or .pq)")
         out[party.strip()] = path.strip()
     return out
 

@@ -30,11 +30,19 @@ def _say(text: str) -> None:
 def fit_tables(args: argparse.Namespace, model: Any) -> int:
     """Fit ``model`` on ``--table`` files joined on ``--id``, labels in ``--active``'s ``--label`` column."""
     from partialvfl.data.builders import from_tables
+    from partialvfl.data.tables import MissingLabelColumn
 
     if not args.id_column or not args.label_column or not args.active:
         raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
-    data = from_tables(parse_tables(args.table), id_column=args.id_column, label_column=args.label_column,
-                       active_party=args.active, order_key=args.hmac_key)
+    tables = parse_tables(args.table)
+    if args.active not in tables:
+        raise ValueError(f"--active {args.active!r} is not one of the --table parties {list(tables)}")
+    try:
+        data = from_tables(tables, id_column=args.id_column, label_column=args.label_column,
+                           active_party=args.active, order_key=args.hmac_key)
+    except MissingLabelColumn as e:
+        raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); name "
+                         "the label column with --label COLUMN") from None
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import report_checkpoints

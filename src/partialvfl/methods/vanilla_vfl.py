@@ -54,7 +54,7 @@ class VanillaVFL(SplitNNMethod):
         return loss.detach()
 
     def fallback(self) -> str:
-        if self.params_["missing"] == "random":
+        if self.settings_.missing == "random":
             return ("a uniformly random class where some party does not hold the row (missing='random'), the "
                     "training label prior where none does")
         return super().fallback()
@@ -62,7 +62,7 @@ class VanillaVFL(SplitNNMethod):
     def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
         """Every holding party; with ``missing='random'`` none for a row some party lacks (a random class)."""
         used = np.array(view.observed, dtype=bool)
-        if self.params_["missing"] == "random":
+        if self.settings_.missing == "random":
             used &= used.all(axis=1, keepdims=True)
         return used
 

@@ -384,7 +384,7 @@ class XVFL(VFLMethod):
         """Every holding party; with ``inference='available'`` a block with features missing inside it is left out
         of a row that has a complete block (as :meth:`_predict` does)."""
         used = np.array(view.observed, dtype=bool)
-        if self.params_["inference"] == "complete":
+        if self.settings_.inference == "complete":
             return used
         comp = used & ~incomplete_matrix(np.asarray(view.ids), used.shape[1], view.info)
         return np.where(comp.any(axis=1, keepdims=True), comp, used)
