@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cls = get_method(args.method)
     params = epoch_params(args.method, args.epochs)
     warm = epoch_params(args.method, 1)
+    # what fit(train) tells the method in process: the dataset (its presets) and that the protocol's data are
+    # standardised already (without it each party would standardise them a second time: another model)
+    dataset = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
+    same = {"dataset": dataset, "data_info": train.info}
     fit_local, fit_remote, pred_local, pred_remote = [], [], [], []
     long_local: list[float] = []  # extra seconds of the fits with --extra-epochs more epochs
     long_remote: list[float] = []
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             handle = fed.attach(train, "train")
             # first use of an optimiser imports lazily for seconds, in every process: warm both sides up
             cls(args.preset, seed=args.seed, **warm).fit(train)
-            cls(args.preset, seed=args.seed, **warm).fit_federated(fed, train.coordinator_view(), handle)
+            cls(args.preset, seed=args.seed, **warm).fit_federated(fed, train.coordinator_view(), handle, **same)
             # interleave the runs: the machine is shared, so its load drifts; report the fastest of each
             for rep in progress(range(args.repeats), "repeats"):
                 t0 = time.perf_counter()
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wire0, party0 = t.bytes_sent + t.bytes_received, t.party_seconds
                 remote = cls(args.preset, seed=args.seed, **params)
                 t0 = time.perf_counter()
-                remote.fit_federated(fed, train.coordinator_view(), handle)
+                remote.fit_federated(fed, train.coordinator_view(), handle, **same)
                 fit_remote.append(time.perf_counter() - t0)
                 if rep == 0:
                     train_bytes = log.total_bytes()
@@ -114,7 +118,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cls(args.preset, seed=args.seed, **longer).fit(train)
                     long_local.append(time.perf_counter() - t0 - fit_local[-1])
                     t0 = time.perf_counter()
-                    cls(args.preset, seed=args.seed, **longer).fit_federated(fed, train.coordinator_view(), handle)
+                    cls(args.preset, seed=args.seed, **longer).fit_federated(fed, train.coordinator_view(), handle,
+                                                                             **same)
                     long_remote.append(time.perf_counter() - t0 - fit_remote[-1])
         finally:
             fed.close()

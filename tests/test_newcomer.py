@@ -21,7 +21,7 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.S | re.M)
 
 # ---------------------------------------------------------------------- item 7: no path of a developer's machine
 #: an absolute path into a home, scratch or work directory of one machine (not /usr/share/..., /proc/..., URLs)
-MACHINE_PATH = re.compile(r"(?<![\w.~/:-])/(?:work|root|home|tmp|Users|mnt|scratch|data|opt/[a-z]+/home)/")
+MACHINE_PATH = re.compile(r"(?<![\w.~/:-])/(?:work|root|home|tmp|Users|mnt|scratch)/")
 SCANNED = ("docs", "benchmarks", "src", "scripts")
 TEXT_SUFFIXES = {".md", ".py", ".toml", ".sh", ".txt", ".yaml", ".yml", ".cfg", ".json", ".csv"}
 
