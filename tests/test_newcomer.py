@@ -196,3 +196,22 @@ def test_docs_state_the_smoke_grids_true_counts() -> None:
     comment = (ROOT / "src" / "partialvfl" / "bench" / "grids" / "smoke.toml").read_text()
     assert f": {fits} fits" in comment and f"\n# {rows} rows" in comment
     assert f"grid 'smoke': {fits} fits; {fits} done" in docs
+
+
+# ---------------------------------------------------------------------- item 10: benchmarks' figures
+#: a predicted label or class index compared with a dataset's integer codes (``data.y``): labels are values
+#: (``predict`` returns the model's class labels, ``'9'`` for digits), so such an accuracy can read 0.0
+INDEX_VS_CODES = re.compile(r"(?:\.predict\(|\.argmax\().*==\s*\w+\.y\b")
+
+
+def test_the_pattern_finds_labels_compared_with_integer_codes() -> None:
+    for bad in ("(model.predict(test) == test.y).mean()", "float((m.predict_output_local(t, p).argmax(1) == t.y))"):
+        assert INDEX_VS_CODES.search(bad), bad
+    for fine in ("model.score(test)", "(p_remote.argmax(1) == p_local.argmax(1)).mean()", "y = test.y"):
+        assert not INDEX_VS_CODES.search(fine), fine
+
+
+def test_benchmarks_score_labels_by_value() -> None:
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted((ROOT / "benchmarks").glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if INDEX_VS_CODES.search(line)]
+    assert not found, "compare labels by value (score, evaluate, metrics_from_predictions):\n" + "\n".join(found)
