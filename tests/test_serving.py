@@ -37,16 +37,17 @@ TOKEN = "s3cret-token-of-the-test-0123456789"
 class Service:
     """A uvicorn server for ``app`` on a free port, in a thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **config: Any) -> None:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                                    access_log=False))
+                                                    access_log=False, **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         limit = time.monotonic() + 60
         while not self.server.started:
             assert time.monotonic() < limit and self.thread.is_alive(), "the service did not start"
             time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+        scheme = "https" if config.get("ssl_certfile") else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
 
     def call(self, path: str, body: Any = None, *, raw: bytes | None = None, token: str | None = TOKEN,
              method: str | None = None) -> tuple[int, Any]:
@@ -280,3 +281,28 @@ def test_serve_refuses_bad_options(example: Path, tmp_path: Path, capsys: pytest
     for extra, words in cases:
         assert main(["serve", "--model", str(example / "model-0"), *extra]) == 2, extra
         assert words in capsys.readouterr().err, extra
+
+
+def test_https_with_client_certificates(example: Path, tmp_path: Path) -> None:
+    import ssl
+
+    from partialvfl.cli.serve import uvicorn_tls
+    from partialvfl.federation.certs import init_dev_pki
+
+    made = init_dev_pki(tmp_path / "pki", ["service", "client"])
+    (cert, key), (client_cert, client_key) = made["service"], made["client"]
+    ca = tmp_path / "pki" / "ca.pem"
+    predictor = TablePredictor(example / "model-0", new_tables(example))
+    s = Service(create_app(predictor), **uvicorn_tls(str(cert), str(key), str(ca)))
+    try:
+        body = json.dumps({"ids": sorted(offline(example))[:1]}).encode()
+        trusted = ssl.create_default_context(cafile=str(ca))
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):  # no client certificate
+            urllib.request.urlopen(urllib.request.Request(s.url + "/v1/predict", data=body), context=trusted,
+                                   timeout=60).read()
+        trusted.load_cert_chain(str(client_cert), str(client_key))
+        with urllib.request.urlopen(urllib.request.Request(s.url + "/v1/predict", data=body), context=trusted,
+                                    timeout=60) as r:
+            assert r.status == 200 and json.loads(r.read())["results"][0]["status"] == "ok"
+    finally:
+        s.stop()

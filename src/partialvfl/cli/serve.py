@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_commands", "run_serve"]
+__all__ = ["add_commands", "run_serve", "uvicorn_tls"]
 
 
 def add_commands(sub: Any) -> None:
@@ -113,19 +113,29 @@ def run_serve(args: argparse.Namespace) -> int:
         return code
     predictor = holder["predictor"]
     app = create_app(predictor, cfg)
-    ssl: dict[str, Any] = {}
-    if args.tls_cert:
-        import ssl as ssl_module
-
-        ssl = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
-        if args.tls_client_ca:
-            ssl.update(ssl_ca_certs=args.tls_client_ca, ssl_cert_reqs=ssl_module.CERT_REQUIRED)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
-                                           log_level="warning", timeout_graceful_shutdown=30, **ssl))
+                                           log_level="warning", timeout_graceful_shutdown=30,
+                                           **uvicorn_tls(args.tls_cert, args.tls_key, args.tls_client_ca)))
     signal.signal(signal.SIGHUP, lambda *_: reload_model(app.state.batcher, None))
     _announce(server, args)
     server.run()
     return 0
+
+
+def uvicorn_tls(cert: str | None, key: str | None, client_ca: str | None) -> dict[str, Any]:
+    """uvicorn's TLS settings for ``--tls-cert``/``--tls-key`` (HTTPS) and ``--tls-client-ca`` (client certificates
+    required, signed by that CA); none without a certificate."""
+    import ssl
+
+    if not cert:
+        return {}
+    for flag, f in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if f and not Path(f).is_file():
+            raise FileNotFoundError(f"{flag}: {f} not found")
+    out: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key}
+    if client_ca:
+        out.update(ssl_ca_certs=client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return out
 
 
 def _announce(server: Any, args: argparse.Namespace) -> None:
