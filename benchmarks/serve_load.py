@@ -5,7 +5,9 @@ The own-data example tables (``scripts/make_example_tables.py``, 1500 training c
 saved, then ``partialvfl serve --federation`` runs as its own process and this process sends it requests of one ID
 each (drawn, seeded, from the bank's customers) from C concurrent clients (threads with keep-alive connections) for
 ``--seconds`` or ``--max-requests``, whichever ends first.  Reported per method and case: requests, errors (not HTTP
-200, or an ID not predicted), p50 and p99 latency seen by the client, predictions per second, timed-out share.
+200, or no answer), IDs not predicted (HTTP 200 with a per-ID status: e.g. a customer only the slow party holds), p50
+and p99 latency seen by the client, predictions per second, answers with a party timed out.  For the slow case also the accuracy of the answers that went without the slow party (labelled customers)
+beside the accuracy of the same customers predicted offline with that party's blocks missing.
 
 Cases: concurrency 1 / 16 / 64 with every party on time; then one party (the telco) reached through a proxy that
 holds back every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms``
@@ -92,11 +94,13 @@ class ServiceProcess:
 
 
 def load(port: int, ids: list[str], concurrency: int, seconds: float, max_requests: int,
-         deadline_ms: float | None, seed: int) -> dict[str, Any]:
-    """``concurrency`` clients, one ID per request, until ``seconds`` pass or ``max_requests`` are sent."""
+         deadline_ms: float | None, seed: int, record: list[tuple[str, Any, list[str]]] | None = None
+         ) -> dict[str, Any]:
+    """``concurrency`` clients, one ID per request, until ``seconds`` pass or ``max_requests`` are sent; with
+    ``record``, every answer's (ID, predicted class, parties used) is appended to it."""
     lock = threading.Lock()
     latencies: list[float] = []
-    counts = {"requests": 0, "errors": 0, "timed_out": 0}
+    counts = {"requests": 0, "errors": 0, "not_predicted": 0, "timed_out": 0}
     stop_at = time.monotonic() + seconds
 
     def client(c: int) -> None:
@@ -115,16 +119,22 @@ def load(port: int, ids: list[str], concurrency: int, seconds: float, max_reques
                 conn.request("POST", "/v1/predict", json.dumps(body), {"Content-Type": "application/json"})
                 resp = conn.getresponse()
                 answer = json.loads(resp.read())
-                ok = resp.status == 200 and answer["results"][0]["status"] == "ok"
+                failed = resp.status != 200
+                ok = not failed and answer["results"][0]["status"] == "ok"
                 late = bool(answer.get("parties_timed_out"))
+                if ok and record is not None:
+                    r = answer["results"][0]
+                    with lock:
+                        record.append((body["ids"][0], r["prediction"], r["parties"]))
             except (OSError, http.client.HTTPException, ValueError, KeyError):
-                ok, late = False, False
+                failed, ok, late = True, False, False
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
             dt = time.perf_counter() - t0
             with lock:
                 latencies.append(dt)
-                counts["errors"] += not ok
+                counts["errors"] += failed
+                counts["not_predicted"] += not failed and not ok
                 counts["timed_out"] += late
         conn.close()
 
@@ -139,11 +149,11 @@ def load(port: int, ids: list[str], concurrency: int, seconds: float, max_reques
     return {"concurrency": concurrency, "deadline_ms": deadline_ms, "seconds": round(wall, 2), **counts,
             "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat.size else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 2) if lat.size else None,
-            "predictions_per_s": round((counts["requests"] - counts["errors"]) / wall, 1)}
+            "predictions_per_s": round((counts["requests"] - counts["errors"] - counts["not_predicted"]) / wall, 1)}
 
 
-def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], args: argparse.Namespace
-               ) -> list[dict[str, Any]]:
+def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], labels: dict[str, Any],
+               args: argparse.Namespace) -> list[dict[str, Any]]:
     model = work / f"model-{method}"
     fit_s = fit_federated(dep, method, model, args.seed)
     print(f"{method}: fitted across the parties in {fit_s:.1f} s", file=sys.stderr)
@@ -159,24 +169,57 @@ def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], ar
                              **load(service.port, ids, c, args.seconds, args.max_requests, None, args.seed)})
                 print(rows[-1], file=sys.stderr)
             proxy.delay = args.delay_ms / 1000
+            answers: list[tuple[str, Any, list[str]]] = []
             rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
                          **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
-                                args.deadline_ms, args.seed)})
-            print(rows[-1], file=sys.stderr)
+                                args.deadline_ms, args.seed, answers)})
         finally:
             proxy.delay = 0.0
             service.stop()
+    rows[-1].update(accuracy_without_slow(dep, model, answers, labels))
+    print(rows[-1], file=sys.stderr)
     return rows
 
 
+def accuracy_without_slow(dep: LocalDeployment, model_dir: Path, answers: list[tuple[str, Any, list[str]]],
+                          labels: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy of the service's answers that went without the slow party, over the labelled IDs, beside the
+    accuracy of the same IDs predicted offline (``predict --federation``'s path) with the slow party's blocks
+    missing; and how many answers differ from the offline class."""
+    served = {i: (c, p) for i, c, p in answers if i in labels and PARTIES[SLOW] not in p}
+    if not served:
+        return {"labelled_answers": 0}
+    fed = dep.federation(allow_absent=True)
+    try:
+        model = get_method(json.loads((model_dir / "model.json").read_text())["method"]).load(model_dir,
+                                                                                              federation=fed)
+        id_list = sorted(served)
+        view, handle = fed.attach_ids(id_list, task=model.index_.task)
+        view.observed[:, SLOW] = False
+        out = model.predict_output_federated(view, handle)
+        fed.release(handle)
+    finally:
+        fed.close()
+    classes = list(model.index_.task.classes)
+    offline = {i: classes[int(np.argmax(out[j]))] for j, i in enumerate(id_list)}
+    mask = view.observed.any(axis=1)
+    kept = [i for j, i in enumerate(id_list) if mask[j]]
+    return {"labelled_answers": sum(1 for i, _, p in answers if i in labels and PARTIES[SLOW] not in p),
+            "labelled_ids": len(kept),
+            "accuracy_served": round(float(np.mean([served[i][0] == labels[i] for i in kept])), 4),
+            "accuracy_offline_without_slow": round(float(np.mean([offline[i] == labels[i] for i in kept])), 4),
+            "differ_from_offline": sum(served[i][0] != offline[i] for i in kept)}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| method | case | concurrency | deadline | requests | errors | timed out | p50 ms | p99 ms | "
-            "predictions/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| method | case | concurrency | deadline | requests | errors | not predicted | slow party timed out | "
+            "p50 ms | p99 ms | predictions/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         deadline = "-" if r["deadline_ms"] is None else f"{r['deadline_ms']:g} ms"
         lines.append(f"| {r['method']} | {r['case']} | {r['concurrency']} | {deadline} | {r['requests']} | "
-                     f"{r['errors']} | {r['timed_out']} | {r['p50_ms']} | {r['p99_ms']} | {r['predictions_per_s']} |\n")
+                     f"{r['errors']} | {r['not_predicted']} | {r['timed_out']} | {r['p50_ms']} | {r['p99_ms']} | "
+                     f"{r['predictions_per_s']} |\n")
     return head + "".join(lines)
 
 
@@ -198,12 +241,20 @@ def main() -> int:
         data = from_tables({k: d / "train" / f"{k}.csv" for k in PARTIES}, id_column="customer_id",
                            label_column="defaulted", active_party="bank")
         ids = [str(i) for i in data.ids]
+        classes = list(data.task.classes)
+        labels = {str(i): classes[int(y)] for i, y, lab in zip(data.ids, data.y, data.labeled) if lab}
         with LocalDeployment(work / "fed", data, deadline=120.0, start_timeout=600.0) as dep:
             dep.start()
-            rows = [r for m in args.methods for r in run_method(m, dep, work, ids, args)]
+            rows = [r for m in args.methods for r in run_method(m, dep, work, ids, labels, args)]
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "python": platform.python_version()}
     print(table(rows))
+    for r in rows:
+        if "accuracy_served" in r:
+            print(f"{r['method']}, {r['case']}: accuracy of the answers without {PARTIES[SLOW]} "
+                  f"{r['accuracy_served']} over {r['labelled_ids']} labelled customers; offline without "
+                  f"{PARTIES[SLOW]} {r['accuracy_offline_without_slow']}; answers that differ: "
+                  f"{r['differ_from_offline']}")
     print(f"machine: {machine}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "machine": machine, "args": vars(args)}, indent=1))
