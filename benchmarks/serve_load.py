@@ -6,8 +6,9 @@ saved, then ``partialvfl serve --federation`` runs as its own process and this p
 each (drawn, seeded, from the bank's customers) from C concurrent clients (threads with keep-alive connections) for
 ``--seconds`` or ``--max-requests``, whichever ends first.  Reported per method and case: requests, errors (not HTTP
 200, or no answer), IDs not predicted (HTTP 200 with a per-ID status: e.g. a customer only the slow party holds), p50
-and p99 latency seen by the client, predictions per second, answers with a party timed out.  For the slow case also the accuracy of the answers that went without the slow party (labelled customers)
-beside the accuracy of the same customers predicted offline with that party's blocks missing.
+and p99 latency seen by the client, predictions per second, answers with a party timed out.  For the slow case also
+the accuracy of the answers that went without the slow party (labelled customers) beside the accuracy of the same
+customers predicted offline with that party's blocks missing.
 
 Cases: concurrency 1 / 16 / 64 with every party on time; then one party (the telco) reached through a proxy that
 holds back every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms``
