@@ -28,7 +28,16 @@ from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.prediction import predict_reporting_parties
-from partialvfl.serving.predictors import NO_ANSWER, OK, UNKNOWN, BatchOutcome, FeatureError, _Base, model_version
+from partialvfl.serving.predictors import (
+    NO_ANSWER,
+    OK,
+    UNKNOWN,
+    BatchOutcome,
+    FeatureError,
+    _Base,
+    counts_only,
+    model_version,
+)
 
 __all__ = ["FederationPredictor"]
 
@@ -47,7 +56,7 @@ class FederationPredictor(_Base):
 
     def __init__(self, model_dir: str | Path, federation: str | Path, *, min_timeout: float = 0.02,
                  connect_timeout: float = 10.0, rejoin_interval: float = 0.5) -> None:
-        self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False)
+        self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False, log=counts_only())
         self.transport = self.fed.grpc_transport
         self.transport.min_timeout = float(min_timeout)
         if hasattr(self.fed.aligner, "cache_tokens"):  # each ID looked up once per session, not once per request

@@ -24,10 +24,11 @@ import numpy as np
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.data.ids import normalize_ids
 from partialvfl.data.tables import from_tables
+from partialvfl.federation.messages import MessageLog
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.model_files import read_model_meta
 
-__all__ = ["BatchOutcome", "FeatureError", "TablePredictor", "model_version"]
+__all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "model_version"]
 
 #: per-ID status values of a response
 OK, UNKNOWN, NO_ANSWER = "ok", "unknown_id", "no_party_answered"
@@ -50,6 +51,11 @@ class BatchOutcome:
     parties: dict[str, list[str]]
     timed_out: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+
+
+def counts_only() -> MessageLog:
+    """A message log that keeps counts, not entries: a service sends messages for as long as it runs."""
+    return MessageLog(keep_entries=False)
 
 
 def model_version(directory: str | Path) -> str:
@@ -116,7 +122,7 @@ class TablePredictor(_Base):
     """Every party's table in this process (``--table PARTY=FILE``); nothing times out here."""
 
     def __init__(self, model_dir: str | Path, tables: Mapping[str, str | Path], id_column: str | None = None) -> None:
-        self.model = VFLMethod.load(model_dir)
+        self.model = VFLMethod.load(model_dir, log=counts_only())
         self.model_dir = Path(model_dir)
         self.version = model_version(model_dir)
         self.tables = dict(tables)
