@@ -61,6 +61,8 @@ def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service
     predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml", rejoin_interval=0.2)
     s = Service(create_app(predictor, ServiceConfig(deadline=30.0)))
     try:
+        # a session's first batch waits for the parties to build their networks (up to the connection timeout)
+        assert s.call("/v1/predict", {"ids": ids_of(d)[:1]}, token=None)[0] == 200
         yield s
     finally:
         s.stop()
