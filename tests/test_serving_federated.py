@@ -143,3 +143,15 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
         assert time.monotonic() < limit, "the restarted party was not used again"
         time.sleep(0.2)
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
+
+
+def test_reload_opens_a_new_session_and_keeps_answering(setup: tuple[LocalDeployment, Path, DelayProxy],
+                                                        service: Service) -> None:
+    _, d, _ = setup
+    before = service.call("/v1/predict", {"ids": ids_of(d)}, token=None)[1]
+    code, answer = service.call("/admin/reload", {}, token=None)
+    assert code == 200 and answer["model_version"] == before["model_version"]
+    code, after = service.call("/v1/predict", {"ids": ids_of(d)}, token=None)
+    assert code == 200 and [r["parties"] for r in after["results"]] == [r["parties"] for r in before["results"]]
+    np.testing.assert_allclose([r["probabilities"]["1"] for r in after["results"]],
+                               [r["probabilities"]["1"] for r in before["results"]], rtol=1e-6)
