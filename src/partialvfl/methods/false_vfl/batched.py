@@ -34,7 +34,6 @@ from partialvfl.utils.seeding import torch_generator
 
 if TYPE_CHECKING:
     from partialvfl.federation.party import PartyProgram
-    from partialvfl.methods.false_vfl.party import PartyModules
 
 __all__ = ["Member", "handle_batch", "signature"]
 
@@ -55,7 +54,9 @@ class Member(Protocol):
     _dec: dict[str, Any]
 
     @property
-    def modules(self) -> PartyModules: ...
+    def modules(self) -> nn.Module:
+        """Its ``encoder``, ``decoder`` and (II) ``indicator`` (``None`` under I)."""
+        ...
 
     def features(self, handle: str, rows: torch.Tensor) -> torch.Tensor: ...
 
