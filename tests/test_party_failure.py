@@ -285,9 +285,9 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
     assert main(fit_argv(dep, out)) == 0
     ids = tmp_path / "ids.csv"
     ids.write_text("id\n" + "\n".join(data.ids) + "\n")
-    from partialvfl.cli import federated
+    from partialvfl.orchestration import predict
 
-    original = federated.predict_reporting_parties
+    original = predict.predict_reporting_parties
 
     def losing_party(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None,
                      size: int | None = chunk) -> Any:
@@ -303,7 +303,7 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
         monkeypatch.setattr(model, "predict_output_federated", predict_and_lose)
         return original(model, fed, view, handle, chunk=size)
 
-    monkeypatch.setattr(federated, "predict_reporting_parties", losing_party)
+    monkeypatch.setattr(predict, "predict_reporting_parties", losing_party)
     try:
         pred_file = tmp_path / "pred.csv"
         assert main(["predict", "--federation", str(dep.federation_file), "--model", str(out), "--ids", str(ids),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from partialvfl.cli.common import emit, parse_tables, threads_for
 
-__all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
+__all__ = ["fit_tables", "evaluate_tables", "predict_command", "predict_tables", "prediction_frame",
            "write_predictions"]
 
 
@@ -37,23 +36,15 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
                        active_party=args.active, order_key=args.hmac_key)
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
-    from partialvfl.cli.checkpoints import report_checkpoints
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
-    from partialvfl.federation.checkpoint import FitInterrupted
-    from partialvfl.utils.threads import use_threads
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command
 
-    ck = fit_checkpointer(args)  # --checkpoint-every/--resume; SIGINT/SIGTERM checkpoint where the fit is, then stop
-    threads = threads_for(args, model, data)
-    t0 = time.perf_counter()
-    try:
-        with stop_on_signals(ck), use_threads(threads):
-            model.fit(data, checkpointer=ck)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
-    report_checkpoints(args, ck, not args.quiet)
+    fitted = fit_command(args, fit_options(args), model, data)  # SIGINT/SIGTERM checkpoint where it is, then stop
+    if isinstance(fitted, int):
+        return fitted
     out = model.save(args.out)
     how = model.preprocessing_["how"]
-    _say(f"fit {model.name} in {time.perf_counter() - t0:.1f} s (standardisation: {how}); saved to {out}")
+    _say(f"fit {model.name} in {fitted.seconds:.1f} s (standardisation: {how}); saved to {out}")
     return 0
 
 
@@ -98,16 +89,25 @@ def _note_ignored(seen: dict[str, list[Any]], tables: dict[str, str], id_column:
             _say(f"note: party {party!r}: columns {extra} are not used by the model")
 
 
-def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> None:
-    """Rows no party holds would be predicted from the training label prior alone: an error unless ``allow``."""
-    none = ~np.asarray(observed).any(axis=1)
-    if not none.any():
-        return
-    what = f"{int(none.sum())} of {len(ids)} IDs (first: {ids[np.flatnonzero(none)[0]]!r}) are held by no party"
-    if not allow:
-        raise ValueError(f"{what}: their prediction would be the training label prior alone; pass "
-                         "--allow-prior-only to write such rows")
-    _say(f"note: {what}; predicted from the training label prior (--allow-prior-only)")
+def predict_command(args: argparse.Namespace, model: Any, data: Any, **options: Any) -> Any:
+    """:func:`~partialvfl.orchestration.run_predict` for a ``predict`` command: rows no party holds are refused
+    naming ``--allow-prior-only``, or (with it) said on stderr; ``options``: more ``PredictOptions``."""
+    from partialvfl.orchestration import PredictOptions, PriorOnlyRows, run_predict
+
+    try:
+        pred = run_predict(model, data, PredictOptions(allow_prior_only=args.allow_prior_only, **options))
+    except PriorOnlyRows as e:
+        raise ValueError(f"{_held_by_none(e.n_rows, e.n_ids, e.first)}: their prediction would be the training "
+                         "label prior alone; pass --allow-prior-only to write such rows") from None
+    none = ~pred.held.any(axis=1)
+    if none.any():
+        _say(f"note: {_held_by_none(int(none.sum()), len(pred.ids), pred.ids[np.flatnonzero(none)[0]])}; "
+             "predicted from the training label prior (--allow-prior-only)")
+    return pred
+
+
+def _held_by_none(n: int, total: int, first: Any) -> str:
+    return f"{n} of {total} IDs (first: {first!r}) are held by no party"
 
 
 def prediction_frame(model: Any, output: np.ndarray, observed: np.ndarray, ids: np.ndarray, id_column: str) -> Any:
@@ -143,10 +143,9 @@ def predict_tables(args: argparse.Namespace) -> int:
 
     model = VFLMethod.load(args.model)
     data, _, id_column = _model_tables(args, model, labels=False)
-    refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
-    output = model.predict_output(data)
-    order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
-    frame = prediction_frame(model, output[order], data.observed[order], data.ids[order], id_column)
+    pred = predict_command(args, model, data)
+    order = np.argsort(pred.ids, kind="stable")  # rows by ID, whatever the canonical sample order
+    frame = prediction_frame(model, pred.output[order], pred.parties[order], pred.ids[order], id_column)
     write_predictions(frame, args.out)
     return 0
 
