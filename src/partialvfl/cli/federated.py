@@ -1,6 +1,6 @@
 """Commands across a federation's party processes: ``fit --federation`` and ``predict --federation``.
 
-:func:`run_federated_fit` aligns the parties' hashed IDs, trains (checkpointing and resuming, waiting for a lost
+:func:`run_federated_fit` aligns the parties' IDs, trains (checkpointing and resuming, waiting for a lost
 party with ``--party-timeout``) and saves the model; :func:`run_federated_predict` predicts for a list of IDs, from
 the parties' training tables or from a table set of their prediction tables (``--table-set``), and writes the same
 file as ``predict --table``.  Both are thin: :mod:`partialvfl.orchestration` does the work.  A party that cannot
@@ -44,7 +44,7 @@ def federated(command: Callable[[argparse.Namespace], int], args: argparse.Names
 
 
 def run_federated_fit(args: argparse.Namespace) -> int:
-    """Align the parties' hashed IDs, train ``--method`` across them, save the model (parties keep their state).
+    """Align the parties' IDs, train ``--method`` across them, save the model (parties keep their state).
 
     A party that stops answering during training stops the fit (exit 3, with the resume command) or, with
     ``--party-timeout``, is waited for and the fit continues from the last checkpoint once every party answers again.

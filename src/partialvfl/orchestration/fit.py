@@ -8,11 +8,13 @@ service call directly::
     result = run_fit(get_method("false-vfl-1")("fast", seed=0), fed, options)
     result.model.save("model")
 
-Across a federation it opens the session, aligns the parties' hashed IDs and trains; with ``party_timeout`` a party
-that stops answering is waited for (up to ``party_retries`` times) and the fit continues from the last checkpoint
-once every party answers again, ending in the parameters of an uninterrupted fit.  Without it the fit stops with
-the party's :class:`~partialvfl.federation.transport.PartyUnavailable`; a :class:`~.stopping.StopRequest` stops it
-with :class:`~partialvfl.federation.checkpoint.FitInterrupted` after a checkpoint.  Both leave the checkpoint that a
+Across a federation it opens the session, aligns the parties' IDs (asking them to keep the alignment nonces under
+``fit seed N``, unless the federation's ``alignment_id`` is set, so that a resumed fit gets the same sample order)
+and trains; with ``party_timeout`` a party that stops answering is waited for (up to ``party_retries`` times) and
+the fit continues from the last checkpoint once every party answers again, ending in the parameters of an
+uninterrupted fit.  Without it the fit stops with the party's
+:class:`~partialvfl.federation.transport.PartyUnavailable`; a :class:`~.stopping.StopRequest` stops it with
+:class:`~partialvfl.federation.checkpoint.FitInterrupted` after a checkpoint.  Both leave the checkpoint that a
 call with ``resume=True`` continues from.
 """
 
@@ -152,6 +154,10 @@ def _fit_federation(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkp
     """Connect, align and fit; with ``party_timeout``, wait out up to ``party_retries`` party failures (each time:
     every party says hello again, the fit resumes from the last checkpoint).  Returns (threads, failures)."""
     timeout = options.party_timeout
+    if getattr(fed, "alignment_id", "") is None:
+        # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed,
+        # repeated or continued after a party restarted, gets the same tokens, so the same sample order and model
+        fed.alignment_id = f"fit seed {method.seed}"
     if timeout is not None:  # parties not up yet are waited for, too
         fed.rejoin(timeout)
     else:
@@ -165,7 +171,9 @@ def _fit_federation(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkp
                     f"labelled); observed per party: {view.observed.sum(axis=0).tolist()}")
             labels = fed.config.labels if getattr(fed, "config", None) is not None else None
             info = {**extra, "n_samples": view.n_samples, "id_column": labels and labels.id_column,
-                    "label_column": labels and labels.label_column}
+                    "label_column": labels and labels.label_column,
+                    "alignment": {"mode": getattr(fed, "alignment_mode", None),
+                                  "salt": getattr(getattr(fed, "aligner", None), "salt", None)}}
             threads = fit_threads(options.threads, method, view)
             with use_threads(threads):  # the coordinator's; each party sets its own
                 method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck, on_epoch=on_epoch)
