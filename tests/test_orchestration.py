@@ -32,7 +32,7 @@ from partialvfl.orchestration import (
     run_predict,
     stop_on_signals,
 )
-from test_party_failure import FIT, PATIENCE, assert_same, make_data, model_state
+from test_party_failure import FIT, PATIENCE, assert_same, make_data, model_state, started_deployment
 
 SEED = 3
 
@@ -147,13 +147,7 @@ def test_run_predict_in_process_names_the_parties_each_row_used(data: VerticalDa
 # ---------------------------------------------------------------------- across party processes
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
-    d = LocalDeployment(tmp_path_factory.mktemp("orchestration"), data, deadline=PATIENCE, start_timeout=600.0,
-                        policy={"seed": 17})
-    try:
-        d.start()
-        yield d
-    finally:
-        d.close()
+    yield from started_deployment(tmp_path_factory.mktemp("orchestration"), data)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +158,11 @@ def uninterrupted(dep, tmp_path_factory) -> Path:  # noqa: ANN001
     try:
         result = run_fit(method(), fed, FitOptions(), data_info={"source": "test"})
         assert result.party_failures == 0 and result.model.data_info_["source"] == "test"
+        # the parties keep the alignment nonces under the fit's seed (a resumed fit gets the same sample order),
+        # and the model records the session's salt (fit --table --order-of reproduces the order from it)
+        assert fed.alignment_id == f"fit seed {SEED}"
+        alignment = result.model.data_info_["alignment"]
+        assert alignment["mode"] == "psu" and alignment["salt"] == fed.aligner.salt
         result.model.save(out)
     finally:
         fed.close()

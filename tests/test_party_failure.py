@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,19 @@ def data() -> VerticalDataset:
     return make_data()
 
 
-@pytest.fixture(scope="module")
-def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
-    d = LocalDeployment(tmp_path_factory.mktemp("faults"), data, deadline=PATIENCE, start_timeout=600.0,
-                        policy={"seed": 17})
+def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[LocalDeployment]:
+    """Party processes for ``data`` in ``directory`` (their seed pinned), running until the generator closes."""
+    d = LocalDeployment(directory, data, deadline=PATIENCE, start_timeout=600.0, policy={"seed": 17})
     try:
         d.start()
         yield d
     finally:
         d.close()
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
+    yield from started_deployment(tmp_path_factory.mktemp("faults"), data)
 
 
 def fit_argv(dep: LocalDeployment, out: Path, *extra: str) -> list[str]:
