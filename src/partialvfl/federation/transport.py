@@ -8,6 +8,11 @@ with the current step and round and records both directions in its :class:`Messa
 :class:`LocalTransport` delivers in-process: tensors are *detached* (zero-copy) on the way in and out, so that no
 autograd graph spans two parties; gradients cross explicitly as messages, exactly as they must over a network.
 A network transport (gRPC) implements ``_deliver`` (and a concurrent ``call_many``); nothing else changes.
+
+Devices: a transport's ``device`` is the coordinator's (the method sets it when it fits or loads).  Replies arrive
+with their floating-point tensors there and their integer and boolean tensors on the CPU; over a network the wire
+carries CPU tensors both ways, in process a tensor goes straight to the receiver's device
+(:mod:`partialvfl.utils.devices`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDic
 from partialvfl.federation.party import PartyProgram
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageError
+from partialvfl.utils.devices import move_message
 
 __all__ = ["LocalTransport", "PartyUnavailable", "Transport"]
 
@@ -48,6 +54,7 @@ class Transport(ABC):
         self.round = 0
         self.failures: list[tuple[int, int, str]] = []  # (step, party, reason)
         self._sent: set[tuple[int, str]] = set()  # (party, kind) already sent in this step and round
+        self.device = torch.device("cpu")  # the coordinator's: where replies' floating-point tensors arrive
 
     def new_step(self) -> int:
         """Start a new step (one mini-batch of training or prediction); rounds restart at 0."""
@@ -116,7 +123,7 @@ class Transport(ABC):
             step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
             direction="reply", tensors=reply.tensors,
         )
-        return reply
+        return Reply(move_message(reply.tensors, self.device), reply.meta)
 
     def broadcast(
         self, parties: Sequence[int], kind: str, tensors: TensorDict | None = None, *, tolerate: bool = False,
@@ -163,7 +170,8 @@ class LocalTransport(Transport):
     def _deliver(self, party: int, request: Request) -> Reply:
         if party in self.down:
             raise PartyUnavailable(party, "marked down")
-        reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)))
+        reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)),
+                                            reply_device=self.device)
         return Reply(_detached(reply.tensors), dict(reply.meta))
 
     def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
@@ -180,10 +188,13 @@ class LocalTransport(Transport):
         except (MessageError, PolicyViolation):  # the per-party path raises it where and as it always does
             return super().call_many(requests, tolerate=tolerate)
         answers: dict[int, Reply] = {}
-        for cls, parties in groups.items():
-            replies = cls.handle_batch([(self.runtimes[p].program, stamped[p]) for p in parties])
+        for (cls, _, _), parties in groups.items():
+            runtimes = [self.runtimes[p] for p in parties]
+            with runtimes[0].computing():  # one device and precision per group
+                replies = cls.handle_batch([(rt.program, rt.arrive(stamped[p])) for rt, p in zip(runtimes, parties)])
             if replies is not None:
-                answers.update(zip(parties, replies))
+                answers.update((p, rt.depart(rt.program.messages[stamped[p].kind], r, self.device))
+                               for rt, p, r in zip(runtimes, parties, replies))
         out: dict[int, Reply] = {}
         for party, req in requests.items():
             req = self._admit(party, req)
@@ -198,9 +209,10 @@ class LocalTransport(Transport):
             out[party] = self._answered(party, req, reply)
         return out
 
-    def _batch_groups(self, requests: Mapping[int, Request]) -> dict[type, list[int]]:
-        """Parties whose program can answer this round jointly, by program class (in party order)."""
-        groups: dict[type, list[int]] = {}
+    def _batch_groups(self, requests: Mapping[int, Request]) -> dict[tuple[type, Any, str], list[int]]:
+        """Parties whose program can answer this round jointly, by program class, device and precision (in party
+        order)."""
+        groups: dict[tuple[type, Any, str], list[int]] = {}
         for party, req in sorted(requests.items()):
             if party in self.down:
                 continue
@@ -209,5 +221,6 @@ class LocalTransport(Transport):
                 continue
             cls = type(program)
             if cls.handle_batch.__func__ is not PartyProgram.handle_batch.__func__:  # type: ignore[attr-defined]
-                groups.setdefault(cls, []).append(party)
+                rt = self.runtimes[party]
+                groups.setdefault((cls, rt.device, rt.precision), []).append(party)
         return groups
