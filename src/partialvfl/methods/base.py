@@ -377,8 +377,7 @@ class VFLMethod(TypedParams, ABC):
         rows = np.flatnonzero(some)
         if rows.size:
             t0 = time.perf_counter()
-            with self._computing():
-                out[rows] = self._predict(view, handle, rows)
+            out[rows] = self._predict(view, handle, rows)  # float32 here (heads, softmax); bf16 at the parties
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out

@@ -24,13 +24,14 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = ["DEVICE_FORMS", "PRECISIONS", "DeviceError", "all_finite", "autocast", "check_precision", "describe",
            "gpu_count", "host", "move", "move_message", "resolve_device", "scalar", "table_tensor", "to_numpy",
-           "use_deterministic"]
+           "strict_devices", "use_deterministic"]
 
 #: the values ``--device`` takes
 DEVICE_FORMS = "auto | cpu | cuda | cuda:N | mps"
@@ -83,7 +84,8 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
     if precision == "fp32" or device.type == "meta":
         yield
         return
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+    # no weight-cast cache: a context may span optimiser steps (a whole fit), and cached casts would be stale
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False):
         yield
 
 
@@ -103,8 +105,10 @@ def host(t: torch.Tensor) -> torch.Tensor:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """``t`` as a numpy array (CPU copy where needed; ones/zeros for a meta tensor)."""
-    return host(t).numpy()
+    """``t`` as a numpy array (CPU copy where needed; float32 for a bfloat16 or float16 tensor, which numpy lacks;
+    ones/zeros for a meta tensor)."""
+    t = host(t)
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
 
 def scalar(t: torch.Tensor | float) -> float:
@@ -173,3 +177,40 @@ def describe(device: torch.device) -> str:
 def gpu_count() -> int:
     """CUDA GPUs torch sees (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# ---------------------------------------------------------------------- the device check's strict mode
+#: ops whose job is to move or copy between devices
+_MOVES = ("_to_copy", "copy_", "to", "lift_fresh", "lift_fresh_copy", "_copy_from", "_copy_from_and_resize")
+#: indexing ops, which accept CPU index tensors on any device (as CUDA does)
+_INDEXING = ("index", "index_put", "index_put_", "_index_put_impl_")
+
+
+def _strict_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class StrictDevices(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            if name not in _MOVES:
+                skip_indices = name in _INDEXING
+                devices = {t.device for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+                           and not (t.device.type == "cpu" and (t.dim() == 0 or (
+                               skip_indices and not t.is_floating_point())))}
+                if len(devices) > 1:
+                    raise RuntimeError(f"aten.{name}: tensors on {sorted(map(str, devices))}: a tensor was created "
+                                       "without the device of the tensors it meets")
+            return func(*args, **kwargs)
+
+    return StrictDevices
+
+
+@contextlib.contextmanager
+def strict_devices() -> Iterator[None]:
+    """Refuse every torch operation whose tensors sit on different devices (a CPU scalar, and CPU indices of an
+    indexing operation, excepted, as on CUDA), also where a meta kernel would not check: the device check's mode
+    (the meta kernels of matmuls and convolutions accept a CPU operand)."""
+    with _strict_mode()():
+        yield

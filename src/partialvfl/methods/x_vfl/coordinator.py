@@ -360,7 +360,7 @@ class XVFL(VFLMethod):
                 z = (et_al + esum[ai] - E[ai, k]) / K
                 completed = completed.index_add(0, ai, F.cross_entropy(top(z), y[ai], reduction="none"))
                 d1 = ((space(top(et_al)) - target(space(logits_single[ai, k]))) ** 2).mean(-1)
-                ds1 = ds1.index_add(0, ai, d1)
+                ds1 = ds1.index_add(0, ai, d1.float())  # float32 sums, also under bf16 autocast
             if len(na_idx):
                 tilde_sum = tilde_sum.index_add(0, torch.as_tensor(na_idx, device=dev), et[n_al:])
         na = np.flatnonzero(~aligned)
@@ -372,7 +372,7 @@ class XVFL(VFLMethod):
         if aligned.any():
             ai = torch.as_tensor(np.flatnonzero(aligned), device=dev)
             d2 = ((space(logits_single[ai]) - target(space(logits_joint[ai]))[:, None, :]) ** 2).mean(-1).sum(1)
-            ds2 = ds2.index_add(0, ai, d2)
+            ds2 = ds2.index_add(0, ai, d2.float())
         return {"single": single, "joint": joint, "completed": completed, "decision": single + joint + completed,
                 "ds_align1": ds1, "ds_align2": ds2}
 
