@@ -229,3 +229,21 @@ def test_bf16_runs_every_kind_of_method(name: str, train, test_data) -> None:  #
     proba = model.predict_proba(test_data)
     assert np.isfinite(proba).all()
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------- the command line
+def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path, capsys) -> None:  # noqa: ANN001
+    from partialvfl.cli import main
+
+    base = ["fit", "--dataset", "digits", "--parties", "3", "--labels", "120", "--aligned", "30", "--max-train",
+            "300", "--max-test", "100", "--method", "local", "--epochs", "2", "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    default = capsys.readouterr().out
+    assert main([*base, "--out", str(tmp_path / "b"), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == default  # the same test accuracy, to the last digit
+    assert main(["evaluate", "--model", str(tmp_path / "b"), "--device", "cpu", "--precision", "bf16"]) == 0
+    if not HAS_CUDA:
+        assert main([*base, "--out", str(tmp_path / "c"), "--device", "cuda"]) == 2
+        assert "error: --device cuda: " in capsys.readouterr().err
+        assert main(["evaluate", "--model", str(tmp_path / "b"), "--device", "cuda:1"]) == 2
+        assert "error: --device cuda:1: " in capsys.readouterr().err

@@ -44,11 +44,13 @@ def epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:
 
 def method_from_args(args: argparse.Namespace) -> Any:
     """The method ``fit`` trains: ``--method``, ``--preset``, ``--seed``, ``--param`` and ``--epochs`` (which wins
-    over a ``--param`` of the same name), with per-epoch progress unless ``--quiet``."""
+    over a ``--param`` of the same name), on ``--device`` at ``--precision`` (``--compile``), with per-epoch progress
+    unless ``--quiet``."""
+    from partialvfl.cli.common import device_options
     from partialvfl.methods import get_method
 
     method_cls = get_method(args.method)
     params = parse_params(args.param)
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
-    return method_cls(args.preset, seed=args.seed, progress=not args.quiet, **params)
+    return method_cls(args.preset, seed=args.seed, progress=not args.quiet, **device_options(args), **params)

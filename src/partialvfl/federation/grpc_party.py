@@ -192,7 +192,8 @@ class PartyServer:
         self.state_dir = cfg.state_dir.resolve()
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
                                     builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()},
-                                    policy=cfg.policy, feature_shape=self.table.feature_shape)
+                                    policy=cfg.policy, feature_shape=self.table.feature_shape, device=cfg.device,
+                                    precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
         self.sessions = SessionGuard()
