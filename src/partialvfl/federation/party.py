@@ -187,17 +187,19 @@ class PartyRuntime:
     ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
     simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).
     ``device`` and ``precision`` (``fp32`` or ``bf16`` autocast) are where and how its programs compute: requests'
-    floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`).
+    floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`);
+    ``compile``: whether its programs run their hot steps through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
     """
 
     def __init__(self, index: int, name: str, *, builtins: Mapping[str, tuple[MessageSpec, Handler]] | None = None,
                  resolve_dir: Callable[[Any], str | Path] = Path, policy: PartyPolicy | None = None,
                  feature_shape: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", compile: bool = False) -> None:  # noqa: A002 - torch's word
         self.index = index
         self.name = name
         self.device = resolve_device(device, what=f"party {index} ({name!r}) device")
         self.precision = check_precision(precision, what=f"party {index} ({name!r}) precision")
+        self.compile = bool(compile)  # compiled hot steps (nn.compiled), where a program has them
         self._tables: dict[str, torch.Tensor] = {}  # handle -> its (preprocessed) features on the device
         self.policy = policy if policy is not None else PartyPolicy.research()
         self.feature_shape = feature_shape

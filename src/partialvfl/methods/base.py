@@ -259,7 +259,8 @@ class VFLMethod(TypedParams, ABC):
         metrics)`` is called after every epoch.
         Without ``federation`` the parties run in this process on the model's ``device`` and ``precision``.
         """
-        fed = federation or LocalFederation.for_dataset(train, log=log, device=self.device_, precision=self.precision)
+        fed = federation or LocalFederation.for_dataset(train, log=log, device=self.device_, precision=self.precision,
+                                                        compile=self.compile)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -452,7 +453,7 @@ class VFLMethod(TypedParams, ABC):
         obj = klass._from_meta(meta, d, device=device, precision=precision, compile=compile)
         state = read_coordinator_state(d, meta)
         fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log,
-                                            device=obj.device_, precision=obj.precision)
+                                            device=obj.device_, precision=obj.precision, compile=obj.compile)
         fed.transport.device = obj.device_
         obj.federation_ = fed
         fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)

@@ -121,7 +121,7 @@ def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int,
             if train:
                 m.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
-            enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs))
+            enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs), compile=members[0].runtime.compile)
             mu, logvar = split_gaussian(enc, members[0].logvar_range)
         group = _Group({"mu": mu, "logvar": logvar}, pending=set(range(len(members))) if train else set())
         for slot, (i, m, x) in enumerate(zip(idx, members, xs)):
@@ -234,7 +234,8 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
     k, s, rows, d_h = h.shape
     outs: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(train):
-        mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h)).view(k, s, rows, -1)
+        mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h),
+                             compile=first.runtime.compile).view(k, s, rows, -1)
         dec_lv = torch.stack([m.decoder_logvar() for m in members])  # (K, d)
         x = pad_rows([m._enc["x"] if n else mean_x.new_zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
                      ) if b_max else None

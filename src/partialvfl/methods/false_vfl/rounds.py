@@ -31,12 +31,16 @@ from partialvfl.methods.false_vfl.formulas import (
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
+from partialvfl.nn.compiled import compiled
 from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
 
 __all__ = ["Pass", "Prefetch", "backward_rounds", "forward_rounds"]
+
+#: the coordinator's share of a step, compiled with ``compile=True`` (:mod:`partialvfl.nn.compiled`)
+_LATENT = compiled(latent_log_weights, True, "FALSE-VFL's latent log-weights")
 
 
 @dataclass
@@ -239,8 +243,9 @@ def _log_weights(method: Any, st: Pass, replies: dict, train: bool, eps_z: torch
         total = torch.zeros(n_samples, b, device=method.device_)
         sums.append(total.index_add(1, _cat_index(idx, method.device_), torch.cat(vals, dim=1)) if vals else total)
     st.decoded = set(replies)
-    latent = latent_log_weights(st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_,
-                                eps_z, method.settings_.encoder_logvar_range)
+    latent = (_LATENT if method.compile else latent_log_weights)(
+        st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_, eps_z,
+        tuple(method.settings_.encoder_logvar_range))
     return sums[0] + sums[1] + latent
 
 
