@@ -85,6 +85,9 @@ from partialvfl.data.protocol import ProtocolConfig, make_protocol  # noqa: E402
 from partialvfl.federation import LocalFederation, MessageLog  # noqa: E402
 from partialvfl.methods import get_method  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_paper import paper_step_section  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 WIDTH = 128
 CPU_GRID = dict(encoder="mlp", decoder="mlp", encoder_hidden=[WIDTH, WIDTH], decoder_hidden=[WIDTH, WIDTH],
@@ -97,6 +100,8 @@ LASER_OFFICIAL = dict(encoder="mlp", encoder_hidden=[128, 128], latent_dim=128, 
 # ---------------------------------------------------------------------- machine and timing helpers
 #: where the sections compute (``--device``; the CPU by default)
 DEVICE = torch.device("cpu")
+#: how methods run besides the device (``--compile``, ``--precision``): only what differs from the default
+RUN: dict[str, Any] = {}
 
 
 def machine() -> dict[str, Any]:
@@ -167,8 +172,9 @@ def fvl_data(quick: bool) -> Any:
 
 
 def on_device() -> dict[str, Any]:
-    """``device=`` for a method or a federation: only off the CPU (a baseline checkout predates the option)."""
-    return {} if DEVICE.type == "cpu" else {"device": DEVICE}
+    """``device=`` (and ``compile``/``precision``) for a method or a federation: only what differs from the default
+    (a baseline checkout predates the options)."""
+    return ({} if DEVICE.type == "cpu" else {"device": DEVICE}) | RUN
 
 
 def federation(train: Any, batched: bool | None, log: MessageLog | None = None) -> Any:
@@ -502,7 +508,9 @@ def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- main
-SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline")
+SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline", "paper-step")
+#: sections run only when asked for (--only)
+ON_REQUEST = ("baseline", "paper-step")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,7 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--device", default="cpu",
-                    help="where fvl-step, laser, peak and the extra sections compute: cpu (default), cuda, cuda:N")
+                    help="where peak, fvl-step, laser and paper-step compute: cpu (default), cuda, cuda:N")
+    ap.add_argument("--compile", action="store_true", help="fvl-step, laser, paper-step: methods with --compile")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="fvl-step, laser, paper-step: methods at this precision")
+    ap.add_argument("--paper-steps", type=int, default=3,
+                    help="paper-step: timed steps per stage (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
     ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
     ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
@@ -533,7 +546,12 @@ def main(argv: list[str] | None = None) -> int:
         DEVICE = resolve_device(a.device, what="--device")
     torch.set_num_threads(a.threads)
     repeats = a.repeats or (2 if a.quick else 10)
-    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick) and (s != "baseline" or a.baseline_src)]
+    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick)
+                        and (s not in ON_REQUEST or (s == "baseline" and a.baseline_src))]
+    if a.compile:
+        RUN["compile"] = True
+    if a.precision != "fp32":
+        RUN["precision"] = a.precision
     if a.laser_official_cmd and not a.laser_official:
         ap.error("--laser-official-cmd needs --laser-official PATH (the directory it runs in)")
     if a.laser_official and not a.laser_official_cmd and not Path(a.laser_official, "methods", "laser.py").is_file():
@@ -554,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": lambda: threads_section(a.quick, repeats, a.contention),
         "federated": lambda: federated_section(a.quick, max(1, repeats // 3)),
         "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
+        "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed),
     }
     for name in wanted:
         if name in runners:
