@@ -9,7 +9,8 @@ within noise).  Variants, interleaved so that a drifting load hits them alike:
 * ``base``: an older checkout's ``src/`` (``--baseline-src``), eager;
 * ``now``: this code, eager;
 * ``compiled-cold``: this code with ``--compile`` and an empty inductor cache (the first fit of a grid pays this);
-* ``compiled-warm``: the same again, the cache filled by the cold run (every later fit of the grid).
+* ``compiled-warm``: the same again, the cache filled by the cold run (every later fit of the grid);
+* ``bf16`` (with ``--bf16``): this code, eager, ``precision="bf16"`` (autocast): its effect on the accuracy.
 
     git -C /work/main archive main src | tar -x -C /tmp/base           # the code before this change
     python benchmarks/grid_fits.py --entries false-vfl-1 laser-vfl --baseline-src /tmp/base/src --json fits.json
@@ -32,7 +33,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def child(entry: str, compile_: bool, threads: int, device: str) -> dict[str, Any]:
+def child(entry: str, compile_: bool, threads: int, device: str, precision: str = "fp32") -> dict[str, Any]:
     """One fit of the cpu grid's first ``entry`` (a method name or label), in this process."""
     import torch
 
@@ -50,6 +51,8 @@ def child(entry: str, compile_: bool, threads: int, device: str) -> dict[str, An
     run = {"compile": True} if compile_ else {}
     if device != "cpu":
         run["device"] = device
+    if precision != "fp32":
+        run["precision"] = precision
     model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **run, **cell.overrides)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     model.fit(train)
@@ -66,12 +69,13 @@ def child(entry: str, compile_: bool, threads: int, device: str) -> dict[str, An
     return out
 
 
-def run_child(entry: str, *, src: str, compile_: bool, cache: str | None, threads: int, device: str
-              ) -> dict[str, Any]:
+def run_child(entry: str, *, src: str, compile_: bool, cache: str | None, threads: int, device: str,
+              precision: str = "fp32") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS=str(threads))
     if cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    cmd = [sys.executable, __file__, "--child", entry, "--threads", str(threads), "--device", device]
+    cmd = [sys.executable, __file__, "--child", entry, "--threads", str(threads), "--device", device,
+           "--precision", precision]
     res = subprocess.run(cmd + (["--compile"] if compile_ else []), env=env, capture_output=True, text=True,
                          check=False)
     if res.returncode != 0:
@@ -85,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu-grid entries (method names or labels; the first matching entry)")
     ap.add_argument("--baseline-src", help="an older checkout's src/ (variant base)")
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled variants")
+    ap.add_argument("--bf16", action="store_true", help="add the bf16 variant (this code, eager, autocast)")
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.child, a.compile, a.threads, a.device)))
+        print(json.dumps(child(a.child, a.compile, a.threads, a.device, a.precision)))
         return 0
     here = str(HERE.parent / "src")
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -110,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                     for variant in ("compiled-cold", "compiled-warm"):
                         runs.setdefault(variant, []).append(run_child(entry, src=here, compile_=True, cache=cache,
                                                                       threads=a.threads, device=a.device))
+            if a.bf16:
+                runs.setdefault("bf16", []).append(run_child(entry, src=here, compile_=False, cache=None,
+                                                             threads=a.threads, device=a.device, precision="bf16"))
             print(json.dumps({entry: {k: v[-1] for k, v in runs.items()}}), flush=True)
     summary: dict[str, Any] = {}
     for entry, runs in results.items():

@@ -18,7 +18,7 @@ from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
-from partialvfl.utils.devices import scalar
+from partialvfl.utils.devices import scalar, to_numpy
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
 __all__ = ["FedHSSLParty"]
@@ -149,15 +149,14 @@ class FedHSSLParty(PartyProgram):
     # ------------------------------------------------------------------ guided local SimSiam
     def on_local_ssl(self, req: Request) -> Reply:
         """One epoch of cross-party-guided local SimSiam over all the party's rows (nothing crosses but the loss)."""
-        view = self.data(req.meta["data"])
         bs = max(2, int(req.meta["batch_size"]))
         wl, wg = float(req.meta["local_weight"]), float(req.meta["guidance_weight"])
         cfg = SimSiamConfig.from_dict(dict(req.meta["augment"]))
-        x_all = torch.tensor(np.asarray(view.features), dtype=torch.float32)
+        x_all = self.runtime.table(req.meta["data"])  # on the party's device, moved there once
         n = x_all.shape[0]
         if n < 2:
             return Reply(meta={"loss": None})
-        augment = make_augmenter(self.feature_shape, x_all.numpy(), cfg)
+        augment = make_augmenter(self.feature_shape, to_numpy(x_all), cfg)
         self.net.train()
         perm = torch.randperm(n, generator=self._gen)
         total, count = 0.0, 0
@@ -165,7 +164,7 @@ class FedHSSLParty(PartyProgram):
             idx = perm[start:start + bs]
             if len(idx) < 2:
                 continue
-            x = x_all[idx].to(self.device)  # the table stays on the CPU; its batches move
+            x = x_all[idx.to(self.device)]
             x1, x2 = augment(x, self._gen), augment(x, self._gen)
             z1, p1 = self.net["local_head"](self.net["top"](self.net["bottom"](x1)))
             z2, p2 = self.net["local_head"](self.net["top"](self.net["bottom"](x2)))

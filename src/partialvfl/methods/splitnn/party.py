@@ -148,7 +148,7 @@ class SplitParty(PartyProgram):
         if int(req.meta["epoch"]) == 0 or not self._simsiam:
             cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
             self._simsiam = {
-                name: SimSiamTrainer(self._model(name), view.features, self.feature_shape, cfg,
+                name: SimSiamTrainer(self._model(name), self.runtime.table(req.meta["data"]), self.feature_shape, cfg,
                                      torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim,
                                      device=self.device)
                 for name in names}

@@ -35,7 +35,7 @@ from torch import nn
 
 from partialvfl.nn.blocks import MLP, image_shape
 from partialvfl.nn.optim import make_optimizer
-from partialvfl.utils.devices import scalar
+from partialvfl.utils.devices import scalar, to_numpy
 
 __all__ = [
     "Augmenter",
@@ -166,12 +166,14 @@ class SimSiamTrainer:
     checkpointed between epochs resumes exactly (the coordinator drives the epochs through the training loop).
     """
 
-    def __init__(self, encoder: nn.Module, data: np.ndarray, feature_shape: Sequence[int], config: SimSiamConfig,
-                 generator: torch.Generator, *, out_dim: int | None = None,
+    def __init__(self, encoder: nn.Module, data: np.ndarray | torch.Tensor, feature_shape: Sequence[int],
+                 config: SimSiamConfig, generator: torch.Generator, *, out_dim: int | None = None,
                  device: torch.device | str = "cpu") -> None:
         self.encoder = encoder
         self.device = torch.device(device)
-        self.x_all = torch.tensor(np.array(data, dtype=np.float32))  # on the CPU; the rows move in batches
+        # the party's rows: a tensor already on the device (a party's table), or an array moved there once
+        self.x_all = (data if isinstance(data, torch.Tensor)
+                      else torch.tensor(np.array(data, dtype=np.float32))).to(self.device)
         self.config = config
         self.generator = generator
         dim = int(out_dim if out_dim is not None else encoder.out_dim)
@@ -180,7 +182,7 @@ class SimSiamTrainer:
             self.head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden).to(self.device)
         params = list(encoder.parameters()) + list(self.head.parameters())
         self.optimizer = make_optimizer(params, config.optimizer, config.lr, config.weight_decay, config.momentum)
-        self.augment = make_augmenter(feature_shape, self.x_all.numpy(), config)
+        self.augment = make_augmenter(feature_shape, to_numpy(self.x_all), config)
 
     def run_epoch(self) -> float | None:
         """One epoch over the party's rows; the mean loss (``None`` with fewer than two rows)."""
@@ -197,7 +199,7 @@ class SimSiamTrainer:
             idx = perm[start:start + bs]
             if len(idx) < 2:
                 continue
-            x = self.x_all[idx].to(self.device)
+            x = self.x_all[idx.to(self.device)]
             z1, p1 = self.head(self.encoder(self.augment(x, self.generator)))
             z2, p2 = self.head(self.encoder(self.augment(x, self.generator)))
             loss = simsiam_loss(p1, z1, p2, z2)
