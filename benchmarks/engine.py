@@ -390,7 +390,7 @@ def run_official_driver(spec: dict[str, Any], epochs: int) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE / "laser_official.py"), "--checkout", spec["path"], "--data", spec["data"],
            "--epochs", str(epochs), "--threads", str(torch.get_num_threads()), "--lr", str(p["lr"]),
            "--momentum", str(p["momentum"]), "--weight-decay", str(p["weight_decay"]),
-           "--batch-size", str(p["batch_size"])]
+           "--batch-size", str(p["batch_size"])] + (["--device", str(DEVICE)] if DEVICE.type != "cpu" else [])
     res = subprocess.run(cmd, env=_official_env(), capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"laser_official.py failed ({res.returncode}): {res.stderr[-2000:]}")
