@@ -247,3 +247,22 @@ def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path
         assert "error: --device cuda: " in capsys.readouterr().err
         assert main(["evaluate", "--model", str(tmp_path / "b"), "--device", "cuda:1"]) == 2
         assert "error: --device cuda:1: " in capsys.readouterr().err
+
+
+def test_a_party_picks_its_own_device_in_its_party_file(tmp_path) -> None:  # noqa: ANN001
+    from partialvfl.federation.grpc_party import load_party_config
+
+    def party_file(extra: str) -> object:
+        (tmp_path / "p.toml").write_text(
+            f'[party]\nname = "a"\nindex = 0\nhmac_key_file = "h"\n{extra}[data]\npath = "t.csv"\nid_column = "id"\n'
+            '[tls]\nca = "c"\ncert = "c"\nkey = "k"\n')
+        return load_party_config(tmp_path / "p.toml")
+
+    cfg = party_file('device = "cpu"\nprecision = "bf16"\n')
+    assert (cfg.device, cfg.precision) == ("cpu", "bf16")
+    assert (party_file("").device, party_file("").precision) == ("cpu", "fp32")
+    with pytest.raises(DeviceError, match=r"p\.toml: \[party\] precision 'fp8'"):
+        party_file('precision = "fp8"\n')
+    if not HAS_CUDA:
+        with pytest.raises(DeviceError, match=r"p\.toml: \[party\] device cuda: "):
+            party_file('device = "cuda"\n')
