@@ -25,11 +25,11 @@ def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data,
     eager = get_method("false-vfl-1")("fast", seed=3, **TINY["false-vfl-1"]).fit(train).predict_proba(test)
     monkeypatch.setattr(compiled_module, "_FAILED", {})
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "empty-cache"))  # nothing compiled before
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
     torch._dynamo.reset()
-    try:
-        model = get_method("false-vfl-1")("fast", seed=3, compile=True, **TINY["false-vfl-1"]).fit(train)
-        proba = model.predict_proba(test)
+    try:  # inductor's own patch (monkeypatch's undo left cpp.cxx missing: every later compile in the process failed)
+        with inductor_config.patch({"cpp.cxx": (str(tmp_path / "no-such-c++"),)}):
+            model = get_method("false-vfl-1")("fast", seed=3, compile=True, **TINY["false-vfl-1"]).fit(train)
+            proba = model.predict_proba(test)
     finally:
         torch._dynamo.reset()
     err = capsys.readouterr().err
