@@ -525,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fvl-step, laser, paper-step: methods at this precision")
     ap.add_argument("--paper-steps", type=int, default=3,
                     help="paper-step: timed steps per stage (after one warm-up step)")
+    ap.add_argument("--paper-batch", type=int, default=None,
+                    help="paper-step: both stages' batch size instead of the paper's (a dry run of the code path)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
     ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
     ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
@@ -572,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": lambda: threads_section(a.quick, repeats, a.contention),
         "federated": lambda: federated_section(a.quick, max(1, repeats // 3)),
         "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
-        "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed),
+        "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed,
+                                                         a.paper_batch),
     }
     for name in wanted:
         if name in runners:

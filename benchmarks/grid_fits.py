@@ -33,8 +33,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def child(entry: str, compile_: bool, threads: int, device: str, precision: str = "fp32") -> dict[str, Any]:
-    """One fit of the cpu grid's first ``entry`` (a method name or label), in this process."""
+def child(entry: str, compile_: bool, threads: int, device: str, precision: str = "fp32",
+          sets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One fit of the cpu grid's first ``entry`` (a method name or label), in this process; ``sets`` replace some
+    of the entry's overrides (``--set``: a shortened fit)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -53,13 +55,14 @@ def child(entry: str, compile_: bool, threads: int, device: str, precision: str 
         run["device"] = device
     if precision != "fp32":
         run["precision"] = precision
-    model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **run, **cell.overrides)
+    overrides = {**cell.overrides, **(sets or {})}
+    model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **run, **overrides)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     model.fit(train)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     acc = {"mcar0": evaluate(model, test0)["accuracy"],
            "mcar5": evaluate(model, with_test_mechanism(config, "mcar5"))["accuracy"]}
-    out = {"entry": entry, "method": cell.method.name, "overrides": cell.overrides, "cpu_seconds": round(cpu, 2),
+    out = {"entry": entry, "method": cell.method.name, "overrides": overrides, "cpu_seconds": round(cpu, 2),
            "wall_seconds": round(wall, 2), "accuracy": {k: round(v, 4) for k, v in acc.items()},
            "threads": threads, "load_average": [round(v, 2) for v in os.getloadavg()]}
     if compile_:
@@ -70,12 +73,12 @@ def child(entry: str, compile_: bool, threads: int, device: str, precision: str 
 
 
 def run_child(entry: str, *, src: str, compile_: bool, cache: str | None, threads: int, device: str,
-              precision: str = "fp32") -> dict[str, Any]:
+              precision: str = "fp32", sets: list[str] | None = None) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS=str(threads))
     if cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
     cmd = [sys.executable, __file__, "--child", entry, "--threads", str(threads), "--device", device,
-           "--precision", precision]
+           "--precision", precision, *(x for kv in sets or [] for x in ("--set", kv))]
     res = subprocess.run(cmd + (["--compile"] if compile_ else []), env=env, capture_output=True, text=True,
                          check=False)
     if res.returncode != 0:
@@ -94,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="replace one of the entry's overrides (a JSON value), e.g. --set epochs=10: a shortened fit")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.child, a.compile, a.threads, a.device, a.precision)))
+        sets = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.set)}
+        print(json.dumps(child(a.child, a.compile, a.threads, a.device, a.precision, sets)))
         return 0
     here = str(HERE.parent / "src")
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -108,17 +114,18 @@ def main(argv: list[str] | None = None) -> int:
             runs = results.setdefault(entry, {})
             if a.baseline_src:
                 runs.setdefault("base", []).append(run_child(entry, src=a.baseline_src, compile_=False, cache=None,
-                                                             threads=a.threads, device="cpu"))
+                                                             threads=a.threads, device="cpu", sets=a.set))
             runs.setdefault("now", []).append(run_child(entry, src=here, compile_=False, cache=None,
-                                                        threads=a.threads, device=a.device))
+                                                        threads=a.threads, device=a.device, sets=a.set))
             if not a.no_compile:
                 with tempfile.TemporaryDirectory() as cache:
                     for variant in ("compiled-cold", "compiled-warm"):
                         runs.setdefault(variant, []).append(run_child(entry, src=here, compile_=True, cache=cache,
-                                                                      threads=a.threads, device=a.device))
+                                                                      threads=a.threads, device=a.device, sets=a.set))
             if a.bf16:
                 runs.setdefault("bf16", []).append(run_child(entry, src=here, compile_=False, cache=None,
-                                                             threads=a.threads, device=a.device, precision="bf16"))
+                                                             threads=a.threads, device=a.device, precision="bf16",
+                                                             sets=a.set))
             print(json.dumps({entry: {k: v[-1] for k, v in runs.items()}}), flush=True)
     summary: dict[str, Any] = {}
     for entry, runs in results.items():

@@ -173,6 +173,33 @@ def test_meta_check_catches_a_party_tensor_created_without_the_device(name: str,
         fit_on(name, train, "cpu", "meta")
 
 
+
+# ---------------------------------------------------------------------- a real GPU (skipped without one)
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU visible to torch")
+
+
+@needs_cuda
+@pytest.mark.parametrize("coordinator,parties", [("cuda", "cpu"), ("cpu", "cuda")])
+@pytest.mark.parametrize("name", METHODS)
+def test_cuda_one_side_on_the_gpu_the_other_on_the_cpu(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
+                                                       test_data) -> None:  # noqa: ANN001
+    """The messages cross between a GPU and the CPU both ways; the fit lands close to the CPU's."""
+    model, fed = fit_on(name, train, coordinator, parties)
+    coord, party = parameter_devices(model, fed)
+    assert {d.split(":")[0] for d in coord} == {coordinator} and {d.split(":")[0] for d in party} == {parties}
+    cpu = get_method(name)("fast", seed=3, **TINY[name]).fit(train).predict_proba(test_data)
+    np.testing.assert_allclose(model.predict_proba(test_data), cpu, rtol=0, atol=1e-3)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["false-vfl-1", "vanilla-vfl", "x-vfl", "fedhssl"])  # one per party program
+def test_cuda_bf16_trains_and_predicts_float32_probabilities(name: str, train, test_data) -> None:  # noqa: ANN001
+    model = get_method(name)("fast", seed=3, device="cuda", precision="bf16", **TINY[name]).fit(train)
+    proba = model.predict_proba(test_data)
+    assert proba.dtype == np.float32 or proba.dtype == np.float64
+    assert np.isfinite(proba).all()
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-4)
+
 # ---------------------------------------------------------------------- models saved on a GPU
 @contextmanager
 def files_claiming(device: str) -> Iterator[None]:
