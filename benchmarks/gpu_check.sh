@@ -75,7 +75,7 @@ step() {
   [ "$rc" = 0 ] || FAILED+=("$name (exit $rc)")
 }
 
-echo "=== gpu_check.sh --device $DEVICE: $(date -u) on $(hostname); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "=== gpu_check.sh --device $DEVICE: $(date -u) on $(uname -n); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 step "environment" 30 "$PY" - "$DEVICE" <<'EOF'
 import importlib, os, platform, sys
 import torch
@@ -145,7 +145,7 @@ if [ -n "${LASER_OFFICIAL:-}" ] && [ -f "$LASER_OFFICIAL/methods/laser.py" ]; th
 else
   echo "=== no checkout of Valdeira/LASER-VFL (LASER_OFFICIAL or .laser-official/): ours only, no official epoch"
 fi
-step "engine: peak, fvl-step, laser" 75 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
+step "engine: peak, fvl-step, laser" $((${#LASER[@]} ? 110 : 75)) "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
   --only peak fvl-step laser --repeats "$REPEATS" "${LASER[@]}" --json "$OUT/engine-$DEVICE.json"
 
 # 3. FALSE-VFL's FashionMNIST paper configuration, ResNet-18 parties: steps timed, epochs extrapolated
