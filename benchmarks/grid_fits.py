@@ -12,8 +12,8 @@ within noise).  Variants, interleaved so that a drifting load hits them alike:
 * ``compiled-warm``: the same again, the cache filled by the cold run (every later fit of the grid);
 * ``bf16`` (with ``--bf16``): this code, eager, ``precision="bf16"`` (autocast): its effect on the accuracy.
 
-    git -C /work/main archive main src | tar -x -C /tmp/base           # the code before this change
-    python benchmarks/grid_fits.py --entries false-vfl-1 laser-vfl --baseline-src /tmp/base/src --json fits.json
+    mkdir -p ../base && git archive main src | tar -x -C ../base          # the code before this change
+    python benchmarks/grid_fits.py --entries false-vfl-1 laser-vfl --baseline-src ../base/src --json fits.json
 
 Prints per entry and variant the CPU-seconds, the wall seconds and the accuracies, and the ratios to ``base``.
 """
