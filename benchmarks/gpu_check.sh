@@ -42,12 +42,14 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"   # empty: a --compile step below is a cold compile
 export MPLBACKEND=Agg
 exec > >(tee -a "$OUT/gpu.log") 2>&1
+TEE_PID=$!
+# at the end: the temporary folder goes, and the log is complete on disk before the script returns
+trap 'rm -rf "$WORK"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
 
 BUDGET="${GPU_CHECK_BUDGET:-320}"
 START=$SECONDS
