@@ -30,8 +30,10 @@ def exit_code(signum: int | None) -> int:
 def fit_command(args: argparse.Namespace, options: Any, model: Any, data: Any, **kwargs: Any) -> Any:
     """The fit of every ``fit`` command: :func:`~partialvfl.orchestration.run_fit` with the command's ``options``
     (:func:`~partialvfl.cli.checkpoints.fit_options`), SIGINT/SIGTERM checkpointing and stopping it; then what the
-    command says about its checkpoints.  Returns the ``FitResult``, or the exit code of a fit a signal stopped."""
+    command says about its epochs and checkpoints.  Returns the ``FitResult``, or the exit code of a fit a signal
+    stopped."""
     from partialvfl.cli.checkpoints import report_checkpoints
+    from partialvfl.cli.params import report_last_epochs
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.orchestration import run_fit, stop_on_signals
 
@@ -40,6 +42,7 @@ def fit_command(args: argparse.Namespace, options: Any, model: Any, data: Any, *
             result = run_fit(model, data, options, stop=stop, **kwargs)
     except FitInterrupted as e:
         return report_interrupted(args, e)
+    report_last_epochs(args, model)
     report_checkpoints(args, result, not args.quiet)
     return result
 

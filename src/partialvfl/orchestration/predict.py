@@ -120,6 +120,7 @@ def run_predict(model: VFLMethod, data: VerticalDataset | Sequence[Any] | np.nda
         finally:
             fed.release(handle)
     failed = sorted({party for _, party, _ in fed.transport.failures[failures:]})
+    used = np.asarray(model.parties_used(dataclasses.replace(view, observed=used)), dtype=bool)  # as it reports
     return Prediction(ids=np.asarray(view.ids, dtype=object), output=output, parties=used,
                       held=np.array(view.observed, dtype=bool), party_names=tuple(model.index_.party_names),
                       failed=tuple(failed), absent=absent)

@@ -32,6 +32,7 @@ from partialvfl.methods.false_vfl.formulas import (
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
+from partialvfl.nn.compiled import compiled
 from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from partialvfl.federation.transport import Transport
 
 __all__ = ["LatentSide", "Pass", "Prefetch", "Rounds"]
+
+#: the coordinator's share of a step, compiled with ``compile=True`` (:mod:`partialvfl.nn.compiled`)
+_LATENT = compiled(latent_log_weights, True, "FALSE-VFL's latent log-weights")
 
 
 @dataclass
@@ -89,13 +93,17 @@ def _straight_through(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t + (t.detach().to(dtype).float() - t.detach())
 
 
-def _cat_index(parts: list[np.ndarray]) -> torch.Tensor:
-    return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+def _cat_index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64), device=device)
 
 
 class LatentSide(Protocol):
     """What the rounds need from the coordinator they serve, besides the wire: its noise draws and the latent
-    chain's global modules (read at each use, so a coordinator that rebuilds its modules needs no new rounds)."""
+    chain's global modules (read at each use, so a coordinator that rebuilds its modules needs no new rounds), its
+    device and whether its share of a step is compiled."""
+
+    device_: torch.device
+    compile: bool
 
     def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Standard normal noise of ``shape`` from ``gen``."""
@@ -145,15 +153,16 @@ class Rounds:
         for k in parties:
             mu, lv = answers[k][0].float(), answers[k][1].float()
             st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
-        flat = _cat_index([k * b + st.held[k] for k in parties])
+        flat = _cat_index([k * b + st.held[k] for k in parties], self.side.device_)
         stacked = []
         for parts in (st.mu, st.logvar):
-            full = torch.zeros(n_parties * b, d_h)
+            full = torch.zeros(n_parties * b, d_h, device=self.side.device_)
             if parties:
                 full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
             stacked.append(full.view(n_parties, b, d_h))
-        st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], torch.as_tensor(st.avail.T),
-                                                 self.settings.fusion)
+        st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
+                                                 torch.as_tensor(st.avail.T, device=self.side.device_),
+                                                 self.settings.fusion, any_unobserved=not st.keep.all())
         if train:
             st.mean_leaf = st.mean_h.detach().requires_grad_()
             st.logvar_leaf = st.logvar_h.detach().requires_grad_()
@@ -219,7 +228,7 @@ class Rounds:
             return requests
         pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
                   for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
-        index = _cat_index([idx for _, _, idx in pieces])
+        index = _cat_index([idx for _, _, idx in pieces], self.side.device_)
         mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
         scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
         meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows),
@@ -248,12 +257,14 @@ class Rounds:
                 held, lacks = st.sent[k]
                 idx += ([st.held[k]] if held else []) + ([st.missing[k]] if lacks and name == "mask_loglik" else [])
                 vals.append(t)
-            total = torch.zeros(n_samples, b)
-            sums.append(total.index_add(1, _cat_index(idx), torch.cat(vals, dim=1)) if vals else total)
+            total = torch.zeros(n_samples, b, device=self.side.device_)
+            sums.append(total.index_add(1, _cat_index(idx, self.side.device_), torch.cat(vals, dim=1)) if vals
+                        else total)
         st.decoded = set(replies)
         global_encoder, global_decoder = self.side.latent_modules()
-        latent = latent_log_weights(st.h, st.mean_leaf, st.logvar_leaf, global_encoder, global_decoder, eps_z,
-                                    self.settings.encoder_logvar_range)
+        latent = (_LATENT if self.side.compile else latent_log_weights)(
+            st.h, st.mean_leaf, st.logvar_leaf, global_encoder, global_decoder, eps_z,
+            tuple(self.settings.encoder_logvar_range))
         return sums[0] + sums[1] + latent
 
     # ------------------------------------------------------------------ backward: decode_grad, update
@@ -275,7 +286,7 @@ class Rounds:
                 tensors["grad_mask_loglik"] = _grad_or_zeros(st.mask_loglik[k])
             requests[k] = Request("decode_grad", tensors)
         replies = transport.call_many(requests, tolerate=True)
-        grad_mean, grad_scale = _latent_gradients(st, replies)
+        grad_mean, grad_scale = _latent_gradients(st, replies, self.side.device_)
         std = torch.exp(0.5 * st.logvar_leaf.detach())
         torch.autograd.backward([st.mean_h, st.logvar_h],
                                 [st.mean_leaf.grad + grad_mean, st.logvar_leaf.grad + 0.5 * std * grad_scale])
@@ -320,7 +331,7 @@ def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: s
     return extra, Prefetch(handle, next_rows)
 
 
-def _latent_gradients(st: Pass, replies: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _latent_gradients(st: Pass, replies: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The parties' gradients w.r.t. the fused posterior's mean and scale of every batch row, summed."""
     b, d_h = len(st.rows), st.eps.shape[-1]
     idx, means, scales = [], [], []
@@ -340,10 +351,10 @@ def _latent_gradients(st: Pass, replies: dict) -> tuple[torch.Tensor, torch.Tens
             else:
                 continue
             idx.append(rows)
-    index = _cat_index(idx)
+    index = _cat_index(idx, device)
     out = []
     for parts in (means, scales):
-        total = torch.zeros(b, d_h)
+        total = torch.zeros(b, d_h, device=device)
         out.append(total.index_add_(0, index, torch.cat(parts)) if parts else total)
     return out[0], out[1]
 
