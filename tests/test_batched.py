@@ -88,9 +88,9 @@ def test_the_batched_path_really_stacks_the_parties(data, monkeypatch) -> None:
     calls = []
     original = false_vfl_batched.stacked_mlp
 
-    def counting(modules, x):  # noqa: ANN001, ANN202
+    def counting(modules, x, **options):  # noqa: ANN001, ANN003, ANN202
         calls.append(len(modules))
-        return original(modules, x)
+        return original(modules, x, **options)
 
     monkeypatch.setattr(false_vfl_batched, "stacked_mlp", counting)
     _fit("false-vfl-2", FALSE_VFL, train, batched=True)
