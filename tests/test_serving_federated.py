@@ -18,7 +18,7 @@ from partialvfl.data.builders import from_tables
 from partialvfl.federation.delay_proxy import DelayProxy
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
-from partialvfl.methods.prediction import predict_reporting_parties
+from partialvfl.orchestration.predict import predict_reporting_parties
 
 pytest.importorskip("fastapi")
 from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402

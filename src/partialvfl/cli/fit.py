@@ -13,19 +13,20 @@ import sys
 import time
 from typing import Any
 
-from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
     DEFAULT_PRESET,
+    add_device_options,
     add_protocol_options,
     add_table_options,
     add_threads_option,
+    device_options,
     emit,
     non_negative,
     protocol_config,
     refuse_protocol_options,
     threads_for,
 )
-from partialvfl.cli.params import method_from_args, report_last_epochs
+from partialvfl.cli.params import method_from_args
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -60,6 +61,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
     add_threads_option(p)
+    add_device_options(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, on labelled tables, or "
@@ -89,6 +91,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
     add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -113,6 +116,7 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
 
 
@@ -128,32 +132,25 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         refuse_protocol_options(args.parser, args)
         return fit_tables(args, method_from_args(args))
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command
     from partialvfl.data.protocol import make_protocol
-    from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
-    from partialvfl.utils.threads import use_threads
 
     model = method_from_args(args)
-    ck = fit_checkpointer(args)  # SIGINT/SIGTERM checkpoint where the fit is, then stop
+    options = fit_options(args)  # --checkpoint-every/--resume checked before the data is read
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
-    threads = threads_for(args, model, train)
-    t0 = time.perf_counter()
-    try:
-        with stop_on_signals(ck), use_threads(threads):
-            model.fit(train, log=log, checkpointer=ck)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
-    fit_s = time.perf_counter() - t0
-    report_last_epochs(args, model)
-    report_checkpoints(args, ck, not args.quiet)
+    fitted = fit_command(args, options, model, train, log=log)
+    if isinstance(fitted, int):
+        return fitted
     out = model.save(args.out)
     res = evaluate(model, test)
-    print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
+    threads = fitted.threads
+    print(f"fit {args.method} in {fitted.seconds:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"{test_set_title(config.test_missing)}: {metric} {res[metric]:.4f}")
@@ -188,7 +185,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.truth:
         raise ValueError("evaluate --truth needs the users' features: --table PARTY=FILE for every party (in process) "
                          "or --federation FILE")
-    model = VFLMethod.load(args.model)
+    model = VFLMethod.load(args.model, **device_options(args))
     info = model.data_info_.get("protocol")
     if not info:
         raise ValueError(f"the model in {args.model} was not fitted under the protocol: evaluate it on labelled "

@@ -27,7 +27,7 @@ import numpy as np
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
-from partialvfl.methods.prediction import predict_reporting_parties
+from partialvfl.orchestration.predict import predict_reporting_parties
 from partialvfl.serving.predictors import (
     NO_ANSWER,
     OK,
