@@ -49,6 +49,7 @@ from partialvfl.federation.party import StateFileError
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
@@ -155,8 +156,10 @@ class VFLMethod(TypedParams, ABC):
         return [k for k in cls.default_params() if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
 
     def resolve_params(self, dataset: str | None) -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated)."""
-        return self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name)
+        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated); a
+        schedule's ``min_steps = null`` resolved (:func:`~partialvfl.methods.schedule.resolve_min_steps`)."""
+        return resolve_min_steps(self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name),
+                                 self.overrides)
 
     def get_params(self) -> dict[str, Any]:
         return {"preset": self.preset, "seed": self.seed, **self.overrides}
@@ -261,21 +264,58 @@ class VFLMethod(TypedParams, ABC):
         self.data_info_ = dict(data_info or {})
         self.label_prior_ = _label_prior(view)
         self.history_ = []
+        schedule = self.schedule_ = plan_schedule(self.settings_, view, self.seed) if self._has_schedule() else None
         federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed)
         self.preprocessing_ = self._preprocess(federation, handle)
         if checkpointer is not None:
             checkpointer.bind(federation)
+        train_view = view
+        stopping = None
+        if schedule is not None and schedule.early_stopping:
+            train_view = dataclasses.replace(view, labeled=view.labeled & ~np.isin(np.arange(view.n_samples),
+                                                                                  schedule.rows))
+            stopping = self._early_stopping(schedule, train_view, view, handle, checkpointer)
         loop = TrainingLoop(
             federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
             save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
             checkpointer=checkpointer, fingerprint=self._fingerprint(view), show_progress=self.progress,
+            stopping=stopping,
         )
         t0 = time.perf_counter()
-        self._fit(view, handle, loop)
+        try:
+            self._fit(train_view, handle, loop)
+        finally:
+            if stopping is not None:
+                stopping.close()
         loop.finish()
+        if schedule is not None and loop.stopping_result is not None:
+            schedule.result = loop.stopping_result
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
         return self
+
+    def _has_schedule(self) -> bool:
+        """Whether the method declares the schedule parameters (every built-in method does; plugins may not)."""
+        return "min_steps" in self.param_space().names
+
+    def _early_stopping(self, schedule: SchedulePlan, train_view: CoordinatorView, view: CoordinatorView,
+                        handle: str, checkpointer: Checkpointer | None) -> EarlyStopping:
+        """Early stopping on the held-out rows: scored with the model's own prediction on the training data
+        (their labels were hidden from training); parties keep their best state beside the checkpoints, if any."""
+        rows, y = schedule.rows, view.y[schedule.rows]
+        classification = view.task is None or view.task.is_classification
+
+        def validate() -> tuple[float, float]:
+            return validation_score(self._predict(train_view, handle, rows), y, classification)
+
+        where = checkpointer.directory / "early-stopping" if checkpointer is not None else None
+        return EarlyStopping(validate, schedule.patience, self.federation_, where)
+
+    def _supervised_epochs(self, stage: str, epochs: int, steps_per_epoch: int) -> int:
+        """The epochs the supervised stage runs: ``epochs`` raised to the schedule's ``min_steps`` (recorded in
+        ``schedule_``); methods without a schedule run ``epochs``."""
+        schedule = getattr(self, "schedule_", None)
+        return epochs if schedule is None else schedule.stage(stage, epochs, steps_per_epoch)
 
     def _preprocess(self, federation: Federation, handle: str) -> dict[str, Any]:
         """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
@@ -390,6 +430,7 @@ class VFLMethod(TypedParams, ABC):
             "preprocessing": getattr(self, "preprocessing_", None),
             "data_info": self.data_info_,
             "fit_seconds": getattr(self, "fit_seconds_", None),
+            "schedule": schedule.to_dict() if (schedule := getattr(self, "schedule_", None)) is not None else None,
             "history": self.history_,
         }
 
@@ -451,6 +492,7 @@ class VFLMethod(TypedParams, ABC):
         obj.data_info_ = meta.get("data_info", {})
         obj.history_ = meta.get("history", [])
         obj.fit_seconds_ = meta.get("fit_seconds")
+        obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
         return obj
 
 

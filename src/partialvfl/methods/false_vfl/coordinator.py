@@ -201,6 +201,8 @@ class _FalseVFL(VFLMethod):
         optimizer = make_optimizer(self.discriminator_.parameters(), "adam", p.lr, p.weight_decay)
         y_all = self._target_tensor(view)
         self._prefetch = None
+        rows = np.flatnonzero(view.labeled & view.observed.any(axis=1))
+        epochs = self._supervised_epochs("train", p.epochs, math.ceil(len(rows) / p.batch_size))
 
         def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics | None:
             rows, noise_seed, following = item
@@ -223,12 +225,11 @@ class _FalseVFL(VFLMethod):
             n = int(keep.sum())
             return {"bound": (float(bound_y.detach().sum()), n), "loss": (float((bound_x - bound_y).detach().sum()), n)}
 
-        return Stage("train", p.epochs,
-                     self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
-                                         p.batch_size, p.epochs),
+        return Stage("train", epochs, self._epoch_batches("train", rows, p.batch_size, epochs),
                      step, numpy_rng(self.seed, "false-vfl", "train"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
-                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
+                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]),
+                     supervised=True, parties_train=False)
 
     def _target_tensor(self, view: CoordinatorView) -> torch.Tensor:
         if self.index_.task.is_classification:

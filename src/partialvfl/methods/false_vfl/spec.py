@@ -12,6 +12,7 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 __all__ = ["ENCODERS", "DECODERS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "WIRES", "WIRE_DTYPES", "paper_row"]
 
@@ -101,6 +102,7 @@ PARAMS = ParamSpace(
         Param("wire_dtype", "float32", "str", "dtype of the d_h-wide tensors on the wire (posterior parameters, "
               "latents and their gradients); bfloat16 halves their bytes, both sides use the rounded values",
               choices=WIRE_DTYPES),
+        *SCHEDULE_PARAMS,
     ),
     presets={"fast": _fast, "paper": _paper},
     dataset_presets=("paper",),

@@ -70,6 +70,10 @@ class SplitNNMethod(VFLMethod):
         for start in range(0, len(perm), bs):
             yield np.sort(perm[start:start + bs])
 
+    def _steps_per_epoch(self, view: CoordinatorView, rows: np.ndarray) -> int:
+        """How many batches :meth:`_batches` makes of ``rows`` in one epoch."""
+        return math.ceil(len(rows) / self.settings_.batch_size)
+
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:
         raise NotImplementedError
@@ -128,8 +132,9 @@ class SplitNNMethod(VFLMethod):
         self.heads_.eval()
 
     def _train_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Stage:
-        """Supervised split learning: batches from one seeded generator, which the steps also draw from."""
-        epochs = self.settings_.epochs
+        """Supervised split learning: batches from one seeded generator, which the steps also draw from; the
+        epochs follow the schedule (``min_steps``)."""
+        epochs = self._supervised_epochs("train", self.settings_.epochs, self._steps_per_epoch(view, rows))
 
         def start(epoch: int) -> None:
             if self.settings_.lr_schedule == "cosine":
@@ -144,7 +149,8 @@ class SplitNNMethod(VFLMethod):
         return Stage("train", epochs, lambda epoch, rng: self._batches(view, rows, rng), step,
                      numpy_rng(self.seed, "batches", self.name), on_epoch_start=start,
                      state=lambda: {"optimizer": opt.state_dict() if opt is not None else {}},
-                     load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None)
+                     load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None,
+                     supervised=True)
 
     def _rows_description(self) -> str:
         return "labelled samples with at least one observed party"

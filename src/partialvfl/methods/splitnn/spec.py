@@ -13,6 +13,7 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 __all__ = ["LASER_CODE", "PAPER_LATENT", "PAPER_PRETRAIN", "PAPER_TABLES", "SPACES", "SPLIT_PARAMS", "split_space"]
 
@@ -80,6 +81,7 @@ SPLIT_PARAMS = ParamSpace((
           "party's own marginals", low=0, high=1),
     Param("pretrain_noise", 0.05, "float", "SimSiam augmentation: Gaussian noise scale", low=0),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+    *SCHEDULE_PARAMS,
 ), groups={
     # the arguments of make_optimizer, and the SimSiam pretraining each party runs (SimSiamConfig's fields)
     "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},
