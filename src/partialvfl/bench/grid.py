@@ -38,6 +38,10 @@ per (dataset, training mechanism), the variant of each label with the best valid
 SimSiam), and its gap summary compares the FALSE-VFL variant and the other method chosen the same way.
 ``validation = false`` leaves the validation cells out (a quick run); its report then says it chose on test data.
 
+A ``[tuning]`` table gives every method entry the same small search (learning rate, training length), chosen on
+those validation cells before any test cell runs (:mod:`.tuning`): :meth:`Grid.cells` then lists the candidates'
+validation cells, and, once ``choices`` are known, the chosen candidates' other cells.
+
 A grid given by a bare name (``smoke``, ``cpu``, ``paper``) is one of the grids shipped in ``bench/grids``.
 """
 
@@ -50,6 +54,8 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from partialvfl.bench.tuning import Tuning, parse_tuning, tuned_cells
 
 __all__ = [
     "Cell",
@@ -70,7 +76,7 @@ __all__ = [
 GRIDS_DIR = Path(__file__).with_name("grids")
 
 _GRID_KEYS = {"name", "description", "seeds", "train_mechanisms", "test_mechanisms", "imports", "datasets", "methods",
-              "validation", "validation_fraction"}
+              "validation", "validation_fraction", "tuning"}
 _DATASET_KEYS = {
     "name", "parties", "labels", "aligned", "max_train", "max_test", "splitter", "test_fraction", "active_party",
     "data_dir", "label", "options", "seeds",
@@ -165,6 +171,8 @@ class Cell:
     test_mechanisms: tuple[str, ...]
     role: str = "test"  # or "validation": a selection fit scored on held-out labelled training rows
     validation_fraction: float = 0.2
+    #: a tuned grid's candidate: the entry's index and the tuned values (kept in the rows, not part of the key)
+    tuning: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -212,9 +220,12 @@ class Grid:
     source: str = ""
     validation: bool = True
     validation_fraction: float = 0.2
+    tuning: Tuning | None = None
 
-    def cells(self) -> list[Cell]:
-        return expand(self)
+    def cells(self, choices: dict[tuple[str, int, str], int] | None = None) -> list[Cell]:
+        """Every fit; in a tuned grid the candidates' validation cells, plus the cells of the candidates in
+        ``choices`` (:func:`~partialvfl.bench.tuning.choose`)."""
+        return expand(self, choices)
 
     @property
     def n_rows(self) -> int:
@@ -224,12 +235,15 @@ class Grid:
         return dataset.seeds or self.seeds
 
 
-def expand(grid: Grid) -> list[Cell]:
+def expand(grid: Grid, choices: dict[tuple[str, int, str], int] | None = None) -> list[Cell]:
     """All cells, seed-major, then dataset, method, mechanism.
 
     Seed-major so that a grid stopped part-way (or still running) already holds every configuration for its
-    first seeds: the report on it is a complete table with fewer seeds, not a table with holes.
+    first seeds: the report on it is a complete table with fewer seeds, not a table with holes.  A tuned grid's
+    cells: :func:`tuned_cells`.
     """
+    if grid.tuning is not None:
+        return _unique(grid, tuned_cells(grid, choices or {}))
     all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
     cells = (validation_cells(grid) if grid.validation else []) + [
         Cell(d, m, t, s, grid.test_mechanisms)
@@ -238,6 +252,10 @@ def expand(grid: Grid) -> list[Cell]:
         if s in grid.seeds_of(d)
         for m, t in itertools.product(grid.methods, grid.train_mechanisms)
     ]
+    return _unique(grid, cells)
+
+
+def _unique(grid: Grid, cells: list[Cell]) -> list[Cell]:
     seen: dict[str, Cell] = {}
     for c in cells:
         if c.key in seen:
@@ -386,6 +404,10 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
     if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < float(fraction) < 1.0:
         raise GridError(f"{source}: validation_fraction must lie in (0, 1), got {fraction!r}")
     methods = tuple(_method(m, f"{source}: methods[{i}]") for i, m in enumerate(raw["methods"]))
+    train_mechanisms = _mechanisms(raw["train_mechanisms"], f"{source}: train_mechanisms")
+    tuning = parse_tuning(raw["tuning"], f"{source}: tuning", train_mechanisms) if "tuning" in raw else None
+    if tuning is not None and not validation:
+        raise GridError(f"{source}: tuning chooses on validation cells; it needs validation = true")
     imports = raw.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
         raise GridError(f"{source}: imports must be a list of module names, got {imports!r}")
@@ -393,7 +415,7 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
         name=str(raw.get("name", default_name)),
         datasets=datasets,
         methods=methods,
-        train_mechanisms=_mechanisms(raw["train_mechanisms"], f"{source}: train_mechanisms"),
+        train_mechanisms=train_mechanisms,
         test_mechanisms=_mechanisms(raw["test_mechanisms"], f"{source}: test_mechanisms"),
         seeds=_int_list(raw["seeds"], f"{source}: seeds"),
         imports=tuple(imports),
@@ -401,8 +423,10 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
         source=source,
         validation=validation,
         validation_fraction=float(fraction),
+        tuning=tuning,
     )
-    expand(grid)  # duplicate fits fail here, at load time
+    if tuning is None:
+        expand(grid)  # duplicate fits fail here, at load time (a tuned grid's candidates resolve methods: later)
     return grid
 
 

@@ -74,6 +74,11 @@ class Federation(ABC):
         self.transport.new_step()
         self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **model_tag(model))
 
+    def party_dir(self, directory: str | Path) -> str:
+        """The ``dir`` a party program's own message names to read the state :meth:`save` wrote for ``directory``
+        (in one process: the directory itself; a deployment maps it to a path inside each party's state directory)."""
+        return str(directory)
+
     def forget(self, directory: str | Path) -> bool:
         """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints); whether
         every party answered (one that did not keeps its file until it is asked again)."""

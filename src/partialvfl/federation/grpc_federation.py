@@ -423,6 +423,9 @@ class GrpcFederation(Federation):
             raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
         return json.loads(f.read_text())["party_dir"]
 
+    def party_dir(self, directory: str | Path) -> str:
+        return self.saved_party_dir(directory)
+
     def forget(self, directory: str | Path) -> bool:
         """Have every party delete its state of ``directory`` (a pruned checkpoint); whether all of them did (an
         unreachable party keeps its file until it is asked again)."""

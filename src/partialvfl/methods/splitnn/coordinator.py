@@ -123,7 +123,10 @@ class SplitNNMethod(VFLMethod):
         head_params = list(self.heads_.parameters())
         self.head_optimizer_ = make_optimizer(head_params, **self.settings_.optim._asdict()) if head_params else None
         self.pretrained_ = self.settings_.pretrain
-        if self.pretrained_:
+        if self.pretrained_ and self.settings_.pretrain_kind == "false-vfl":
+            if loop.resume is None:  # resuming: the restored party states hold the initialised encoders
+                self._generative_init(view, handle)
+        elif self.pretrained_:
             loop.run(self._pretrain_stage(handle))
         rows = self._training_rows(view)
         if rows.size == 0:
@@ -188,6 +191,34 @@ class SplitNNMethod(VFLMethod):
 
         return Stage("pretrain", epochs, lambda epoch, rng: [epoch], step,
                      numpy_rng(self.seed, "pretrain", self.name))
+
+    def _generative_init(self, view: CoordinatorView, handle: str) -> None:
+        """FALSE-VFL-I's stage 1 on every row (federated, on these parties), then each party initialises its own
+        encoder from its own stage-1 encoder (``init_encoder``: the party reads the state it saved on its own disk;
+        nothing crosses but the directory's name).  Not checkpointed: a crash in it restarts it."""
+        import tempfile
+
+        from partialvfl.methods.false_vfl.coordinator import FalseVFL1
+
+        s = self.settings_
+        params = {**dict(s.generative or {}), "d_h": s.latent_dim, "encoder": s.encoder,
+                  "encoder_hidden": list(s.encoder_hidden), "resnet_width": s.resnet_width,
+                  "pretrain_epochs": s.pretrain_epochs, "epochs": 0, "min_steps": 0, "early_stopping": "off",
+                  "standardize": s.standardize}
+        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, **params)
+        fed = self.federation_
+        gen.fit_federated(fed, view, handle, data_info=self.data_info_)
+        with tempfile.TemporaryDirectory(prefix="partialvfl-generative-") as d:
+            fed.save(d)  # every party writes its own stage-1 state
+            fed.setup(self.party_program, [self._party_config(k) for k in range(self.index_.n_parties)], self.seed)
+            self.transport.new_step()
+            self.transport.broadcast(range(self.index_.n_parties), "init_encoder", dir=fed.party_dir(d),
+                                     program=gen.party_program)
+            fed.forget(d)
+        bounds = [h["bound"] for h in gen.history_ if h["stage"] == "pretrain"]
+        self.generative_ = {"epochs": len(bounds), "bound": bounds[-1] if bounds else None,
+                            "params": dict(gen.params_)}
+        self.history_.extend({**h, "stage": "generative-" + h["stage"]} for h in gen.history_)
 
     # ------------------------------------------------------------------ wire helpers
     def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program, state_file
 from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
@@ -18,7 +18,7 @@ from partialvfl.nn.blocks import build_encoder
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = ["SplitParty", "build_party_model"]
+__all__ = ["SplitParty", "build_party_model", "encoder_init"]
 
 
 def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) -> nn.Module:
@@ -27,6 +27,27 @@ def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) 
         return build_encoder(tuple(int(s) for s in config["feature_shape"]), int(config["latent_dim"]),
                              config.get("encoder", "auto"), hidden=tuple(config.get("encoder_hidden", (256, 256))),
                              width=int(config.get("resnet_width", 64)))
+
+
+def encoder_init(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor], who: str
+                 ) -> dict[str, torch.Tensor]:
+    """``target``'s weights taken from a FALSE-VFL encoder ``source`` of the same architecture: equal shapes are
+    copied; the output layer, twice as wide there (mean and log-variance of q(h|x)), gives its first half (the
+    mean), so the representation starts as the posterior mean.  Any other difference is refused, naming the weight."""
+    out = {}
+    last = next(reversed(target)).rsplit(".", 1)[0]  # the output layer: the module of the last weights
+    for key, t in target.items():
+        s = source.get(key)
+        if s is not None and s.shape == t.shape:
+            out[key] = s.clone()
+        elif (s is not None and key.rsplit(".", 1)[0] == last and s.dim() >= 1 and s.shape[0] == 2 * t.shape[0]
+              and s.shape[1:] == t.shape[1:]):
+            out[key] = s[:t.shape[0]].clone()
+        else:
+            raise ValueError(f"{who}: the generative encoder's {key!r} ({None if s is None else tuple(s.shape)}) does "
+                             f"not fit the encoder's ({tuple(t.shape)}): the architectures differ (latent_dim must be "
+                             "the generative d_h, encoder and encoder_hidden the same)")
+    return out
 
 
 @register_program
@@ -41,6 +62,10 @@ class SplitParty(PartyProgram):
         "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
         "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"]),
         "set_lr": MessageSpec(meta=["lr"]),
+        "init_encoder": MessageSpec(meta=["dir", "program"],
+                                    doc="Initialise every model from this party's own saved state of another program "
+                                        "in `dir` (FALSE-VFL's stage-1 encoder: its weights, the output layer's "
+                                        "mean half); read from the party's own disk, nothing crosses."),
     }
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
@@ -149,6 +174,18 @@ class SplitParty(PartyProgram):
         if req.meta.get("last"):
             self._simsiam = {}
         return Reply(meta={"losses": losses, "n_rows": int(view.n_observed)})
+
+    def on_init_encoder(self, req: Request) -> Reply:
+        """Every model takes this party's own FALSE-VFL stage-1 encoder saved in ``dir`` (see :func:`encoder_init`)."""
+        path = state_file(self.runtime.resolve_dir(req.meta["dir"]), self.party)
+        saved = torch.load(path, weights_only=True)
+        if saved.get("program") != req.meta["program"] or req.meta["program"] != "false-vfl/party":
+            raise ValueError(f"party {self.party}: {path} holds a {saved.get('program')!r} state; init_encoder reads "
+                             "a 'false-vfl/party' state")
+        encoder = {k.removeprefix("encoder."): v for k, v in saved["state"]["net"].items() if k.startswith("encoder.")}
+        for name, model in self.models.items():
+            model.load_state_dict(encoder_init(encoder, model.state_dict(), f"party {self.party} model {name!r}"))
+        return Reply(meta={"ok": True})
 
     def state_dict(self) -> dict[str, Any]:
         """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
