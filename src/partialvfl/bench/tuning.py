@@ -149,6 +149,8 @@ def _candidate_specs(grid: Grid, d: DatasetSpec, i: int, m: MethodSpec) -> list[
 def tuned_cells(grid: Grid, choices: dict[tuple[str, int, str], int]) -> list[Cell]:
     """A tuned grid: every candidate's validation cell (first), then for each (dataset, entry, mechanism) with a
     choice its chosen candidate's validation cell (mechanisms that do not tune) and test cells, seed-major."""
+    from partialvfl.bench.grid import Cell
+
     cands = candidates(grid)
     cells = [c for group in cands.values() for c in group]
     all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
