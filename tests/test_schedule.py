@@ -294,3 +294,17 @@ def test_generative_init_resumes_and_runs_over_grpc_as_in_process(deployment, tr
         fed.close()
     assert find_raw_feature_leaks(log, train, test_data) == []
     assert any(e.kind == "init_encoder" for e in log.crossing())
+
+
+def test_docs_schedule_table_is_generated_by_the_rule() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("schedule_table", root / "scripts" / "schedule_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (root / "docs" / "schedules.md").read_text()
+    assert mod.render(doc) == doc, "run: python scripts/schedule_table.py"
+    assert "| false-vfl-1 (paper, fashion-mnist) | 100 | 100 labelled | 128 | 1 | 200 | 1,000 | 1,000 epochs" in doc
