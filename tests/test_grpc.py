@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import numpy as np
@@ -52,6 +52,7 @@ from partialvfl.federation.grpc_transport import (
     PartyError,
     TlsFiles,
     WireError,
+    decode_reply,
     decode_request,
     encode_request,
 )
@@ -117,6 +118,19 @@ class ToySplitParty(PartyProgram):
         with torch.no_grad():
             self.w.copy_(state["w"])
         self.opt.load_state_dict(state["opt"])
+
+
+@register_program
+class ToyBatchedParty(ToySplitParty):
+    """The toy program, answering a round of several parties jointly in process (each by its own handler)."""
+
+    program_name = "test/grpc-batched"
+    batches: ClassVar[list[int]] = []  # the size of every batched round answered in this process
+
+    @classmethod
+    def handle_batch(cls, items: Any) -> list[Reply] | None:
+        cls.batches.append(len(items))
+        return [program.handle(request) for program, request in items]
 
 
 def _wait_for(path: Path, limit: float = 600.0) -> None:
@@ -592,9 +606,44 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
         remote.call(0, kind, tensors, **meta)
     code = grpc.StatusCode.UNIMPLEMENTED if case == "unknown kind" else grpc.StatusCode.INVALID_ARGUMENT
     assert there.value.code == code and there.value.details == str(here.value)
-    # the server keeps serving; a refused request was not served, so the same kind may follow in the same round
     good, good_meta = _typed_request()
-    assert remote.call(0, "pair", good, **good_meta).tensors["y"].shape == (4, 2)
+    if kind == "pair":  # one admission path: both transports count the refused request as sent in this round ...
+        for fed in (local, remote):
+            with pytest.raises(RuntimeError, match="already got a 'pair' request"):
+                fed.call(0, "pair", good, **good_meta)
+    # ... while the server keeps serving, and serves the kind it refused in the same step and round (not a replay)
+    t = remote.grpc_transport
+    payload = t._encode(Request("pair", good, {**good_meta, "step": t.step, "round": t.round}))
+    assert decode_reply(t._calls[0](payload, timeout=PATIENCE)).tensors["y"].shape == (4, 2)
+
+
+def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:  # noqa: ANN001
+    """Transport.call_many is the one admission path: in process (batched or party by party) and over gRPC, a
+    kind sent twice to a party in one round is refused before anything is sent, with the same words."""
+    feds = [LocalFederation.for_dataset(data, batched=True), LocalFederation.for_dataset(data, batched=False),
+            _fed(deployment)]
+    said, batches = [], ToyBatchedParty.batches
+    try:
+        for fed in feds:
+            handle = fed.attach(data, "train")
+            fed.setup("test/grpc-batched", toy_configs(data.feature_dims), seed=0)
+            fed.transport.new_step()
+            rows = {k: torch.as_tensor(np.flatnonzero(data.observed[:, k])[:4]) for k in range(3)}
+            forward = {k: Request("forward", {"rows": r}, {"data": handle}) for k, r in rows.items()}
+            before = len(batches)
+            assert set(fed.transport.call_many(forward)) == {0, 1, 2}
+            assert batches[before:] == ([3] if fed is feds[0] else [])  # in process batched: one joint round
+            sent = len(fed.log), getattr(fed.transport, "bytes_sent", 0)
+            with pytest.raises(RuntimeError) as e:
+                fed.transport.call_many({0: forward[0], 1: forward[1]}, tolerate=True)
+            assert (len(fed.log), getattr(fed.transport, "bytes_sent", 0)) == sent  # nothing was sent or logged
+            said.append(str(e.value).replace(f"step {fed.transport.step} ", "step N "))
+            fed.transport.new_round()
+            assert set(fed.transport.call_many({0: forward[0]})) == {0}  # a new round takes it
+    finally:
+        feds[2].close()
+    assert said == ["party 0 already got a 'forward' request in step N round 0; call transport.new_round() "
+                    "between rounds"] * 3, said
 
 
 @pytest.mark.parametrize("bug", ["dtype", "rank", "size", "missing", "extra"])

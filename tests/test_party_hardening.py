@@ -26,7 +26,6 @@ from partialvfl.federation.certs import issue_certificate
 from partialvfl.federation.grpc_federation import load_federation_config
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, encode_request
-from partialvfl.federation.policy import BUILTIN_PROGRAMS
 
 HERE = Path(__file__).resolve().parent
 PATIENCE = 300.0
@@ -72,7 +71,7 @@ def new_users() -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory, data, new_users):  # noqa: ANN001, ANN201
-    policy = {"seed": 5, "programs": [*BUILTIN_PROGRAMS, "test/leaky"], "unchecked_programs": ["test/leaky"],
+    policy = {"seed": 5, "programs": ["builtin", "test/leaky"], "unchecked_programs": ["test/leaky"],
               "max_handles": 4}
     d = LocalDeployment(tmp_path_factory.mktemp("hardening"), data, plugins=["test_party_hardening"],
                         pythonpath=[HERE], deadline=PATIENCE, max_message_mb=1.0, start_timeout=600.0,

@@ -32,14 +32,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def federated(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a federated command; an unreachable or failing party is exit code 3 (``EXIT_PARTY_LOST``)."""
+    """Run a federated command; an unreachable, failing or refusing party is exit code 3 (``EXIT_PARTY_LOST``;
+    parties that refuse a setup are all named at once, before anything is trained)."""
     from partialvfl.cli.stopping import EXIT_PARTY_LOST
     from partialvfl.federation.grpc_transport import PartyError
-    from partialvfl.federation.transport import PartyUnavailable
+    from partialvfl.federation.transport import PartiesRefused, PartyUnavailable
 
     try:
         return command(args)
-    except (PartyUnavailable, PartyError) as e:
+    except (PartyUnavailable, PartyError, PartiesRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_PARTY_LOST
 

@@ -388,10 +388,7 @@ class GrpcFederation(Federation):
     def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
-        self.transport.new_step()
-        replies = self.transport.call_many(
-            {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
-             for k in self._present()}, tolerate=self.allow_absent)
+        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent)
         self.absent |= set(self._present()) - set(replies)
 
     @staticmethod

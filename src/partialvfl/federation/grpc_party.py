@@ -340,10 +340,11 @@ class PartyServer:
         with self._lock:
             t0 = time.perf_counter()
             self.sessions.check(wire)
-            program = self.runtime.program.program_name if self.runtime.program is not None else None
+            program = self.runtime.program
             try:
                 if kind not in self.runtime.builtins:
-                    self.inference.check(program, kind, request.meta, self.prediction_handles)
+                    self.inference.check(None if program is None else program.messages, kind, request.meta,
+                                         self.prediction_handles, None if program is None else program.program_name)
                 reply = self.runtime.handle(request, accepted=lambda: self._accepted(wire))
             except Refused:
                 raise
