@@ -124,9 +124,11 @@ def test_early_stopping_auto_needs_the_schedule_and_enough_labels() -> None:
 
 
 def test_schedule_rows_say_what_the_defaults_do() -> None:
-    row = schedule_rows("false-vfl-1", "paper", 100, dataset="fashion-mnist")
+    row = schedule_rows("false-vfl-1", "paper", 50, dataset="fashion-mnist")  # the trap, with fewer labels
     assert (row["batch_size"], row["steps_per_epoch"], row["epochs"]) == (128, 1, 200)
     assert row["max_steps"] == DEFAULT_MIN_STEPS and not row["early_stopping"]
+    row = schedule_rows("false-vfl-1", "paper", 100, dataset="fashion-mnist")
+    assert row["early_stopping"] and row["validation_rows"] == 20 and row["rows"] == 80
     big = schedule_rows("vanilla-vfl", "fast", 10000)
     assert big["early_stopping"] and big["validation_rows"] == 2000 and big["rows"] == 1600  # aligned share of 8,000
     assert schedule_rows("laser-vfl", "fast", 50, overrides={"epochs": 7})["max_epochs"] == 7  # pinned
@@ -307,4 +309,4 @@ def test_docs_schedule_table_is_generated_by_the_rule() -> None:
     spec.loader.exec_module(mod)
     doc = (root / "docs" / "schedules.md").read_text()
     assert mod.render(doc) == doc, "run: python scripts/schedule_table.py"
-    assert "| false-vfl-1 (paper, fashion-mnist) | 100 | 100 labelled | 128 | 1 | 200 | 1,000 | 1,000 epochs" in doc
+    assert "| false-vfl-1 (paper, fashion-mnist) | 50 | 50 labelled | 128 | 1 | 200 | 1,000 | 1,000 epochs" in doc

@@ -14,7 +14,7 @@ stage 2, X-VFL's training, FedHSSL's fine-tuning) and declares the parameters of
   stage runs; after ``patience`` checks without improvement the stage stops, and the best checked state (the
   coordinator's modules and, where the stage trains them, every party's own state) is restored.  ``auto`` is on
   when the schedule follows the data (``min_steps > 0``) and the split holds at least :data:`MIN_VALIDATION_ROWS`
-  rows, i.e. from 250 labelled rows at the default fraction 0.2.
+  rows, i.e. from 100 labelled rows at the default fraction 0.2.
 * Checks come at the end of an epoch, every ``ceil(epochs / CHECKS_PER_STAGE)`` epochs and after the last one, so a
   stage has at most about :data:`CHECKS_PER_STAGE` checks whatever its length.  The score is the validation
   accuracy, ties broken by the lower log-loss (regression: the lower RMSE); a check improves only on a strictly
@@ -55,7 +55,7 @@ __all__ = ["CHECKS_PER_STAGE", "DEFAULT_MIN_STEPS", "EarlyStopping", "MIN_VALIDA
 #: The floor of optimiser steps of a supervised stage whose length follows the data.
 DEFAULT_MIN_STEPS = 1000
 #: ``early_stopping = auto`` holds out labels only when the split gives at least this many validation rows.
-MIN_VALIDATION_ROWS = 50
+MIN_VALIDATION_ROWS = 20
 #: At most about this many validation checks per supervised stage.
 CHECKS_PER_STAGE = 50
 EARLY_STOPPING = ("auto", "on", "off")
