@@ -13,9 +13,9 @@ from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.methods.base import get_method
 from partialvfl.methods.registry import method_names
 from partialvfl.methods.schedule import (
-    DEFAULT_MIN_STEPS,
     MIN_VALIDATION_ROWS,
     check_interval,
+    floor_steps,
     resolve_min_steps,
     schedule_rows,
     supervised_epochs,
@@ -59,14 +59,19 @@ def val_rows(model: Any) -> dict[int, dict[str, float]]:
 
 # ---------------------------------------------------------------------- the rules
 def test_min_steps_resolves_to_the_floor_unless_epochs_is_given() -> None:
-    assert resolve_min_steps({"min_steps": None, "epochs": 30}, {}) == {"min_steps": DEFAULT_MIN_STEPS, "epochs": 30}
-    assert resolve_min_steps({"min_steps": None, "epochs": 5}, {"epochs": 5})["min_steps"] == 0  # pinned
-    assert resolve_min_steps({"min_steps": 200, "epochs": 5}, {"epochs": 5})["min_steps"] == 200  # both given
+    # the same learning distance lr x steps = 0.2 for every method: 1,000 steps at FALSE-VFL's 2e-4, 67 at 3e-3
+    assert (floor_steps(2e-4), floor_steps(3e-3), floor_steps(1e-4), floor_steps(None)) == (1000, 67, 2000, 0)
+    assert resolve_min_steps({"min_steps": None, "lr": 2e-4, "epochs": 30}, {}) == \
+        {"min_steps": 1000, "lr": 2e-4, "epochs": 30}
+    assert resolve_min_steps({"min_steps": None, "lr": 2e-4}, {"epochs": 5})["min_steps"] == 0  # pinned
+    assert resolve_min_steps({"min_steps": 200, "lr": 2e-4}, {"epochs": 5})["min_steps"] == 200  # both given
     for name in METHODS:
         cls = get_method(name)
-        assert cls("fast").resolve_params(None)["min_steps"] == DEFAULT_MIN_STEPS, name
+        lr = cls("fast").resolve_params(None)["lr"]
+        assert cls("fast").resolve_params(None)["min_steps"] == floor_steps(lr), name
         assert cls("fast", epochs=3).resolve_params(None)["min_steps"] == 0, name
         assert cls("fast", epochs=3, min_steps=40).resolve_params(None)["min_steps"] == 40, name
+    assert get_method("false-vfl-1")("paper").resolve_params("fashion-mnist")["min_steps"] == 1000
 
 
 def test_epochs_are_raised_to_min_steps() -> None:
@@ -100,9 +105,9 @@ def test_validation_score_orders_accuracy_then_log_loss() -> None:
 
 
 def wide_data(n_labels: int) -> VerticalDataset:
-    """Two parties, three classes, ``n_labels`` labelled rows of 400."""
+    """Two parties, three classes, ``n_labels`` labelled rows of ``n_labels + 50``."""
     rng = np.random.default_rng(0)
-    n = 400
+    n = n_labels + 50
     y = rng.integers(0, 3, n)
     blocks = [rng.normal(size=(n, 3)) + y[:, None], rng.normal(size=(n, 2)) + y[:, None]]
     labeled = np.zeros(n, dtype=bool)
@@ -124,11 +129,12 @@ def test_early_stopping_auto_needs_the_schedule_and_enough_labels() -> None:
 
 
 def test_schedule_rows_say_what_the_defaults_do() -> None:
-    row = schedule_rows("false-vfl-1", "paper", 50, dataset="fashion-mnist")  # the issue's trap, with fewer labels
+    row = schedule_rows("false-vfl-1", "paper", 100, dataset="fashion-mnist")  # the issue's trap
     assert (row["batch_size"], row["steps_per_epoch"], row["epochs"]) == (128, 1, 200)
-    assert row["max_steps"] == DEFAULT_MIN_STEPS and not row["early_stopping"]
-    row = schedule_rows("false-vfl-1", "paper", 100, dataset="fashion-mnist")
-    assert row["early_stopping"] and row["validation_rows"] == 20 and row["rows"] == 80
+    assert row["max_steps"] == 1000 and not row["early_stopping"] and row["rows"] == 100
+    assert schedule_rows("laser-vfl", "fast", 100)["max_epochs"] == 34  # 67 steps of 2 per epoch
+    row = schedule_rows("false-vfl-1", "paper", 2000, dataset="fashion-mnist")
+    assert row["early_stopping"] and row["validation_rows"] == 400 and row["rows"] == 1600
     big = schedule_rows("vanilla-vfl", "fast", 10000)
     assert big["early_stopping"] and big["validation_rows"] == 2000 and big["rows"] == 1600  # aligned share of 8,000
     assert schedule_rows("laser-vfl", "fast", 50, overrides={"epochs": 7})["max_epochs"] == 7  # pinned

@@ -60,8 +60,8 @@ def test_a_tuned_grid_tests_only_the_candidate_chosen_on_validation(tmp_path: Pa
     grid = parse_grid(raw_grid({"lr": [0.01, 1.0], "min_steps": [None, 30], "tune_on": ["mcar2"]}))
     summary = run_grid(grid, tmp_path / "store", workers=1, progress=False)
     assert not summary.failed
-    # 4 candidates x 1 tuned mechanism, then the chosen one's validation cell under mcar5, then 2 seeds x 2 test fits
-    assert len(summary.done) == 4 + 1 + 4
+    # 4 candidates x 1 tuned mechanism, then 2 seeds x 2 test fits (one entry: no variant to choose under mcar5)
+    assert len(summary.done) == 4 + 4
     with ResultStore(tmp_path / "store") as s:
         rows = s.rows()
     scores = {json.dumps(r["tuning"]["values"], sort_keys=True): r["accuracy"] for r in rows
@@ -70,10 +70,11 @@ def test_a_tuned_grid_tests_only_the_candidate_chosen_on_validation(tmp_path: Pa
     best = json.loads(max(scores, key=lambda k: scores[k]))
     assert best["lr"] == 3e-3  # the entry's own lr; 3e-5 learns next to nothing in 3 epochs
     tests = [r for r in rows if r["role"] == "test"]
-    assert len(tests) == 4 and all(r["tuning"] == {"entry": 0, "values": best} for r in tests)
+    assert len(tests) == 4 and {r["train_mechanism"] for r in tests} == {"mcar2", "mcar5"}
+    assert all(r["tuning"] == {"entry": 0, "values": best} for r in tests)
     assert {r["params"]["lr"] for r in tests} == {best["lr"]}
     again = run_grid(grid, tmp_path / "store", workers=1, progress=False)
-    assert not again.done and len(again.skipped) == 9  # both phases resume
+    assert not again.done and len(again.skipped) == 8  # both phases resume
     write_report(tmp_path / "store", tmp_path / "out")
     text = (tmp_path / "out" / "tuning.md").read_text()
     steps = "as entry" if best["min_steps"] is None else best["min_steps"]

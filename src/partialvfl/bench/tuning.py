@@ -12,8 +12,9 @@ Each candidate is the entry with those overrides (the candidate of multiplier 1 
 itself).  For every (dataset, entry) and tuned training mechanism, the grid's validation cell (at the dataset's first
 seed: the entry fitted on 80 % of the labels, scored on the other 20 %) is fitted once per candidate; the candidate
 with the best validation score is chosen, and only it runs the test cells (and the validation cells of the training
-mechanisms that do not tune, which choose between variants of a label as before).  A mechanism that does not tune
-takes the candidate with the best mean validation score over the tuned ones.  Nothing is chosen on test data.
+mechanisms that do not tune, which choose between variants of a label as before; a grid whose labels each have one
+entry has no variant to choose and skips them).  A mechanism that does not tune takes the candidate with the best
+mean validation score over the tuned ones.  Nothing is chosen on test data.
 
 :func:`choose` reads the choices from a store's validation rows; the report names the chosen values
 (:func:`tuning_markdown`).
@@ -164,8 +165,10 @@ def tuned_cells(grid: Grid, choices: dict[tuple[str, int, str], int]) -> list[Ce
                     specs = specs or _candidate_specs(grid, d, i, m)
                     chosen[key] = specs[choices[key]]
     assert grid.tuning is not None
+    labels = [m.display for m in grid.methods]
+    variants = len(set(labels)) < len(labels)  # validation cells choose between entries of one label: needed?
     for (dname, _, t), (spec, tuning) in chosen.items():
-        if not grid.tuning.tunes(t):
+        if variants and not grid.tuning.tunes(t):
             d = next(x for x in grid.datasets if x.display == dname)
             cells.append(Cell(d, spec, t, grid.seeds_of(d)[0], ("validation",), "validation", grid.validation_fraction,
                               tuning))

@@ -6,15 +6,21 @@ stage 2, X-VFL's training, FedHSSL's fine-tuning) and declares the parameters of
 * ``min_steps``: the supervised stage runs at least this many optimiser steps: ``epochs`` is raised to
   ``ceil(min_steps / steps per epoch)`` when it gives fewer.  With 100 labels and batch 128 one epoch is one step,
   so 100 epochs are 100 steps; ``min_steps = 1000`` makes them 1,000.  ``null`` (the default) resolves when the
-  parameters are resolved: :data:`DEFAULT_MIN_STEPS`, or 0 when the caller gave ``epochs`` explicitly (an explicit
-  epoch count pins the schedule: exactly that many epochs, as before this rule existed; give ``min_steps`` too to
-  keep the floor).
+  parameters are resolved, to ``ceil(MIN_DISTANCE / lr)`` (:func:`floor_steps`), or to 0 when the caller gave
+  ``epochs`` explicitly (an explicit epoch count pins the schedule: exactly that many epochs, as before this rule
+  existed; give ``min_steps`` too to keep a floor).  Adam moves each weight by about ``lr`` per step at most, so
+  ``lr x steps`` is how far training can take a weight from its initialisation; the floor asks every method for the
+  same distance, :data:`MIN_DISTANCE` = 0.2.  At FALSE-VFL's stage-2 rate of 2e-4 that is 1,000 steps (its 100
+  steps at 100 labels travel 0.02: issue 28 measured +12 to +15 points from the floor, 3 seeds); at the split-network
+  baselines' 3e-3 it is 67 steps, which their epochs give at every label count but the smallest (more steps did not
+  help them: docs/results.md).
 * ``early_stopping`` (``auto`` | ``on`` | ``off``): a seeded ``stopping_fraction`` of the labelled rows (those with
   at least one observed party) is held out of training (the rows stay, unlabelled) and scored while the supervised
   stage runs; after ``patience`` checks without improvement the stage stops, and the best checked state (the
   coordinator's modules and, where the stage trains them, every party's own state) is restored.  ``auto`` is on
   when the schedule follows the data (``min_steps > 0``) and the split holds at least :data:`MIN_VALIDATION_ROWS`
-  rows, i.e. from 100 labelled rows at the default fraction 0.2.
+  rows, i.e. from 2,000 labelled rows at the default fraction 0.2: at 100 and 1,000 labels the held-out fifth cost
+  every method 1-2 points (issue 28's table, 3 seeds), more than stopping at the best check gained.
 * Checks come at the end of an epoch, every ``ceil(epochs / CHECKS_PER_STAGE)`` epochs and after the last one, so a
   stage has at most about :data:`CHECKS_PER_STAGE` checks whatever its length.  The score is the validation
   accuracy, ties broken by the lower log-loss (regression: the lower RMSE); a check improves only on a strictly
@@ -48,22 +54,22 @@ if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
     from partialvfl.federation.coordinator import Federation
 
-__all__ = ["CHECKS_PER_STAGE", "DEFAULT_MIN_STEPS", "EarlyStopping", "MIN_VALIDATION_ROWS", "SCHEDULE_PARAMS",
-           "SchedulePlan", "check_interval", "plan_schedule", "resolve_min_steps", "schedule_rows",
+__all__ = ["CHECKS_PER_STAGE", "EarlyStopping", "MIN_DISTANCE", "MIN_VALIDATION_ROWS", "SCHEDULE_PARAMS",
+           "SchedulePlan", "check_interval", "floor_steps", "plan_schedule", "resolve_min_steps", "schedule_rows",
            "supervised_epochs", "validation_score"]
 
-#: The floor of optimiser steps of a supervised stage whose length follows the data.
-DEFAULT_MIN_STEPS = 1000
+#: The learning distance ``lr x steps`` every supervised stage whose length follows the data gets at least.
+MIN_DISTANCE = 0.2
 #: ``early_stopping = auto`` holds out labels only when the split gives at least this many validation rows.
-MIN_VALIDATION_ROWS = 20
+MIN_VALIDATION_ROWS = 400
 #: At most about this many validation checks per supervised stage.
 CHECKS_PER_STAGE = 50
 EARLY_STOPPING = ("auto", "on", "off")
 
 SCHEDULE_PARAMS = (
     Param("min_steps", None, "int", "the supervised stage runs at least this many optimiser steps (its epochs are "
-          f"raised to reach them); null: {DEFAULT_MIN_STEPS}, or 0 when epochs is given explicitly (exactly that "
-          "many epochs)", low=0, optional=True),
+          f"raised to reach them); null: ceil({MIN_DISTANCE} / lr) (1,000 at lr 2e-4, 67 at 3e-3), or 0 when "
+          "epochs is given explicitly (exactly that many epochs)", low=0, optional=True),
     Param("early_stopping", "auto", "str", "hold out stopping_fraction of the labelled rows, check them during the "
           "supervised stage, stop after patience checks without improvement and restore the best state; auto: on "
           f"when min_steps > 0 and the split holds >= {MIN_VALIDATION_ROWS} rows", choices=EARLY_STOPPING),
@@ -74,12 +80,19 @@ SCHEDULE_PARAMS = (
 )
 
 
+def floor_steps(lr: float | None) -> int:
+    """The default step floor of a stage with learning rate ``lr``: ``ceil(MIN_DISTANCE / lr)`` (0 without one)."""
+    if lr is None or not lr > 0:
+        return 0
+    return math.ceil(round(MIN_DISTANCE / float(lr), 9))
+
+
 def resolve_min_steps(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` with ``min_steps`` resolved: an explicit value stays; ``null`` becomes 0 when the caller gave
-    ``epochs`` (the supervised stage's epochs) explicitly, else :data:`DEFAULT_MIN_STEPS`."""
+    ``epochs`` (the supervised stage's epochs) explicitly, else :func:`floor_steps` of the stage's ``lr``."""
     out = dict(params)
     if "min_steps" in out and out["min_steps"] is None:
-        out["min_steps"] = 0 if "epochs" in overrides else DEFAULT_MIN_STEPS
+        out["min_steps"] = 0 if "epochs" in overrides else floor_steps(out.get("lr"))
     return out
 
 
