@@ -20,7 +20,8 @@ stage 2, X-VFL's training, FedHSSL's fine-tuning) and declares the parameters of
   coordinator's modules and, where the stage trains them, every party's own state) is restored.  ``auto`` is on
   when the schedule follows the data (``min_steps > 0``) and the split holds at least :data:`MIN_VALIDATION_ROWS`
   rows, i.e. from 2,000 labelled rows at the default fraction 0.2: at 100 and 1,000 labels the held-out fifth cost
-  every method 1-2 points (issue 28's table, 3 seeds), more than stopping at the best check gained.
+  FALSE-VFL-I, LASER-VFL and X-VFL 0.3-3.4 points in every cell of issue 28's table (3 seeds; Vanilla VFL -1.9 to
+  +1.5, within its seed noise), more than stopping at the best check gained.
 * Checks come at the end of an epoch, every ``ceil(epochs / CHECKS_PER_STAGE)`` epochs and after the last one, so a
   stage has at most about :data:`CHECKS_PER_STAGE` checks whatever its length.  The score is the validation
   accuracy, ties broken by the lower log-loss (regression: the lower RMSE); a check improves only on a strictly
