@@ -117,6 +117,8 @@ class PartyPolicy:
     max_request_mb: float = 64.0
     allow_weight_sharing: bool = False
     seed: str | int = "secret"
+    max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
+    persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -128,7 +130,7 @@ class PartyPolicy:
         """The in-process simulation's policy: anything, seeded by the coordinator (benchmarks reproduce)."""
         return cls(preset="research", programs=None, encoders=None, min_hidden_layers=0, max_width_ratio=None,
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
-                   allow_weight_sharing=True, seed="coordinator")
+                   allow_weight_sharing=True, seed="coordinator", max_lookups=None)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -341,7 +343,7 @@ class PartyPolicy:
                 f"{'allowed' if self.allow_weight_sharing else 'refused'}")
 
 
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles"}
+_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_lookups"}
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
@@ -352,9 +354,9 @@ def _policy_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{where}: {key} must be a list of names, got {value!r}")
         return tuple(value)
-    if key == "allow_weight_sharing":
+    if key in ("allow_weight_sharing", "persist_alignment"):
         if not isinstance(value, bool):
-            raise ValueError(f"{where}: allow_weight_sharing must be true or false, got {value!r}")
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         return value
     if key == "seed":
         if isinstance(value, bool) or not isinstance(value, int | str):

@@ -53,7 +53,7 @@ from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedu
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
-from partialvfl.utils.progress import report_line
+from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -117,9 +117,13 @@ class VFLMethod(TypedParams, ABC):
         if cls.params is not None:
             cls.presets = cls.params.preset_names
 
-    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False, **params: Any) -> None:
+    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, **params: Any) -> None:
+        """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
+        not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
+        if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
+            raise ValueError(f"{self.name}: progress must be True, False or 'epochs', got {progress!r}")
         self.preset = preset
         self.seed = int(seed)
         self.progress = progress
@@ -223,7 +227,7 @@ class VFLMethod(TypedParams, ABC):
             row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
             self.history_.append(row)
             parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", self.progress)
+            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", progress_mode(self.progress)[1])
             if on_epoch is not None:
                 on_epoch(stage, epoch, dict(metrics))
 
@@ -278,8 +282,8 @@ class VFLMethod(TypedParams, ABC):
         loop = TrainingLoop(
             federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
             save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
-            checkpointer=checkpointer, fingerprint=self._fingerprint(view), show_progress=self.progress,
-            stopping=stopping,
+            checkpointer=checkpointer, fingerprint=self._fingerprint(view),
+            show_progress=progress_mode(self.progress)[0], stopping=stopping,
         )
         t0 = time.perf_counter()
         try:
@@ -394,6 +398,16 @@ class VFLMethod(TypedParams, ABC):
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """``(N, K)``: which parties' features the prediction of each row of ``view`` uses (its ``observed`` holds
+        which parties hold, or answered for, each row).  By default every party that holds the row; a method that
+        predicts some rows from fewer parties says so here.  A row with none is predicted by :meth:`fallback`."""
+        return np.array(view.observed, dtype=bool)
+
+    def fallback(self) -> str:
+        """What a row whose prediction uses no party's features (:meth:`parties_used`) is predicted from."""
+        return "the training label prior"
 
     def predict_proba(self, data: VerticalDataset) -> np.ndarray:
         """Class probabilities ``(N, C)``, columns in the order of :attr:`classes_`."""

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
@@ -52,6 +52,19 @@ class VanillaVFL(SplitNNMethod):
         loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
+
+    def fallback(self) -> str:
+        if self.settings_.missing == "random":
+            return ("a uniformly random class where some party does not hold the row (missing='random'), the "
+                    "training label prior where none does")
+        return super().fallback()
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Every holding party; with ``missing='random'`` none for a row some party lacks (a random class)."""
+        used = np.array(view.observed, dtype=bool)
+        if self.settings_.missing == "random":
+            used &= used.all(axis=1, keepdims=True)
+        return used
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.n_classes))

@@ -382,6 +382,15 @@ class XVFL(VFLMethod):
         return lambda t: t
 
     # ------------------------------------------------------------------ collaborative prediction
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Every holding party; with ``inference='available'`` a block with features missing inside it is left out
+        of a row that has a complete block (as :meth:`_predict` does)."""
+        used = np.array(view.observed, dtype=bool)
+        if self.settings_.inference == "complete":
+            return used
+        comp = used & ~incomplete_matrix(np.asarray(view.ids), used.shape[1], view.info)
+        return np.where(comp.any(axis=1, keepdims=True), comp, used)
+
     @torch.no_grad()
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         inc_all = incomplete_matrix(np.asarray(view.ids), view.n_parties, view.info)
@@ -391,6 +400,7 @@ class XVFL(VFLMethod):
         out = np.zeros((len(rows), self.n_classes))
         bs = self.settings_.predict_batch_size
         for start in range(0, len(rows), bs):
+            self.transport.new_step()  # a prediction batch is a step of its own (a second predict is not a replay)
             chunk = rows[start:start + bs]
             obs = view.observed[chunk]
             inc = inc_all[chunk]
