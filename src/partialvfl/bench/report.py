@@ -48,8 +48,8 @@ from partialvfl.bench.tables import (
     paper_comparison,
     ratios_markdown,
     table_markdown,
+    tuning_markdown,
 )
-from partialvfl.bench.tuning import tuning_markdown
 
 __all__ = [
     "Aggregate",

@@ -31,9 +31,9 @@ from typing import Any
 
 from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
 from partialvfl.bench.gpus import plan_workers, ray_resources
-from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid
+from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid, tuning_candidates
 from partialvfl.bench.store import ResultStore, code_version
-from partialvfl.bench.tuning import candidates, choose
+from partialvfl.bench.tuning import choose
 from partialvfl.utils.threads import available_cores, configure_openmp, resolve_threads, thread_budget
 
 __all__ = ["RunSummary", "available_cores", "run_grid"]
@@ -263,7 +263,7 @@ def tuning_choices(grid: Grid, results: ResultStore) -> dict[tuple[str, int, str
     rows: dict[str, list[dict[str, Any]]] = {}
     for r in results.rows(status="done"):
         rows.setdefault(r["cell_hash"], []).append(r)
-    cands = {key: [c.key for c in group] for key, group in candidates(grid).items()}
+    cands = {key: [c.key for c in group] for key, group in tuning_candidates(grid).items()}
     return choose(cands, rows, grid.tuning, grid.train_mechanisms)
 
 
