@@ -52,6 +52,7 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     ``--party-timeout``, is waited for and the fit continues from the last checkpoint once every party answers again.
     SIGINT/SIGTERM checkpoint where the fit is and stop (exit 130/143, with the resume command).
     """
+    from partialvfl.cli.privacy import federated_label_dp, party_dp, print_privacy
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, report_party_lost, stop_on_signals
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.grpc_federation import GrpcFederation
@@ -60,9 +61,11 @@ def run_federated_fit(args: argparse.Namespace) -> int:
 
     verbose = not args.quiet
     out = Path(args.out)
+    party_dp(args)  # refused with --federation: a deployed party sets its own budget
     method = method_from_args(args)
     ck = fit_checkpointer(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
+    federated_label_dp(args, method, fed.config.labels.label_dp if fed.config and fed.config.labels else None)
     try:
         if args.party_timeout is not None:  # parties not up yet are waited for, too
             fed.rejoin(args.party_timeout)
@@ -74,6 +77,7 @@ def run_federated_fit(args: argparse.Namespace) -> int:
         fed.release(handle)
         method.save(out)
         report_line(f"model saved to {out} (each party keeps its state in its own state directory)", verbose)
+        print_privacy(method)
     except FitInterrupted as e:
         return report_interrupted(args, e)
     except PartyUnavailable as e:

@@ -25,6 +25,7 @@ from partialvfl.cli.common import (
     threads_for,
 )
 from partialvfl.cli.params import method_from_args
+from partialvfl.cli.privacy import add_privacy_options, party_dp, print_privacy
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -55,6 +56,7 @@ def add_commands(sub: Any) -> None:
                         "continue from the last checkpoint (default: stop at the first failure)")
     p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
+    add_privacy_options(p)
     add_threads_option(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
@@ -125,7 +127,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         with stop_on_signals(ck), use_threads(threads):
-            model.fit(train, log=log, checkpointer=ck)
+            model.fit(train, log=log, checkpointer=ck, party_dp=party_dp(args))
     except FitInterrupted as e:
         return report_interrupted(args, e)
     fit_s = time.perf_counter() - t0
@@ -134,6 +136,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     res = evaluate(model, test)
     print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
+    print_privacy(model)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"test ({config.test_missing}): {metric} {res[metric]:.4f}")
     return 0

@@ -51,4 +51,5 @@ def method_from_args(args: argparse.Namespace) -> Any:
     params = parse_params(args.param)
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
-    return method_cls(args.preset, seed=args.seed, progress=not args.quiet, **params)
+    return method_cls(args.preset, seed=args.seed, progress=not args.quiet,
+                      label_dp=getattr(args, "label_dp", None), **params)

@@ -38,6 +38,7 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import report_checkpoints
+    from partialvfl.cli.privacy import party_dp, print_privacy
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.utils.threads import use_threads
@@ -47,13 +48,14 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     t0 = time.perf_counter()
     try:
         with stop_on_signals(ck), use_threads(threads):
-            model.fit(data, checkpointer=ck)
+            model.fit(data, checkpointer=ck, party_dp=party_dp(args))
     except FitInterrupted as e:
         return report_interrupted(args, e)
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)
     how = model.preprocessing_["how"]
     _say(f"fit {model.name} in {time.perf_counter() - t0:.1f} s (standardisation: {how}); saved to {out}")
+    print_privacy(model)
     return 0
 
 

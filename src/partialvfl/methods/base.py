@@ -34,7 +34,7 @@ import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -46,8 +46,17 @@ from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDa
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.federation.party import StateFileError
+from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
+from partialvfl.methods.private_fit import (
+    check_dp_options,
+    label_dp_view,
+    label_prior,
+    plans_for,
+    privacy_report,
+    private_parties,
+)
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
@@ -116,7 +125,13 @@ class VFLMethod(TypedParams, ABC):
         if cls.params is not None:
             cls.presets = cls.params.preset_names
 
-    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False, **params: Any) -> None:
+    #: whether the method runs with label DP and at parties that keep a differential-privacy budget
+    #: (:mod:`partialvfl.methods.private_fit`)
+    supports_privacy: ClassVar[bool] = False
+
+    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False,
+                 label_dp: float | None = None, label_dp_seed: int | None = None,
+                 dp_options: Mapping[str, Any] | None = None, **params: Any) -> None:
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
         self.preset = preset
@@ -124,6 +139,11 @@ class VFLMethod(TypedParams, ABC):
         self.progress = progress
         self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
+        if label_dp is not None:
+            rr_keep_probability(label_dp, 2)  # a positive, finite epsilon, or an error naming it
+        self.label_dp = None if label_dp is None else float(label_dp)
+        self.label_dp_seed = None if label_dp_seed is None else int(label_dp_seed)
+        self.dp_options_ = check_dp_options(dp_options)
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -188,6 +208,20 @@ class VFLMethod(TypedParams, ABC):
     def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
         """Restore :meth:`_coordinator_extra_state`."""
 
+    # ------------------------------------------------------------------ privacy hooks (supports_privacy methods)
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Mechanisms per row party ``party`` will apply: a whole fit and its predictions (``fit``), or predictions
+        only (``predict``: a loaded model)."""
+        raise NotImplementedError(f"{self.name} does not support differential privacy")
+
+    def _privacy_clips(self, party: int) -> dict[str, float]:
+        """Clip norms of the released tensors, by the name their message declares (others: ``dp_options['clip']``)."""
+        return {}
+
+    def _privacy_refusal(self) -> str | None:
+        """Why these parameters cannot run at a party with a budget (``None``: they can)."""
+        return None
+
     def _coordinator_state(self) -> dict[str, Any]:
         """The active party's part of a saved model or checkpoint: module weights by name, plus extras."""
         state: dict[str, Any] = {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
@@ -228,13 +262,18 @@ class VFLMethod(TypedParams, ABC):
 
     # ------------------------------------------------------------------ estimator API
     def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
-            checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None) -> Self:
+            checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None,
+            party_dp: Mapping[int | str, tuple[float, float]] | None = None) -> Self:
         """Fit on ``train`` (labelled and unlabelled samples, any per-sample observed mask), in process by default.
 
         ``checkpointer`` checkpoints every N steps and resumes from its last checkpoint; ``on_epoch(stage, epoch,
-        metrics)`` is called after every epoch.
+        metrics)`` is called after every epoch; ``party_dp``: ``{party: (epsilon, delta)}``, the in-process parties'
+        own differential-privacy budgets (``[policy] dp_epsilon, dp_delta`` of a deployed party).
         """
-        fed = federation or LocalFederation.for_dataset(train, log=log)
+        if federation is not None and party_dp:
+            raise ValueError("party_dp sets the budgets of the in-process parties; a given federation's parties "
+                             "keep their own (LocalFederation.for_dataset(..., party_dp=...))")
+        fed = federation or LocalFederation.for_dataset(train, log=log, party_dp=party_dp)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -259,9 +298,13 @@ class VFLMethod(TypedParams, ABC):
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
         self.data_info_ = dict(data_info or {})
-        self.label_prior_ = _label_prior(view)
+        private = private_parties(self, federation)  # refuses a method without differential privacy, naming it
+        view = label_dp_view(self, view)  # the labels the coordinator trains with (randomized under label DP)
+        prior = label_prior(self, view)
+        self.label_prior_ = _label_prior(view) if prior is None else prior
         self.history_ = []
-        federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed)
+        federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed,
+                         plans=plans_for(self, private, "fit"))
         self.preprocessing_ = self._preprocess(federation, handle)
         if checkpointer is not None:
             checkpointer.bind(federation)
@@ -275,6 +318,7 @@ class VFLMethod(TypedParams, ABC):
         loop.finish()
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
+        self.privacy_ = privacy_report(self, federation, private)
         return self
 
     def _preprocess(self, federation: Federation, handle: str) -> dict[str, Any]:
@@ -391,6 +435,8 @@ class VFLMethod(TypedParams, ABC):
             "data_info": self.data_info_,
             "fit_seconds": getattr(self, "fit_seconds_", None),
             "history": self.history_,
+            **({"privacy": {**self.privacy_, "dp_options": self.dp_options_}}
+               if getattr(self, "privacy_", None) else {}),
         }
 
     def save(self, directory: str | Path) -> Path:
@@ -418,7 +464,8 @@ class VFLMethod(TypedParams, ABC):
         state = read_coordinator_state(d, meta)
         fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log)
         obj.federation_ = fed
-        fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)
+        fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed,
+                  plans=plans_for(obj, private_parties(obj, fed), "predict"))
         try:
             fed.load(d, model=meta.get("digest"))
         except StateFileError as e:
@@ -447,6 +494,10 @@ class VFLMethod(TypedParams, ABC):
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
                                  f"({type(e).__name__}: {e})") from None
+        privacy = meta.get("privacy") or {}
+        obj.privacy_ = {k: v for k, v in privacy.items() if k != "dp_options"} or None
+        obj.label_dp = privacy.get("labels", {}).get("epsilon")
+        obj.dp_options_ = check_dp_options(privacy.get("dp_options"))
         obj.preprocessing_ = meta.get("preprocessing")
         obj.data_info_ = meta.get("data_info", {})
         obj.history_ = meta.get("history", [])

@@ -113,8 +113,11 @@ def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Te
         mu, lv = answers[k][0].float(), answers[k][1].float()
         st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
     flat = _cat_index([k * b + st.held[k] for k in parties])
+    private = getattr(method.federation_, "privacy_setups", {})
+    lo, hi = method.settings_.encoder_logvar_range  # noisy log-variances of a private party, clamped as its own are
+    logvar = {k: v.clamp(lo, hi) if k in private else v for k, v in st.logvar.items()}
     stacked = []
-    for parts in (st.mu, st.logvar):
+    for parts in (st.mu, logvar):
         full = torch.zeros(n_parties * b, d_h)
         if parties:
             full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
