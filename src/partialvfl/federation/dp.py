@@ -110,8 +110,9 @@ class PrivacyLedger:
     """``mu^2`` spent by every row the party ever released something about, keyed by the row's ID (its own table's
     ID), across every program, fit and prediction; written to ``path`` (if given) before each charged reply leaves."""
 
-    def __init__(self, budget: DPBudget, path: str | Path | None = None) -> None:
+    def __init__(self, budget: DPBudget, path: str | Path | None = None, where: str = "this party") -> None:
         self.budget = budget
+        self.where = where
         self.limit = budget.mu ** 2
         self.path = Path(path) if path is not None else None
         self._slot: dict[str, int] = {}
@@ -170,8 +171,8 @@ class PrivacyLedger:
     def _refuse(self, what: str, slot: int, mu2: float) -> None:
         row = next(k for k, s in self._slot.items() if s == slot)
         need = gaussian_epsilon(math.sqrt(mu2), self.budget.delta)
-        raise PolicyViolation(RULE, f"this party's differential-privacy budget ({self.budget.describe()}) is spent: "
-                              f"{what} would bring row {row!r} to epsilon {need:.3g}", need,
+        raise PolicyViolation(RULE, f"{self.where}: its differential-privacy budget ({self.budget.describe()}) is "
+                              f"spent: {what} would bring row {row!r} to epsilon {need:.3g}", need,
                               {"dp_epsilon": float(f"{need:.3g}")})
 
     def save(self) -> None:
@@ -248,7 +249,7 @@ class PartyPrivacy:
     def __init__(self, budget: DPBudget, where: str, path: str | Path | None = None) -> None:
         self.budget = budget
         self.where = where
-        self.ledger = PrivacyLedger(budget, path)
+        self.ledger = PrivacyLedger(budget, path, where)
         self.plan: PrivacyPlan | None = None
         self.z = math.inf
         self._gen: torch.Generator | None = None
