@@ -256,7 +256,8 @@ def test_predictions_beyond_the_plans_reserve_are_refused_by_the_party() -> None
     model = get_method("vanilla-vfl")("fast", seed=0, epochs=2, dp_options={"predictions": 1}).fit(
         data, party_dp={1: (2.0, 1e-5)})
     model.predict_proba(data)
-    with pytest.raises(PolicyViolation, match="party 1 \\('shop'\\): its differential-privacy budget \\(epsilon 2, delta 1e-05 per row\\) is spent"):
+    with pytest.raises(PolicyViolation, match=r"party 1 \('shop'\): its differential-privacy budget \(epsilon 2, "
+                                              r"delta 1e-05 per row\) is spent"):
         model.predict_proba(data)
 
 
