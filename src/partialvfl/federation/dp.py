@@ -310,7 +310,9 @@ class PartyPrivacy:
             raise ValueError(f"{self.where}: {len(keys)} row keys for {per_row.shape[0]} per-row gradients")
         self.ledger.charge(list(keys), self.cost, what)
         c = self.plan.grad_clip
-        total = clip_rows(per_row.detach().double(), c, 0).sum(dim=0)
+        g = per_row.detach()
+        scale = torch.clamp(c / g.norm(dim=1, dtype=torch.float64).clamp_min(1e-12), max=1.0)
+        total = (scale.to(g.dtype) @ g).double()  # the clipped rows' sum
         return (total + self._noise(total.shape, 2.0 * self.z * c)).to(per_row.dtype)
 
     def report(self) -> dict[str, Any]:

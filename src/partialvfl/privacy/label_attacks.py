@@ -67,7 +67,7 @@ def gradient_observations(recorder: Recorder, party: int) -> list[GradientObserv
     of the same model (``train`` set, or an update's next batch)."""
     pending: dict[str, np.ndarray] = {}
     out = []
-    for m in recorder.received(party):
+    for m in recorder.received(party):  # (prediction requests never set train: only training forwards are pending)
         for model, g in _gradient_tensors(m).items():
             rows = pending.pop(model, None)
             if rows is not None and len(rows) == len(g) and len(rows):
@@ -150,10 +150,13 @@ def label_attack(observations: list[GradientObservation], y: np.ndarray, labeled
     return out
 
 
-def row_counts(recorder: Recorder, party: int, n_samples: int) -> np.ndarray:
-    """How many times each shared-order row appears in the rows of the requests ``party`` received."""
+def row_counts(recorder: Recorder, party: int, n_samples: int, handle: str | None = "train") -> np.ndarray:
+    """How many times each shared-order row of the data set attached as ``handle`` (``None``: any) appears in the
+    rows of the requests ``party`` received."""
     counts = np.zeros(n_samples, dtype=np.int64)
     for m in recorder.received(party):
+        if handle is not None and m.meta.get("data", handle) != handle:
+            continue
         for t in _row_tensors(m).values():
             np.add.at(counts, t.astype(np.int64), 1)
         if "next_rows" in m.tensors and m.kind != "update":

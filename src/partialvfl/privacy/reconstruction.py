@@ -71,12 +71,16 @@ def _rows_of(kind: str, tensor: str, request: dict[str, np.ndarray]) -> np.ndarr
     return None
 
 
-def released_per_row(recorder: Recorder, party: int, tensors: Iterable[str]) -> dict[int, list[np.ndarray]]:
-    """Shared-order row -> what ``party`` released about it in the replies named ``tensors`` (side by side within one
-    reply), in order."""
+def released_per_row(recorder: Recorder, party: int, tensors: Iterable[str], handle: str | None = "train"
+                     ) -> dict[int, list[np.ndarray]]:
+    """Shared-order row of the data set attached as ``handle`` (``None``: any; positions of different data sets
+    coincide) -> what ``party`` released about it in the replies named ``tensors`` (side by side within one reply),
+    in order."""
     wanted = tuple(tensors)
     out: dict[int, list[np.ndarray]] = {}
     for req, rep in recorder.exchanges(party):
+        if handle is not None and req.meta.get("data") != handle:
+            continue
         parts: dict[int, list[np.ndarray]] = {}
         for name in wanted:
             if name not in rep.tensors:
