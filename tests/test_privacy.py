@@ -270,3 +270,12 @@ def test_dp_off_leaves_a_fit_unchanged_and_label_dp_is_seeded() -> None:
     d = get_method("laser-vfl")("fast", seed=0, epochs=2, label_dp=1.0).fit(data).predict_proba(data)
     np.testing.assert_array_equal(c, d)
     assert not np.array_equal(a, c)
+
+
+def test_rr_with_prior_fits_in_two_stages_each_label_randomized_once() -> None:
+    data = tiny(n=120)
+    model = get_method("laser-vfl")("fast", seed=0, epochs=3, label_dp=1.0, label_dp_prior=True).fit(data)
+    assert model.privacy_["labels"]["mechanism"] == "randomized response with a prior (two stages)"
+    again = get_method("laser-vfl")("fast", seed=0, epochs=3, label_dp=1.0, label_dp_prior=True).fit(data)
+    np.testing.assert_array_equal(model.predict_proba(data), again.predict_proba(data))
+    assert model.label_dp_rr_rows_.sum() == data.labeled.sum() // 2 + data.labeled.sum() % 2

@@ -130,7 +130,7 @@ class VFLMethod(TypedParams, ABC):
     supports_privacy: ClassVar[bool] = False
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False,
-                 label_dp: float | None = None, label_dp_seed: int | None = None,
+                 label_dp: float | None = None, label_dp_seed: int | None = None, label_dp_prior: bool = False,
                  dp_options: Mapping[str, Any] | None = None, **params: Any) -> None:
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
@@ -143,6 +143,7 @@ class VFLMethod(TypedParams, ABC):
             rr_keep_probability(label_dp, 2)  # a positive, finite epsilon, or an error naming it
         self.label_dp = None if label_dp is None else float(label_dp)
         self.label_dp_seed = None if label_dp_seed is None else int(label_dp_seed)
+        self.label_dp_prior = bool(label_dp_prior)
         self.dp_options_ = check_dp_options(dp_options)
 
     # ------------------------------------------------------------------ parameters
@@ -299,7 +300,8 @@ class VFLMethod(TypedParams, ABC):
         self.params_ = self.resolve_params(dataset)
         self.data_info_ = dict(data_info or {})
         private = private_parties(self, federation)  # refuses a method without differential privacy, naming it
-        view = label_dp_view(self, view)  # the labels the coordinator trains with (randomized under label DP)
+        # the labels the coordinator trains with (randomized under label DP; RRWithPrior: a first fit gives priors)
+        view = label_dp_view(self, view, federation, handle, dataset)
         prior = label_prior(self, view)
         self.label_prior_ = _label_prior(view) if prior is None else prior
         self.history_ = []

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels
+from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_with_prior
 from partialvfl.utils.seeding import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
@@ -70,8 +70,15 @@ def _names(federation: Federation, parties: Mapping[int, Any]) -> str:
     return ", ".join(f"party {k} ({federation.party_names[k]!r})" for k in sorted(parties))
 
 
-def label_dp_view(method: VFLMethod, view: CoordinatorView) -> CoordinatorView:
-    """``view`` with its labelled rows' labels randomized at ``method.label_dp`` (unchanged without label DP)."""
+def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federation | None = None,
+                  handle: str | None = None, dataset: str | None = None) -> CoordinatorView:
+    """``view`` with its labelled rows' labels randomized at ``method.label_dp`` (unchanged without label DP).
+
+    With ``method.label_dp_prior`` (RRWithPrior, two stages as Ghazi et al.): half of the labelled rows (seeded) get
+    randomized response; a first fit on them alone (same method, parameters and seed, through ``federation`` on the
+    data attached as ``handle``) predicts priors for the other half, whose labels then get RRWithPrior.  Each label
+    is randomized once, so the result is ``epsilon``-label-DP.
+    """
     eps = method.label_dp
     if eps is None:
         return view
@@ -79,16 +86,35 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView) -> CoordinatorView:
         raise ValueError(f"{method.name}: label DP (randomized response) is for classification; this task is "
                          f"{view.task.kind}")
     seed = method.label_dp_seed if method.label_dp_seed is not None else derive_seed(method.seed, "label-dp")
-    y = randomize_labels(np.where(view.labeled, view.y, 0), view.labeled, view.task.n_classes, eps,
-                         numpy_rng(seed, "randomized response"))
-    return dataclasses.replace(view, y=np.where(view.labeled, y, view.y))
+    k = view.task.n_classes
+    if not method.label_dp_prior:
+        y = randomize_labels(np.where(view.labeled, view.y, 0), view.labeled, k, eps,
+                             numpy_rng(seed, "randomized response"))
+        method.label_dp_rr_rows_ = view.labeled
+        return dataclasses.replace(view, y=np.where(view.labeled, y, view.y))
+    if federation is None or handle is None:
+        raise ValueError(f"{method.name}: label_dp_prior needs the federation (its first stage is a fit)")
+    rows = np.flatnonzero(view.labeled)
+    second = np.zeros(view.n_samples, dtype=bool)
+    second[numpy_rng(seed, "stages").permutation(rows)[: len(rows) // 2]] = True
+    first = view.labeled & ~second
+    y1 = randomize_labels(np.where(first, view.y, 0), first, k, eps, numpy_rng(seed, "randomized response"))
+    stage1 = dataclasses.replace(view, y=np.where(first, y1, view.y), labeled=first)
+    prior_model = type(method)(method.preset, seed=method.seed, dp_options=method.dp_options_, **method.overrides)
+    prior_model.fit_federated(federation, stage1, handle, dataset=dataset)
+    priors = prior_model.predict_output_federated(view, handle)[second]
+    y = np.where(first, y1, view.y)
+    y[second] = rr_with_prior(view.y[second].astype(np.int64), priors, eps, numpy_rng(seed, "rr with prior"))
+    method.label_dp_rr_rows_ = first  # the rows of plain randomized response (their frequencies can be debiased)
+    return dataclasses.replace(view, y=y)
 
 
 def label_prior(method: VFLMethod, view: CoordinatorView) -> np.ndarray | None:
     """Under label DP, the training class frequencies debiased from the randomized labels (``None`` otherwise)."""
     if method.label_dp is None:
         return None
-    return debiased_frequencies(view.y[view.labeled], view.task.n_classes, method.label_dp)
+    rows = getattr(method, "label_dp_rr_rows_", view.labeled)
+    return debiased_frequencies(view.y[rows], view.task.n_classes, method.label_dp)
 
 
 def plans_for(method: VFLMethod, parties: Mapping[int, Any], purpose: str) -> dict[int, dict[str, Any]] | None:
@@ -110,7 +136,8 @@ def privacy_report(method: VFLMethod, federation: Federation, parties: Mapping[i
         return None
     out: dict[str, Any] = {}
     if method.label_dp is not None:
-        out["labels"] = {"epsilon": float(method.label_dp), "mechanism": "randomized response"}
+        how = "randomized response with a prior (two stages)" if method.label_dp_prior else "randomized response"
+        out["labels"] = {"epsilon": float(method.label_dp), "mechanism": how}
     reports = federation.privacy_reports(sorted(parties))
     if reports:
         out["parties"] = {federation.party_names[k]: {kk: v for kk, v in r.items() if kk != "enabled"}

@@ -15,6 +15,7 @@ from partialvfl.privacy.label_attacks import (
 )
 from partialvfl.privacy.reconstruction import (
     decode_oracle,
+    direct_release_attack,
     known_row_attack,
     relative_rmse,
     released_per_row,
@@ -23,6 +24,7 @@ from partialvfl.privacy.reconstruction import (
 from partialvfl.privacy.recording import Recorded, Recorder
 
 __all__ = [
-    "GradientObservation", "Recorded", "Recorder", "decode_oracle", "gradient_observations", "known_row_attack",
-    "label_attack", "labelled_rows_attack", "relative_rmse", "released_per_row", "ridge", "row_counts",
+    "GradientObservation", "Recorded", "Recorder", "decode_oracle", "direct_release_attack", "gradient_observations",
+    "known_row_attack", "label_attack", "labelled_rows_attack", "relative_rmse", "released_per_row", "ridge",
+    "row_counts",
 ]

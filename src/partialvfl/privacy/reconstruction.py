@@ -25,7 +25,8 @@ from partialvfl.federation.policy import PolicyViolation
 from partialvfl.privacy.recording import Recorder
 from partialvfl.utils.seeding import numpy_rng
 
-__all__ = ["ALPHAS", "decode_oracle", "known_row_attack", "relative_rmse", "released_per_row", "ridge"]
+__all__ = ["ALPHAS", "decode_oracle", "direct_release_attack", "known_row_attack", "relative_rmse",
+           "released_per_row", "ridge"]
 
 ALPHAS = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
 
@@ -138,3 +139,22 @@ def decode_oracle(federation: Federation, party: int, handle: str, rows: np.ndar
     if total is None:
         raise PolicyViolation("dp_epsilon", f"party {party} answered no decode: its privacy budget is spent")
     return total / answered, answered
+
+
+def direct_release_attack(x: np.ndarray, epsilon: float, delta: float, n_known: int, *, quantile: float = 50.0,
+                          seed: int = 0) -> float:
+    """The strongest thing a party's budget lets out about a row: the row itself (standardised, clipped to the
+    ``quantile`` of the row norms) in one Gaussian mechanism spending the whole ``(epsilon, delta)``, then known-row
+    regression with ``n_known`` rows; the median relative RMSE over features.  No method releases this much: it is
+    what the guarantee alone permits."""
+    from partialvfl.federation.dp import budget_mu
+
+    x = np.asarray(x, dtype=np.float64)
+    z = (x - x.mean(0)) / (x.std(0) + 1e-12)
+    norms = np.linalg.norm(z, axis=1)
+    clip = float(np.percentile(norms, quantile))
+    rng = np.random.default_rng(seed)
+    released = z * np.minimum(1.0, clip / np.maximum(norms, 1e-12))[:, None]
+    released = released + rng.normal(size=z.shape) * 2.0 * clip / budget_mu(epsilon, delta)
+    known = np.sort(rng.choice(len(x), n_known, replace=False))
+    return float(np.median(relative_rmse(x, ridge(released, x, known), np.setdiff1d(np.arange(len(x)), known))))
