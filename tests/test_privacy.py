@@ -279,3 +279,17 @@ def test_rr_with_prior_fits_in_two_stages_each_label_randomized_once() -> None:
     again = get_method("laser-vfl")("fast", seed=0, epochs=3, label_dp=1.0, label_dp_prior=True).fit(data)
     np.testing.assert_array_equal(model.predict_proba(data), again.predict_proba(data))
     assert model.label_dp_rr_rows_.sum() == data.labeled.sum() // 2 + data.labeled.sum() % 2
+
+
+def test_a_saved_model_predicts_within_the_partys_budget_after_loading(tmp_path) -> None:  # noqa: ANN001
+    from partialvfl.methods import VFLMethod
+
+    data = tiny(n=60)
+    model = get_method("laser-vfl")("fast", seed=0, epochs=2, label_dp=2.0).fit(data, party_dp={1: (4.0, 1e-5)})
+    model.save(tmp_path / "m")
+    fed = LocalFederation.for_dataset(data, party_dp={1: (4.0, 1e-5)})  # a fresh party: a fresh ledger
+    loaded = VFLMethod.load(tmp_path / "m", federation=fed)
+    assert loaded.label_dp == 2.0 and loaded.privacy_["parties"]["shop"]["epsilon"] == 4.0
+    loaded.predict_proba(data)
+    spent = fed.privacy_reports([1])[1]
+    assert spent["charges"] == 2 and 0 < spent["epsilon_spent"] <= 4.0  # the plan of a loaded model: predictions

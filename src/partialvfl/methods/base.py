@@ -50,12 +50,14 @@ from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.private_fit import (
+    PrivacyHooks,
     check_dp_options,
     label_dp_view,
     label_prior,
     plans_for,
     privacy_report,
     private_parties,
+    restore_privacy,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
 from partialvfl.methods.settings import TypedParams
@@ -111,7 +113,7 @@ class IndexInfo:
                    None if names is None else tuple(tuple(f) for f in names))
 
 
-class VFLMethod(TypedParams, ABC):
+class VFLMethod(PrivacyHooks, TypedParams, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -124,10 +126,6 @@ class VFLMethod(TypedParams, ABC):
         super().__init_subclass__(**kwargs)
         if cls.params is not None:
             cls.presets = cls.params.preset_names
-
-    #: whether the method runs with label DP and at parties that keep a differential-privacy budget
-    #: (:mod:`partialvfl.methods.private_fit`)
-    supports_privacy: ClassVar[bool] = False
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False,
                  label_dp: float | None = None, label_dp_seed: int | None = None, label_dp_prior: bool = False,
@@ -209,19 +207,6 @@ class VFLMethod(TypedParams, ABC):
     def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
         """Restore :meth:`_coordinator_extra_state`."""
 
-    # ------------------------------------------------------------------ privacy hooks (supports_privacy methods)
-    def _privacy_charges(self, party: int, purpose: str) -> int:
-        """Mechanisms per row party ``party`` will apply: a whole fit and its predictions (``fit``), or predictions
-        only (``predict``: a loaded model)."""
-        raise NotImplementedError(f"{self.name} does not support differential privacy")
-
-    def _privacy_clips(self, party: int) -> dict[str, float]:
-        """Clip norms of the released tensors, by the name their message declares (others: ``dp_options['clip']``)."""
-        return {}
-
-    def _privacy_refusal(self) -> str | None:
-        """Why these parameters cannot run at a party with a budget (``None``: they can)."""
-        return None
 
     def _coordinator_state(self) -> dict[str, Any]:
         """The active party's part of a saved model or checkpoint: module weights by name, plus extras."""
@@ -496,10 +481,7 @@ class VFLMethod(TypedParams, ABC):
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
                                  f"({type(e).__name__}: {e})") from None
-        privacy = meta.get("privacy") or {}
-        obj.privacy_ = {k: v for k, v in privacy.items() if k != "dp_options"} or None
-        obj.label_dp = privacy.get("labels", {}).get("epsilon")
-        obj.dp_options_ = check_dp_options(privacy.get("dp_options"))
+        restore_privacy(obj, meta)
         obj.preprocessing_ = meta.get("preprocessing")
         obj.data_info_ = meta.get("data_info", {})
         obj.history_ = meta.get("history", [])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -28,11 +28,41 @@ if TYPE_CHECKING:
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 
-__all__ = ["DP_OPTIONS", "check_dp_options", "label_dp_view", "plans_for", "privacy_report", "private_parties"]
+__all__ = ["DP_OPTIONS", "PrivacyHooks", "check_dp_options", "describe_privacy", "label_dp_view", "label_prior",
+           "plans_for", "privacy_report", "private_parties", "restore_privacy"]
 
 #: Options of the plans a method sends (``dp_options``): a factor on the method's clip norms of released values, the
 #: per-row gradient clip of the parties' DP-SGD, and how many predictions per row to keep budget for after a fit.
 DP_OPTIONS: dict[str, float] = {"clip": 1.0, "grad_clip": 1.0, "predictions": 2}
+
+
+class PrivacyHooks:
+    """What a method says about differential privacy (:class:`~partialvfl.methods.base.VFLMethod` inherits it)."""
+
+    #: whether the method runs with label DP and at parties that keep a differential-privacy budget
+    supports_privacy: ClassVar[bool] = False
+    name: ClassVar[str] = ""
+
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Mechanisms per row party ``party`` will apply: a whole fit and its predictions (``fit``), or predictions
+        only (``predict``: a loaded model)."""
+        raise NotImplementedError(f"{self.name} does not support differential privacy")
+
+    def _privacy_clips(self, party: int) -> dict[str, float]:
+        """Clip norms of the released tensors, by the name their message declares (others: ``dp_options['clip']``)."""
+        return {}
+
+    def _privacy_refusal(self) -> str | None:
+        """Why these parameters cannot run at a party with a budget (``None``: they can)."""
+        return None
+
+
+def restore_privacy(method: VFLMethod, meta: Mapping[str, Any]) -> None:
+    """A loaded model's privacy settings and report, from its ``model.json``."""
+    privacy = meta.get("privacy") or {}
+    method.privacy_ = {k: v for k, v in privacy.items() if k != "dp_options"} or None
+    method.label_dp = privacy.get("labels", {}).get("epsilon")
+    method.dp_options_ = check_dp_options(privacy.get("dp_options"))
 
 
 def check_dp_options(options: Mapping[str, Any] | None) -> dict[str, float]:
