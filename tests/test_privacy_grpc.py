@@ -96,6 +96,12 @@ def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> No
         assert "party 'shop': differential-privacy budget epsilon 4, delta 1e-05 per row; spent epsilon" in err
         assert (out / "checkpoints" / "label-dp-seed").exists()  # the coordinator's secret, for --resume
         assert (d.dir / "state" / "shop" / "privacy-ledger.npz").exists()
+        # FALSE-VFL-I over the wire: the party calibrates to what is left of its budget, and stays within it
+        assert main(["fit", "--federation", str(d.federation_file), "--method", "false-vfl-1", "--epochs", "1",
+                     "--out", str(tmp_path / "false"), "--quiet"]) == 0
+        err = capsys.readouterr().err
+        spent = float(err.split("spent epsilon ")[1].split(" ")[0])
+        assert 0 < spent <= 4.0
         with pytest.raises(SetupRefused, match="x-vfl/party' cannot keep a differential-privacy budget"):
             fed = d.federation()
             try:
