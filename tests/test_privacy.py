@@ -293,3 +293,48 @@ def test_a_saved_model_predicts_within_the_partys_budget_after_loading(tmp_path)
     loaded.predict_proba(data)
     spent = fed.privacy_reports([1])[1]
     assert spent["charges"] == 2 and 0 < spent["epsilon_spent"] <= 4.0  # the plan of a loaded model: predictions
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_per_row_gradients_sum_to_the_batch_gradient(arch: str) -> None:
+    """What DP-SGD clips: every row's own gradient; unclipped, they add up to the ordinary backward pass."""
+    from partialvfl.nn.blocks import build_encoder
+    from partialvfl.nn.per_sample import flat_per_row, per_row_gradients, row_objective
+
+    torch.manual_seed(0)
+    model = build_encoder((4, 4), 5, arch, hidden=(8,))
+    x, g = torch.randn(6, 16), torch.randn(6, 5)
+    named = dict(model.named_parameters())
+    per_row = flat_per_row(per_row_gradients(row_objective(model, lambda y: clip_rows(y, 0.5)), named, x, g),
+                           list(named))
+    model.zero_grad()
+    (clip_rows(model(x), 0.5) * g).sum().backward()
+    batch = torch.cat([p.grad.reshape(-1) for p in named.values()])
+    torch.testing.assert_close(per_row.sum(0), batch, rtol=1e-4, atol=1e-6)
+
+
+def test_false_vfl_per_row_gradients_sum_to_its_ordinary_update() -> None:
+    """FALSE-VFL-I's DP-SGD objective per row (encoder through mu/logvar, decoder through the log-likelihoods of the
+    latents it was sent) adds up to the gradient its ordinary decode_grad + update would apply."""
+    from partialvfl.methods.false_vfl.private import _row_objective
+    from partialvfl.nn.per_sample import flat_per_row, per_row_gradients
+
+    data = tiny(n=20)
+    fed = LocalFederation.for_dataset(data, party_dp={1: (50.0, 1e-5)})
+    h = fed.attach(data, "train")
+    model = get_method("false-vfl-1")("fast", seed=0, pretrain_epochs=0, epochs=0, wire="samples", d_h=4)
+    model.fit_federated(fed, data.coordinator_view(), h)
+    party = fed.runtimes[1].program
+    rows = torch.arange(0, 8)
+    party.encode_rows(h, rows, train=True)
+    lat = torch.randn(3, 8, 4)
+    party.on_decode(Request("decode", {"h": lat}, {"train": True}))
+    g_ll, g_mu, g_lv = torch.randn(3, 8), torch.randn(8, 4), torch.randn(8, 4)
+    party.on_decode_grad(Request("decode_grad", {"grad_loglik": g_ll}))
+    torch.autograd.backward([party._enc["mu"], party._enc["logvar"]], [g_mu, g_lv])
+    named = {k: v for k, v in party.net.named_parameters() if not k.startswith("indicator")}
+    reference = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                           for p in named.values()])
+    per_row = per_row_gradients(_row_objective(party), named, party._enc["x"].float(), lat.transpose(0, 1),
+                                g_ll.transpose(0, 1), g_mu, g_lv)
+    torch.testing.assert_close(flat_per_row(per_row, list(named)).sum(0), reference, rtol=1e-4, atol=1e-5)
