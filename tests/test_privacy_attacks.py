@@ -117,3 +117,11 @@ def test_a_partys_budget_bounds_the_decode_oracle(train, budget) -> None:  # noq
         assert answered == 1  # then the budget is spent and the party refuses
         assert err >= 0.9
         assert fed.runtimes[1].privacy.ledger.epsilon_spent() == pytest.approx(8.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("method", ["x-vfl", "fedhssl"])
+def test_the_label_attack_covers_every_method_that_sends_gradients(train, method: str) -> None:  # noqa: ANN001
+    """X-VFL and FedHSSL send a passive party label-dependent gradients too (and refuse label DP)."""
+    _, rec = recorded_fit(train, method)
+    clear = label_attack(gradient_observations(rec, 1), train.y, train.labeled, 2)
+    assert clear["direction_accuracy_fit"] >= 0.99, clear
