@@ -117,6 +117,8 @@ class PartyPolicy:
     max_request_mb: float = 64.0
     allow_weight_sharing: bool = False
     seed: str | int = "secret"
+    max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
+    persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
     # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
     # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
     dp_epsilon: float | None = None
@@ -132,7 +134,7 @@ class PartyPolicy:
         """The in-process simulation's policy: anything, seeded by the coordinator (benchmarks reproduce)."""
         return cls(preset="research", programs=None, encoders=None, min_hidden_layers=0, max_width_ratio=None,
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
-                   allow_weight_sharing=True, seed="coordinator")
+                   allow_weight_sharing=True, seed="coordinator", max_lookups=None)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -369,7 +371,7 @@ def _check_dp(policy: PartyPolicy, where: str) -> None:
         raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
 
 
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles"}
+_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_lookups"}
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "dp_epsilon", "dp_delta"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
@@ -380,9 +382,9 @@ def _policy_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{where}: {key} must be a list of names, got {value!r}")
         return tuple(value)
-    if key == "allow_weight_sharing":
+    if key in ("allow_weight_sharing", "persist_alignment"):
         if not isinstance(value, bool):
-            raise ValueError(f"{where}: allow_weight_sharing must be true or false, got {value!r}")
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         return value
     if key == "seed":
         if isinstance(value, bool) or not isinstance(value, int | str):
