@@ -25,7 +25,7 @@ from partialvfl.cli.common import (
     threads_for,
 )
 from partialvfl.cli.params import method_from_args
-from partialvfl.cli.privacy import add_privacy_options, party_dp, print_privacy
+from partialvfl.cli.privacy import add_privacy_options, check_privacy, party_dp, print_privacy
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -95,6 +95,7 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    add_privacy_options(p, labels=False)
     p.set_defaults(func=_cmd_predict)
 
 
@@ -122,12 +123,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
+    budgets = check_privacy(args, model, train)
     log = MessageLog(keep_entries=False)
     threads = threads_for(args, model, train)
     t0 = time.perf_counter()
     try:
         with stop_on_signals(ck), use_threads(threads):
-            model.fit(train, log=log, checkpointer=ck, party_dp=party_dp(args))
+            model.fit(train, log=log, checkpointer=ck, party_dp=budgets)
     except FitInterrupted as e:
         return report_interrupted(args, e)
     fit_s = time.perf_counter() - t0
@@ -205,4 +207,5 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return predict_tables(args)
     from partialvfl.cli.federated import cmd_predict
 
+    party_dp(args)  # refused with --federation: a deployed party keeps its own budget
     return cmd_predict(args)

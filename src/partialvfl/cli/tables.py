@@ -58,17 +58,18 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import report_checkpoints
-    from partialvfl.cli.privacy import party_dp, print_privacy
+    from partialvfl.cli.privacy import check_privacy, print_privacy
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.utils.threads import use_threads
 
+    budgets = check_privacy(args, model, data)
     ck = fit_checkpointer(args)  # --checkpoint-every/--resume; SIGINT/SIGTERM checkpoint where the fit is, then stop
     threads = threads_for(args, model, data)
     t0 = time.perf_counter()
     try:
         with stop_on_signals(ck), use_threads(threads):
-            model.fit(data, checkpointer=ck, party_dp=party_dp(args))
+            model.fit(data, checkpointer=ck, party_dp=budgets)
     except FitInterrupted as e:
         return report_interrupted(args, e)
     report_checkpoints(args, ck, not args.quiet)
@@ -161,15 +162,19 @@ def write_predictions(df: Any, out: str | Path) -> None:
 
 def predict_tables(args: argparse.Namespace) -> int:
     """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
+    from partialvfl.cli.privacy import predict_federation, print_predict_privacy
     from partialvfl.methods import VFLMethod
 
-    model = VFLMethod.load(args.model)
+    fed = predict_federation(args)  # --party-dp: those parties answer within their budgets
+    model = VFLMethod.load(args.model, federation=fed)
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output = model.predict_output(data)
     order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
     frame = prediction_frame(model, output[order], data.observed[order], data.ids[order], id_column)
     write_predictions(frame, args.out)
+    if fed is not None:
+        print_predict_privacy(fed)
     return 0
 
 

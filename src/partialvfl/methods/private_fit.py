@@ -28,12 +28,16 @@ if TYPE_CHECKING:
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 
-__all__ = ["DP_OPTIONS", "PrivacyHooks", "check_dp_options", "describe_privacy", "label_dp_view", "label_prior",
-           "plans_for", "privacy_report", "private_parties", "restore_privacy"]
+__all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy", "label_dp_view",
+           "label_prior", "plans_for", "privacy_report", "private_parties", "restore_privacy"]
 
 #: Options of the plans a method sends (``dp_options``): a factor on the method's clip norms of released values, the
 #: per-row gradient clip of the parties' DP-SGD, and how many predictions per row to keep budget for after a fit.
 DP_OPTIONS: dict[str, float] = {"clip": 1.0, "grad_clip": 1.0, "predictions": 2}
+
+#: The methods that support differential privacy, in words (for error messages).
+PRIVATE_METHODS = ("the split-network family (vanilla-vfl, plug-vfl, laser-vfl, local, ensemble, combinatorial) and "
+                   "false-vfl-1")
 
 
 class PrivacyHooks:
@@ -86,8 +90,7 @@ def private_parties(method: VFLMethod, federation: Federation) -> dict[int, dict
              if on]
     if asked and not method.supports_privacy:
         raise ValueError(f"{method.name} does not support differential privacy ({'; '.join(asked)}); the methods "
-                         "that do: the split-network family (vanilla-vfl, plug-vfl, laser-vfl, local, ensemble, "
-                         "combinatorial) and false-vfl-1")
+                         f"that do: {PRIVATE_METHODS}")
     if parties:
         why = method._privacy_refusal()
         if why:
@@ -111,6 +114,8 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
     """
     eps = method.label_dp
     if eps is None:
+        if method.label_dp_prior:
+            raise ValueError(f"{method.name}: label_dp_prior=True needs label_dp (the epsilon of label DP)")
         return view
     if not view.task.is_classification:
         raise ValueError(f"{method.name}: label DP (randomized response) is for classification; this task is "
