@@ -101,3 +101,22 @@ def test_label_dp_must_be_positive_and_party_dp_is_refused_with_a_federation(
     assert main(["predict", "--model", str(example / "model"), "--federation", str(example / "f.toml"), "--ids",
                  str(example / "ids.txt"), "--party-dp", "shop=8", "--out", str(example / "p.csv")]) == 2
     assert "--party-dp is for parties in this process" in capsys.readouterr().err
+
+
+def test_a_federated_fits_label_dp_names_where_it_was_asked_and_keeps_its_secret_seed(tmp_path: Path) -> None:
+    import argparse
+
+    from partialvfl.cli.privacy import federated_label_dp
+    from partialvfl.methods import get_method
+
+    args = argparse.Namespace(label_dp=None, federation="fed.toml", out=str(tmp_path))
+    with pytest.raises(ValueError, match=r"\[labels\] label_dp in fed.toml: x-vfl does not support"):
+        federated_label_dp(args, get_method("x-vfl")("fast"), 1.0)
+    args.label_dp = 2.0
+    with pytest.raises(ValueError, match=r"--label-dp 2 disagrees with \[labels\] label_dp = 1 in fed.toml"):
+        federated_label_dp(args, get_method("laser-vfl")("fast"), 1.0)
+    first, again = get_method("laser-vfl")("fast"), get_method("laser-vfl")("fast")
+    federated_label_dp(args, first, None)
+    federated_label_dp(args, again, 2.0)  # a resume: the same seed, read back from OUT/checkpoints
+    assert first.label_dp == again.label_dp == 2.0 and first.label_dp_seed == again.label_dp_seed
+    assert (tmp_path / "checkpoints" / "label-dp-seed").read_text().strip() == str(first.label_dp_seed)
