@@ -78,22 +78,30 @@ DATASETS = {"own-data": own_data, "digits": digits}
 
 
 # ---------------------------------------------------------------------- cells
-def cells(dataset: str, methods: tuple[str, ...], seeds: list[int]) -> Iterator[dict[str, Any]]:
+SETTINGS = ("none", "label", "feature", "decode")
+
+
+def cells(dataset: str, methods: tuple[str, ...], seeds: list[int], *, label_eps: tuple[float, ...] = LABEL_EPS,
+          feature_eps: tuple[float, ...] = FEATURE_EPS, settings: tuple[str, ...] = SETTINGS
+          ) -> Iterator[dict[str, Any]]:
     """Every cell, the cheap ones first (split networks and the decode oracle for every seed, then FALSE-VFL), so
-    that a run cut short has whole seeds of them."""
+    that a run cut short has whole seeds of them; ``label_eps``, ``feature_eps`` and ``settings`` narrow the grid
+    (the decode oracle runs with ``false-vfl-1`` among the methods)."""
     def one(method: str, seed: int) -> Iterator[dict[str, Any]]:
-        yield {"dataset": dataset, "method": method, "seed": seed, "setting": "none", "epsilon": None}
-        for eps in LABEL_EPS:
-            yield {"dataset": dataset, "method": method, "seed": seed, "setting": "label", "epsilon": eps}
-        for eps in FEATURE_EPS:
-            yield {"dataset": dataset, "method": method, "seed": seed, "setting": "feature", "epsilon": eps}
+        grid = {"none": (None,), "label": label_eps, "feature": feature_eps}
+        for setting in ("none", "label", "feature"):
+            if setting in settings:
+                for eps in grid[setting]:
+                    yield {"dataset": dataset, "method": method, "seed": seed, "setting": setting, "epsilon": eps}
 
     for method in (m for m in methods if m != "false-vfl-1"):
         for seed in seeds:
             yield from one(method, seed)
-    for seed in seeds:
-        for eps in (None, *FEATURE_EPS):
-            yield {"dataset": dataset, "method": "false-vfl-1", "seed": seed, "setting": "decode", "epsilon": eps}
+    if "false-vfl-1" in methods and "decode" in settings:
+        for seed in seeds:
+            for eps in (None, *feature_eps):
+                yield {"dataset": dataset, "method": "false-vfl-1", "seed": seed, "setting": "decode",
+                       "epsilon": eps}
     if "false-vfl-1" in methods:
         for seed in seeds:
             yield from one("false-vfl-1", seed)
@@ -171,6 +179,10 @@ def run_decode(cell: dict[str, Any], train: Any, party: int) -> dict[str, Any]:
     return {"decode_rmse_std": float(np.median(err)), "decode_calls": answered}
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     store = Path(args.store)
@@ -181,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
     methods = tuple(m for m in args.methods.split(",") if m)
     t_end = time.monotonic() + 60 * args.max_minutes
     data: dict[int, tuple[Any, Any, int]] = {}
-    todo = [c for c in cells(args.dataset, methods, seeds) if key(c) not in done]
+    grid = cells(args.dataset, methods, seeds, label_eps=_floats(args.label_eps), feature_eps=_floats(args.feature_eps),
+                 settings=tuple(x for x in args.settings.split(",") if x))
+    todo = [c for c in grid if key(c) not in done]
     print(f"{len(todo)} cells to run ({len(done)} in the store)", file=sys.stderr)
     for cell in todo:
         if time.monotonic() > t_end:
@@ -228,9 +242,9 @@ def _group(rows: list[dict[str, Any]], method: str, setting: str, eps: float | N
 def _tables(rows: list[dict[str, Any]]) -> list[str]:
     methods = [m for m in METHODS if any(r["method"] == m and r["setting"] != "decode" for r in rows)]
     seeds = sorted({r["seed"] for r in rows})
-    out = [f"Seeds {seeds}; mean ± standard deviation over seeds.", "",
-           "| method | setting | epsilon | accuracy | direction attack | norm AUC | labelled rows AUC | "
-           "known-row RMSE/std | epsilon spent |", "|---|---|---|---|---|---|---|---|---|"]
+    out = [f"Seeds {seeds}; mean ± standard deviation over the seeds a cell ran (n).", "",
+           "| method | setting | epsilon | n | accuracy | direction attack | norm AUC | labelled rows AUC | "
+           "known-row RMSE/std | epsilon spent |", "|---|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         for setting, grid in (("none", (None,)), ("label", LABEL_EPS), ("feature", FEATURE_EPS)):
             for eps in grid:
@@ -239,7 +253,8 @@ def _tables(rows: list[dict[str, Any]]) -> list[str]:
                            "epsilon_spent")]
                 if any(cells_):
                     label = {"none": "no DP", "label": "label DP", "feature": f"feature DP (delta {DELTA:g})"}
-                    out.append(f"| {m} | {label[setting]} | {'' if eps is None else f'{eps:g}'} | "
+                    n = len(_group(rows, m, setting, eps, "accuracy"))
+                    out.append(f"| {m} | {label[setting]} | {'' if eps is None else f'{eps:g}'} | {n} | "
                                + " | ".join(cells_) + " |")
     dec = [(eps, _mean_std(_group(rows, "false-vfl-1", "decode", eps, "decode_rmse_std")))
            for eps in (None, *FEATURE_EPS)]
@@ -313,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", choices=sorted(DATASETS), default="own-data")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--label-eps", default=",".join(f"{e:g}" for e in LABEL_EPS), help="label-DP epsilons to run")
+    ap.add_argument("--feature-eps", default=",".join(f"{e:g}" for e in FEATURE_EPS),
+                    help="epsilons of each passive party's budget to run (delta 1e-5)")
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="which settings to run: none, label, feature, decode (FALSE-VFL's decode oracle)")
     ap.add_argument("--store", default="runs/privacy.jsonl")
     ap.add_argument("--max-minutes", type=float, default=14.0, help="start no cell after this many minutes")
     ap.add_argument("--report", action="store_true", help="write the tables and figures from the store")
