@@ -229,7 +229,11 @@ def _mean_std(values: list[float]) -> str:
     v = [x for x in values if x is not None]
     if not v:
         return ""
-    return f"{np.mean(v):.3f}" + (f" ± {np.std(v):.3f}" if len(v) > 1 else "")
+    return _fmt(np.mean(v)) + (f" ± {_fmt(np.std(v))}" if len(v) > 1 else "")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}" if abs(x) >= 0.01 or x == 0 else f"{x:.2g}"
 
 
 def report(args: argparse.Namespace) -> int:
