@@ -299,6 +299,12 @@ def _direct_bound(rows: list[dict[str, Any]]) -> list[float]:
             for e in FEATURE_EPS]
 
 
+def _measured(xs: tuple[float, ...], ys: list[float]) -> tuple[list[float], list[float]]:
+    """The points that were measured (a line joins them; a cell not run leaves no gap)."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if not np.isnan(y)]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 def _figure(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
     import matplotlib
 
@@ -311,18 +317,18 @@ def _figure(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
         for ax, setting, grid in ((axes[0], "label", LABEL_EPS), (axes[1], "feature", FEATURE_EPS)):
             acc = [np.mean([v for v in _group(rows, m, setting, e, "accuracy") if v is not None] or [np.nan])
                    for e in grid]
-            line = ax.plot(grid, acc, marker="o", label=m)[0]
+            line = ax.plot(*_measured(grid, acc), marker="o", label=m)[0]
             ax.axhline(base, color=line.get_color(), ls=":", lw=1)
         att = [np.mean([v for v in _group(rows, m, "label", e, "direction_accuracy") if v is not None] or [np.nan])
                for e in LABEL_EPS]
-        axes[2].plot(LABEL_EPS, att, marker="o", label=f"{m}: direction attack")
+        axes[2].plot(*_measured(LABEL_EPS, att), marker="o", label=f"{m}: direction attack")
     if dataset == "own-data":
         rr = [np.exp(e) / (1 + np.exp(e)) for e in LABEL_EPS]
         axes[2].plot(LABEL_EPS, rr, "k--", label="randomized response: e^eps/(1+e^eps)")
     known = [np.mean([v for m in METHODS for v in _group(rows, m, "feature", e, "known_row_rmse_std")
                       if v is not None] or [np.nan]) for e in FEATURE_EPS]
     ax2 = axes[1].twinx()
-    ax2.plot(FEATURE_EPS, known, "k--", marker="x", label="known-row regression, RMSE/std (right)")
+    ax2.plot(*_measured(FEATURE_EPS, known), "k--", marker="x", label="known-row regression, RMSE/std (right)")
     ax2.set_ylim(0, 1.3)
     ax2.legend(loc="lower right", fontsize=7)
     for ax, title in zip(axes, ("accuracy vs label-DP epsilon (dotted: no DP)",
