@@ -233,7 +233,7 @@ def _mean_std(values: list[float]) -> str:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.3f}" if abs(x) >= 0.01 or x == 0 else f"{x:.2g}"
+    return f"{x:.3f}" if abs(x) >= 0.01 or abs(x) < 1e-12 else f"{x:.2g}"
 
 
 def report(args: argparse.Namespace) -> int:
