@@ -86,6 +86,7 @@ def fashion_mnist(seed: int) -> tuple[Any, Any, int]:
 
 
 DATASETS = {"own-data": own_data, "digits": digits, "fashion-mnist": fashion_mnist}
+CLASSES = {"own-data": 2, "digits": 10, "fashion-mnist": 10}
 
 
 # ---------------------------------------------------------------------- cells
@@ -322,9 +323,9 @@ def _figure(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
         att = [np.mean([v for v in _group(rows, m, "label", e, "direction_accuracy") if v is not None] or [np.nan])
                for e in LABEL_EPS]
         axes[2].plot(*_measured(LABEL_EPS, att), marker="o", label=f"{m}: direction attack")
-    if dataset == "own-data":
-        rr = [np.exp(e) / (1 + np.exp(e)) for e in LABEL_EPS]
-        axes[2].plot(LABEL_EPS, rr, "k--", label="randomized response: e^eps/(1+e^eps)")
+    k = CLASSES[dataset]
+    rr = [np.exp(e) / (k - 1 + np.exp(e)) for e in LABEL_EPS]
+    axes[2].plot(LABEL_EPS, rr, "k--", label=f"randomized response: e^eps/({k - 1}+e^eps)")
     known = [np.mean([v for m in METHODS for v in _group(rows, m, "feature", e, "known_row_rmse_std")
                       if v is not None] or [np.nan]) for e in FEATURE_EPS]
     ax2 = axes[1].twinx()
