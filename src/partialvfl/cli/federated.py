@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from partialvfl.cli.checkpoints import report_checkpoints
-from partialvfl.cli.common import threads_for
-from partialvfl.cli.params import method_from_args
+from partialvfl.cli.common import device_options, threads_for
+from partialvfl.cli.params import method_from_args, report_last_epochs
 
-__all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_fit", "run_federated_predict"]
+__all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
+           "run_federated_predict"]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -76,6 +77,7 @@ def run_federated_fit(args: argparse.Namespace) -> int:
             fed.connect()
         with stop_on_signals(ck):
             handle = _fit_rejoining(method, fed, ck, args)
+        report_last_epochs(args, method)
         report_checkpoints(args, ck, verbose)
         fed.release(handle)
         method.save(out)
@@ -178,13 +180,58 @@ def run_federated_predict(args: argparse.Namespace) -> int:
     A passive party that is unreachable is a missing block (said on stderr); the active party unreachable, or IDs
     no reachable party holds (predicted from the label prior alone), are errors unless ``--allow-prior-only``.
     """
-    from partialvfl.cli.tables import prediction_frame, refuse_prior_only, write_predictions
-    from partialvfl.federation.grpc_federation import GrpcFederation
-    from partialvfl.methods.base import VFLMethod
+    from partialvfl.cli.tables import prediction_frame, write_predictions
 
     if not args.ids:
         raise ValueError("predict --federation needs --ids FILE")
     ids, column = read_id_list(args.ids, getattr(args, "id_column", None))
+
+    def write(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+        id_column = column or model.data_info_.get("id_column") or "id"
+        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
+
+    _predict_across(args, ids, write)
+    return 0
+
+
+def run_federated_evaluate(args: argparse.Namespace) -> int:
+    """``evaluate --federation FILE --truth FILE``: predict the truth file's IDs across the parties (from their
+    training tables, or ``--table-set``'s prediction tables) and score them against its outcomes."""
+    from partialvfl.cli.common import emit
+    from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
+    from partialvfl.methods.model_files import read_model_meta
+
+    if not args.truth:
+        raise ValueError("evaluate --federation needs --truth FILE: the outcomes of the IDs to score")
+    info = read_model_meta(Path(args.model)).get("data_info", {})
+    id_column = args.id_column or info.get("id_column")
+    label = args.label_column or info.get("label_column")
+    if not id_column or not label:
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+    truth = read_truth(args.truth, id_column, label)
+    ids = np.array(truth.ids, dtype=object)
+
+    def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+        res = score_against_truth(model, out, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        where = f"the prediction tables {args.table_set!r}" if args.table_set else "the training tables"
+        res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
+        emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "
+                                                      f"against --truth {args.truth}", res)))
+
+    _predict_across(args, ids, score)
+    return 0
+
+
+def _predict_across(args: argparse.Namespace, ids: np.ndarray,
+                    then: Callable[[Any, np.ndarray, np.ndarray, Any], None]) -> None:
+    """Load ``--model`` across ``--federation``'s parties, attach ``ids`` (``--table-set``'s tables or the training
+    tables), predict them and call ``then(model, outputs, parties used, view)`` before the parties are let go."""
+    import dataclasses
+
+    from partialvfl.cli.tables import refuse_prior_only, used_parties
+    from partialvfl.federation.grpc_federation import GrpcFederation
+    from partialvfl.methods.base import VFLMethod
+
     fed = GrpcFederation.from_config(args.federation, allow_absent=True)
     try:
         n_failures = len(fed.transport.failures)  # those so far are the parties unreachable from the start
@@ -192,24 +239,23 @@ def run_federated_predict(args: argparse.Namespace) -> int:
         if fed.absent:
             print(f"parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: predicting without "
                   "them", file=sys.stderr)
-        model = VFLMethod.load(args.model, federation=fed)
+        model = VFLMethod.load(args.model, federation=fed, **device_options(args))
         idx = model.index_
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))
         _refuse_missing_active(fed, "failed while the IDs were attached")
         refuse_prior_only(view.observed, ids, args.allow_prior_only)
-        out, used = predict_reporting_parties(model, fed, view, handle)
+        out, answered = predict_reporting_parties(model, fed, view, handle)
         fed.release(handle)
         failed = sorted({f[1] for f in fed.transport.failures[n_failures:]})
         if failed:
             print(f"parties {[fed.party_names[k] for k in failed]} failed during prediction; their blocks were "
                   "treated as missing", file=sys.stderr)
-        id_column = column or model.data_info_.get("id_column") or "id"
         # the parties whose blocks each row's prediction actually used (a party lost mid-prediction is not named)
-        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
+        answered_view = dataclasses.replace(view, observed=answered)
+        then(model, out, used_parties(model, answered_view), answered_view)
     finally:
         fed.close()
-    return 0
 
 
 def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None

@@ -210,7 +210,8 @@ class PartyServer:
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
                                     policy=cfg.policy, feature_shape=self.table.feature_shape,
-                                    privacy_ledger=self.state_dir / PRIVACY_LEDGER)
+                                    privacy_ledger=self.state_dir / PRIVACY_LEDGER,
+                                    device=cfg.device, precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
         self.sessions = SessionGuard()
@@ -224,9 +225,12 @@ class PartyServer:
         return self.sessions.session
 
     def _predict_table(self, spec: PredictTable, key: bytes) -> PartyTable:
-        """A prediction table, read like the training table; its feature columns must be the training table's."""
+        """A prediction table, read like the training table; its feature columns must be the training table's.
+
+        Its columns are named (the training table's features), so ``exclude_columns`` does not apply: a table of new
+        users has no label column to exclude (and one it has anyway, like any other extra column, is not read)."""
         cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
-                                  feature_columns=self.table.feature_names)
+                                  feature_columns=self.table.feature_names, exclude_columns=())
         table = PartyTable(cfg, key)
         if table.feature_shape != self.table.feature_shape:
             raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "

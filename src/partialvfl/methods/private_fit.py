@@ -135,7 +135,8 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
     first = view.labeled & ~second
     y1 = randomize_labels(np.where(first, view.y, 0), first, k, eps, numpy_rng(seed, "randomized response"))
     stage1 = dataclasses.replace(view, y=np.where(first, y1, view.y), labeled=first)
-    prior_model = type(method)(method.preset, seed=method.seed, dp_options=method.dp_options_, **method.overrides)
+    prior_model = type(method)(method.preset, seed=method.seed, dp_options=method.dp_options_, device=method.device,
+                               precision=method.precision, compile=method.compile, **method.overrides)
     prior_model.fit_federated(federation, stage1, handle, dataset=dataset)
     priors = prior_model.predict_output_federated(view, handle)[second]
     y = np.where(first, y1, view.y)

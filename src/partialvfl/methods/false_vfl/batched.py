@@ -121,7 +121,7 @@ def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int,
             if train:
                 m.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
-            enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs))
+            enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs), compile=members[0].runtime.compile)
             mu, logvar = split_gaussian(enc, members[0].logvar_range)
         group = _Group({"mu": mu, "logvar": logvar}, pending=set(range(len(members))) if train else set())
         for slot, (i, m, x) in enumerate(zip(idx, members, xs)):
@@ -195,7 +195,8 @@ def _latents(members: list[Any], requests: list[Request], train: bool
             if not any(sizes[suffix]):
                 continue
             s = next(g for g in got if g is not None).shape[0]
-            leaf = pad_rows([torch.zeros(0, s, d_h) if g is None else g.float().transpose(0, 1) for g in got])
+            leaf = pad_rows([torch.zeros(0, s, d_h, device=first.device) if g is None else g.float().transpose(0, 1)
+                             for g in got])
             leaves[f"h{suffix}"] = leaf.requires_grad_(train)
             latents[suffix] = leaf.transpose(1, 2)
             continue
@@ -204,7 +205,7 @@ def _latents(members: list[Any], requests: list[Request], train: bool
         sizes[suffix] = [0 if g[0] is None else len(g[0]) for g in got]
         if not any(sizes[suffix]):
             continue
-        empty = torch.zeros(0, d_h)
+        empty = torch.zeros(0, d_h, device=first.device)
         mean = pad_rows([empty if g[0] is None else g[0].float() for g in got]).requires_grad_(train)
         scale = pad_rows([empty if g[0] is None else g[1].float() for g in got]).requires_grad_(train)
         pos = pad_rows([torch.zeros(0, dtype=torch.int64) if g[0] is None else g[2] for g in got])
@@ -233,9 +234,10 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
     k, s, rows, d_h = h.shape
     outs: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(train):
-        mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h)).view(k, s, rows, -1)
+        mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h),
+                             compile=first.runtime.compile).view(k, s, rows, -1)
         dec_lv = torch.stack([m.decoder_logvar() for m in members])  # (K, d)
-        x = pad_rows([m._enc["x"] if n else torch.zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
+        x = pad_rows([m._enc["x"] if n else mean_x.new_zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
                      ) if b_max else None
         if b_max:
             outs["loglik"] = feature_gaussian_log_density(x, mean_x[:, :, :b_max], dec_lv)
@@ -275,7 +277,7 @@ def _held_rows(request: Request) -> int:
 def _missing_noise(member: Any, request: Request, samples: int, n: int, d: int) -> torch.Tensor:
     """II: the member's own draw for the decoder samples of the rows it lacks (its own seed, as alone)."""
     if not n:
-        return torch.zeros(samples, 0, d)
+        return torch.zeros(samples, 0, d, device=member.device)
     gen = torch_generator(member.missing_noise_seed(request.meta), "party", member.party)
     return member._draw(gen, (samples, n, d))
 

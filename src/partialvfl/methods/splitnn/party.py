@@ -82,7 +82,7 @@ class SplitParty(PartyProgram):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         opt = config["optimizer"]
         for name in config["models"]:
-            self.models[name] = model = build_party_model(config, seed, runtime.index, name)
+            self.models[name] = model = build_party_model(config, seed, runtime.index, name).to(self.device)
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
@@ -92,9 +92,7 @@ class SplitParty(PartyProgram):
         self._simsiam_saved: dict[str, Any] | None = None
 
     def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
-        view = self.data(handle)
-        pos = view.position_of_rows(rows.numpy())
-        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+        return self.rows_features(handle, rows)
 
     def _model(self, name: str) -> nn.Module:
         try:
@@ -111,7 +109,7 @@ class SplitParty(PartyProgram):
         model = self._model(name)
         model.train(train)
         with torch.set_grad_enabled(train):
-            h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
+            h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
             if self.runtime.privacy is not None and len(x):
                 h = clip_rows(h, self.runtime.privacy.clip_for("emb:{model}"))
         if train:
@@ -184,8 +182,9 @@ class SplitParty(PartyProgram):
         if int(req.meta["epoch"]) == 0 or not self._simsiam:
             cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
             self._simsiam = {
-                name: SimSiamTrainer(self._model(name), view.features, self.feature_shape, cfg,
-                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim)
+                name: SimSiamTrainer(self._model(name), self.runtime.table(req.meta["data"]), self.feature_shape, cfg,
+                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim,
+                                     device=self.device)
                 for name in names}
             if self._simsiam_saved is not None:  # resumed between two epochs: continue exactly where it stopped
                 for name, st in self._simsiam_saved.items():
