@@ -62,8 +62,8 @@ class Recorder:
         handle: Callable[..., Reply] = rt.handle
         check: Callable[..., None] = rt.check
 
-        def recording_handle(request: Request, accepted: Callable[[], None] | None = None) -> Reply:
-            reply = handle(request, accepted)
+        def recording_handle(request: Request, accepted: Callable[[], None] | None = None, **kw: Any) -> Reply:
+            reply = handle(request, accepted, **kw)  # kw: the runtime's own options (reply_device), passed through
             if self._keep(party, request.kind):
                 self._add(party, "request", request.kind, request, request.tensors)
                 self._add(party, "reply", request.kind, request, reply.tensors)
