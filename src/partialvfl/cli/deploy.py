@@ -19,7 +19,8 @@ def add_commands(sub: Any) -> None:
 
     certs = sub.add_parser("certs", help="development certificates for a federation")
     csub = certs.add_subparsers(dest="certs_command", required=True)
-    init = csub.add_parser("init", help="make a development CA, one certificate per party and the HMAC key")
+    init = csub.add_parser("init", help="make a development CA, one certificate per party, the HMAC key and "
+                                        "configuration templates with the pins")
     init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key and hmac.key")
     init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
@@ -54,6 +55,7 @@ def run_party_serve(args: argparse.Namespace) -> int:
 def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.alignment import write_key
     from partialvfl.federation.certs import init_dev_pki
+    from partialvfl.federation.templates import write_templates
 
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
@@ -61,6 +63,11 @@ def run_certs_init(args: argparse.Namespace) -> int:
     print(f"development CA: {d / 'ca.pem'} (key {d / 'ca.key'}: keep it away from the parties)")
     for name, (cert, key) in made.items():
         print(f"  {name}: {cert}, {key}")
+    key_lines = ""
     if not args.no_hmac_key:
         print(f"HMAC key for ID hashing (give it to every party and the coordinator): {write_key(d / 'hmac.key')}")
+        key_lines = 'hmac_key_file = "hmac.key"\n'
+    written = write_templates(d, args.parties, args.coordinator, party_lines=key_lines, coordinator_lines=key_lines)
+    print(f"configuration templates with the pins (each party pins the coordinator's key, the coordinator each "
+          f"party's certificate): {', '.join(p.name for p in written)}")
     return 0

@@ -63,6 +63,7 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     ck = fit_checkpointer(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
+    fed.keep_sessions_with(ck.directory)  # a coordinator restarted with --resume proves it holds its sessions
     try:
         if args.party_timeout is not None:  # parties not up yet are waited for, too
             fed.rejoin(args.party_timeout)

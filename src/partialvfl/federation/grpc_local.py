@@ -27,6 +27,7 @@ import numpy as np
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.alignment import write_key
 from partialvfl.federation.certs import init_dev_pki
+from partialvfl.federation.pins import spki_sha256
 
 __all__ = ["LocalDeployment", "write_party_tables"]
 
@@ -114,6 +115,9 @@ class LocalDeployment:
         start_timeout: float = 60.0,
         policy: str | Mapping[str, Any] = "research",
         predict: Mapping[str, VerticalDataset] | None = None,
+        session_idle_seconds: float | None = None,
+        extra_cas: Sequence[str | Path] = (),
+        pins: bool = False,
     ) -> None:
         self.dir = Path(directory)
         self.data = data
@@ -131,11 +135,18 @@ class LocalDeployment:
         self.certs = self.dir / "certs"
         self.key_file = self.dir / "hmac.key"
         self.federation_file = self.dir / "federation.toml"
+        self.session_idle_seconds = session_idle_seconds
+        self.extra_cas = [Path(c) for c in extra_cas]  # other institutions' CAs in everyone's bundle
+        self.pins = pins  # parties pin the coordinator's key, the coordinator each party's certificate
         self._prepare()
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
+        self.ca_bundle = self.certs / "ca.pem"
+        if self.extra_cas:  # as the docs advise for several institutions: their CA certificates concatenated
+            self.ca_bundle = self.certs / "bundle.pem"
+            self.ca_bundle.write_bytes(b"".join(p.read_bytes() for p in [self.certs / "ca.pem", *self.extra_cas]))
         write_key(self.key_file)
         write_party_tables(self.data, self.dir / "data", extra=self.extra)
         for name, ds in self.predict.items():
@@ -164,20 +175,28 @@ state_dir = {_q(self.dir / "state" / name)}
 hmac_key_file = {_q(self.key_file)}
 allowed_peers = ["coordinator"]
 plugins = [{plugins}]
-
+{self._idle_line()}
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}
 id_column = "id"
 feature_shape = [{shape}]
 {self._predict_tables(k)}
 [tls]
-ca = {_q(self.certs / "ca.pem")}
+ca = {_q(self.ca_bundle)}
 cert = {_q(self.certs / f"{name}.pem")}
 key = {_q(self.certs / f"{name}.key")}
-{policy_table({"max_request_mb": self.max_message_mb, **_policy_dict(self.policy[k])})}"""
+{self._peers_table()}{policy_table({"max_request_mb": self.max_message_mb, **_policy_dict(self.policy[k])})}"""
         p = self.party_config_file(k)
         p.write_text(text)
         return p
+
+    def _idle_line(self) -> str:
+        return "" if self.session_idle_seconds is None else f"session_idle_seconds = {self.session_idle_seconds}\n"
+
+    def _peers_table(self) -> str:
+        if not self.pins:
+            return ""
+        return f'\n[peers.coordinator]\nspki_sha256 = "{spki_sha256((self.certs / "coordinator.pem").read_bytes())}"\n'
 
     def write_federation_file(self) -> Path:
         parts = [f"""[coordinator]
@@ -188,7 +207,7 @@ deadline_seconds = {self.deadline}
 max_message_mb = {self.max_message_mb}
 
 [tls]
-ca = {_q(self.certs / "ca.pem")}
+ca = {_q(self.ca_bundle)}
 cert = {_q(self.certs / "coordinator.pem")}
 key = {_q(self.certs / "coordinator.key")}
 
@@ -204,7 +223,7 @@ task = {_q(self.data.task.kind)}
 name = {_q(name)}
 address = "127.0.0.1:{self.ports.get(k, 0)}"
 identity = {_q(name)}
-""")
+""" + (f"certificate = {_q(self.certs / f'{name}.pem')}\n" if self.pins else ""))
         self.federation_file.write_text("".join(parts))
         return self.federation_file
 

@@ -90,6 +90,7 @@ class FalseVFLParty(PartyProgram):
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
                      TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II)],
+            gradients={"grad_loglik": 1, "grad_mask_loglik": 1},
             reply=[_wide("grad_h", ("S", "B", "d_h"), _SAMPLES), _wide("grad_h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                    _wide("grad_mean", ("B", "d_h"), _LEAN), _wide("grad_scale", ("B", "d_h"), _LEAN),
                    _wide("grad_mean_mis", ("M", "d_h"), _LEAN_II),
@@ -98,6 +99,7 @@ class FalseVFLParty(PartyProgram):
         "update": MessageSpec(
             request=[_wide("grad_mu", ("B", "d_h")), _wide("grad_logvar", ("B", "d_h")),
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
+            gradients=["grad_mu", "grad_logvar"],
             reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
             optional_meta=["data"], releases=["mu", "logvar"]),
     }
@@ -114,7 +116,8 @@ class FalseVFLParty(PartyProgram):
                         (d_h,), math.prod(shape), d_h)]
         if int(config["variant"]) == 2:
             nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
-        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape)
+        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape,
+                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])})
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -12,7 +12,7 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.nn.blocks import build_encoder, encoder_arch
@@ -39,9 +39,11 @@ class SplitParty(PartyProgram):
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
                              meta=["data"], optional_meta=["train"], role=INFERS, releases=["emb:{model}"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
+                                      gradients=["grad:{model}"]),
         "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"],
-                                learning_rates=["simsiam.lr"]),
+                                learning_rates=["simsiam.lr"], weight_decays=["simsiam.weight_decay"],
+                                momenta=["simsiam.momentum"]),
         "set_lr": MessageSpec(meta=["lr"], learning_rates=["lr"]),
     }
 
@@ -54,7 +56,7 @@ class SplitParty(PartyProgram):
         latent = int(config["latent_dim"])
         nets = tuple(Network(f"model {name!r}", family, hidden, shape, latent, latent,
                              resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
-        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
