@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -104,11 +105,15 @@ def test_requests_outside_the_policy_are_refused_and_the_party_keeps_its_program
         hssl.handle(Request("get_top", {}, {"aggregate": "top"}))  # ... but its weights are still not sent
 
 
-def _party_configs(name: str, dims: tuple[int, ...], **params: Any) -> list[dict[str, Any]]:
+def _party_configs(name: str, dims: tuple[int, ...], policy: PartyPolicy | None = None,
+                   **params: Any) -> list[dict[str, Any]]:
+    """The setup configs a fit would send parties of the default policy (or ``policy``), as they announce it."""
     m = get_method(name)("fast", seed=0, **params)
     m.index_ = IndexInfo(Task.classification([0, 1, 2]), tuple(f"p{k}" for k in range(len(dims))), dims,
                          tuple((d,) for d in dims), 0)
     m.params_ = m.resolve_params(None)
+    announced = [(policy or PartyPolicy.default()).announced()] * len(dims)
+    m._plan(SimpleNamespace(announced_policies=lambda: announced))
     return [m._party_config(k) for k in range(len(dims))]
 
 

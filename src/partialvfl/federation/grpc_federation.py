@@ -288,6 +288,9 @@ class GrpcFederation(Federation):
                 log.info("waiting for party %d (%s) to come back: %s", e.party, self.party_names[e.party], e.reason)
                 time.sleep(poll)
 
+    def announced_policies(self) -> list[dict[str, Any]]:
+        return [dict(self.party_info.get(k, {}).get("policy") or {}) for k in range(self.n_parties)]
+
     def _present(self) -> list[int]:
         return [k for k in range(self.n_parties) if k not in self.absent]
 

@@ -126,6 +126,7 @@ class PartyPolicy:
     max_peer_rpcs: int = 2
     max_peer_mb: float = 64.0
     allow_likelihood_release: bool = False
+    min_latent_scale: float | None = 0.0
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -139,7 +140,7 @@ class PartyPolicy:
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
                    allow_weight_sharing=True, seed="coordinator", max_setup_width_ratio=None, max_lr=None,
                    max_weight_decay=None, max_momentum=None, max_grad_norm=None, max_rewinds=None,
-                   allow_likelihood_release=True)
+                   allow_likelihood_release=True, min_latent_scale=None)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -249,7 +250,7 @@ class PartyPolicy:
                 or self.min_lr is not None or self.max_parameters is not None or not self.allow_weight_sharing
                 or self.max_setup_width_ratio is not None or self.max_lr is not None
                 or self.max_weight_decay is not None or self.max_momentum is not None
-                or not self.allow_likelihood_release)
+                or not self.allow_likelihood_release or bool(self.min_latent_scale))
 
     # ------------------------------------------------------------------ one rule each, over every network
     def _families(self, nets: Sequence[Network]) -> PolicyViolation | None:
@@ -319,6 +320,11 @@ class PartyPolicy:
                 self._bounded(v, f"{name} (momentum)", "max_momentum") for name, v in shape.momenta.items()]
 
     def _oracle(self, program: str, shape: SetupShape) -> PolicyViolation | None:
+        floor, least = shape.latent_scale_floor, self.min_latent_scale
+        if floor is not None and least is not None and floor < least:
+            return PolicyViolation("min_latent_scale", f"{program!r} would evaluate this party's likelihood at "
+                                   f"latents of scale {floor:g}, under this party's floor of {least:g}", floor,
+                                   {"min_latent_scale": floor})
         if not shape.likelihood_oracle or self.allow_likelihood_release:
             return None
         return PolicyViolation("allow_likelihood_release", f"{program!r} as configured would answer the likelihood "
@@ -402,7 +408,8 @@ class PartyPolicy:
         """What the party tells a coordinator in its ``hello`` so that an honest one can plan within the policy
         (e.g. whether a program may release likelihoods at latents it chooses); the party still checks every
         request against the whole policy."""
-        return {"allow_likelihood_release": self.allow_likelihood_release, "max_request_mb": self.max_request_mb}
+        return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
+                "max_request_mb": self.max_request_mb}
 
     def describe(self) -> str:
         """One line for the party's start-up log, saying which keys its file changed from the preset."""
@@ -418,7 +425,7 @@ class PartyPolicy:
 
 _INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs"}
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
-               "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb"}
+               "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale"}
 _BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 

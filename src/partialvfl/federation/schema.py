@@ -126,8 +126,10 @@ class TensorSpec:
         return None if m is None else m.groupdict()
 
     def applies(self, config: Mapping[str, Any]) -> bool:
-        """Whether the program's config admits this tensor (its ``when`` conditions hold)."""
-        return all(config.get(k) == v for k, v in self.when)  # type: ignore[misc]
+        """Whether the program's config admits this tensor (its ``when`` conditions hold; a tuple of values: any
+        of them)."""
+        return all(config.get(k) in v if isinstance(v, tuple) else config.get(k) == v
+                   for k, v in self.when)  # type: ignore[misc]
 
     def describe(self) -> str:
         shape = "any shape" if self.shape is None else f"shape ({', '.join(map(str, self.shape))})"
@@ -289,7 +291,7 @@ class _Exchange:
 
 
 def _when(s: TensorSpec) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in s.when)
+    return ", ".join(f"{k} in {list(v)!r}" if isinstance(v, tuple) else f"{k}={v!r}" for k, v in s.when)
 
 
 def _check_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> None:

@@ -71,6 +71,7 @@ class SetupShape:
     weight_decays: Mapping[str, float] = field(default_factory=dict)
     momenta: Mapping[str, float] = field(default_factory=dict)
     likelihood_oracle: bool = False
+    latent_scale_floor: float | None = None  # a program drawing its own latents: the smallest scale it evaluates
 
     @property
     def sent_width(self) -> int:

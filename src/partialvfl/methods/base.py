@@ -178,6 +178,10 @@ class VFLMethod(TypedParams, ABC):
         """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
+    def _plan(self, federation: Federation) -> None:  # noqa: B027 - optional
+        """Fix the parameters a method derives from what the parties announce (``federation.announced_policies()``;
+        e.g. a wire protocol within their policies), in ``params_``, before anything is set up."""
+
     def _build_coordinator(self) -> None:  # noqa: B027 - optional
         """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
 
@@ -258,6 +262,7 @@ class VFLMethod(TypedParams, ABC):
         self.federation_ = federation
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
+        self._plan(federation)
         self.data_info_ = dict(data_info or {})
         self.label_prior_ = _label_prior(view)
         self.history_ = []

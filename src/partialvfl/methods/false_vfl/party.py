@@ -31,7 +31,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
-from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise_generator, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.nn.optim import make_optimizer
@@ -41,8 +41,11 @@ from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 __all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "allowed_tensors", "as_rows"]
 
 _WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
-_LEAN, _SAMPLES = {"wire": "lean"}, {"wire": "samples"}
-_LEAN_II, _SAMPLES_II, _II = {"wire": "lean", "variant": 2}, {"wire": "samples", "variant": 2}, {"variant": 2}
+# the lean and bound wires carry the same tensors (posterior mean and scale, row positions)
+_LEAN, _SAMPLES = {"wire": ("lean", "bound")}, {"wire": "samples"}
+_LEAN_II, _SAMPLES_II = {"wire": ("lean", "bound"), "variant": 2}, {"wire": "samples", "variant": 2}
+_II = {"variant": 2}
+_FLOOR_SLACK = 0.01  # a scale at the floor may arrive rounded down by the wire dtype (bfloat16: 2^-8)
 
 
 def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
@@ -116,8 +119,11 @@ class FalseVFLParty(PartyProgram):
                         (d_h,), math.prod(shape), d_h)]
         if int(config["variant"]) == 2:
             nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
+        wire = str(config.get("wire", "lean"))
+        floor = float(config.get("latent_scale_floor", 0.0)) if wire == "bound" else None
         return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape,
-                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])})
+                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])},
+                          likelihood_oracle=wire != "bound", latent_scale_floor=floor)
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -126,6 +132,7 @@ class FalseVFLParty(PartyProgram):
         if self.wire not in WIRES:
             raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
+        self.latent_scale_floor = float(config.get("latent_scale_floor", 0.0))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
             self.net = _PartyModules(config)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
@@ -161,6 +168,35 @@ class FalseVFLParty(PartyProgram):
         """The batch's reparameterisation noise ``eps_h`` ``(S, batch, d_h)``, the same draw as the coordinator's."""
         gen = latent_noise_generator(int(meta["noise_seed"]))
         return self._draw(gen, (int(meta["samples"]), int(meta["batch"]), d_h))
+
+    def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
+        """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
+        names.  Lean: the batch's shared draw at the rows' positions.  Bound: each row's own draw, a hash of the
+        exact bytes of its mean and scale (:func:`~.formulas.bound_noise`), after checking that no two rows share a
+        position and every scale is at least this program's floor, so that the coordinator cannot aim a latent."""
+        t, meta = req.tensors, req.meta
+        suffixes = [sfx for sfx in ("", "_mis") if f"mean{sfx}" in t]
+        if self.wire == "lean":
+            eps = self.shared_noise(meta, d_h) if suffixes else None
+            return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
+        batch, samples = int(meta["batch"]), int(meta["samples"])
+        pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
+            raise ValueError(f"party {self.party}: bound decode: row positions must be distinct, in [0, {batch})")
+        out = {}
+        for sfx in suffixes:
+            mean, scale = t[f"mean{sfx}"], t[f"scale{sfx}"]
+            floor = self.latent_scale_floor * (1 - _FLOOR_SLACK)
+            if not bool(torch.isfinite(mean).all()) or not bool((scale.float() >= floor).all()):
+                raise ValueError(f"party {self.party}: bound decode: every mean must be finite and every scale at "
+                                 f"least {self.latent_scale_floor:g} (latent_scale_floor)")
+            out[sfx] = bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples)
+        return out
+
+    def release(self, reply: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every ``decode`` reply passes here before it leaves (in process and batched alike): the one place where
+        what the party releases per row (its log-likelihoods, II's mask terms) can be metered or noised."""
+        return reply
 
     def missing_noise_seed(self, meta: dict[str, Any]) -> int:
         """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
@@ -211,11 +247,11 @@ class FalseVFLParty(PartyProgram):
             leaves = {n: v.clone().requires_grad_() for n, v in leaves.items()}
         if self.wire == "samples":
             return leaves, leaves.get("h"), leaves.get("h_mis")
-        eps = self.shared_noise(req.meta, int(self.config["d_h"])) if leaves else None
+        eps = self.latent_noise(req, int(self.config["d_h"]))
         out = []
         for suffix in ("", "_mis"):
             mean = leaves.get(f"mean{suffix}")
-            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[:, t[f"pos{suffix}"]])
+            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[suffix])
         return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
@@ -244,6 +280,7 @@ class FalseVFLParty(PartyProgram):
                 if parts:
                     out["mask_loglik"] = torch.cat(parts, dim=1)
         self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
+        out = self.release(out)
         if "next_rows" in req.tensors:
             out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
         return Reply(out)

@@ -17,6 +17,7 @@ fusion) never traverse a node twice and nothing is retained.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import torch
 
 from partialvfl.federation.messages import Request
 from partialvfl.methods.false_vfl.formulas import (
+    bound_noise,
     fuse_posteriors,
     latent_log_weights,
     latent_noise_generator,
@@ -121,6 +123,9 @@ def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Te
         stacked.append(full.view(n_parties, b, d_h))
     st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], torch.as_tensor(st.avail.T),
                                              method.settings_.fusion)
+    floor = method.settings_.latent_scale_floor
+    if method.settings_.wire == "bound" and floor > 0:  # the parties evaluate no latent of a narrower posterior
+        st.logvar_h = st.logvar_h.clamp(min=2 * math.log(floor))
     if train:
         st.mean_leaf = st.mean_h.detach().requires_grad_()
         st.logvar_leaf = st.logvar_h.detach().requires_grad_()
@@ -153,7 +158,10 @@ def forward_rounds(method: Any, view: CoordinatorView, handle: str, rows: np.nda
     gen = latent_noise_generator(noise_seed)
     st.eps = method._draw(gen, (n_samples, b, d_h))
     eps_z = method._draw(gen, (n_samples, b, d_z))
-    if wire == "lean" and dtype != torch.float32:
+    if wire == "bound":  # each row's noise: a hash of the mean and scale it is sent with (the parties' own draw)
+        st.eps = bound_noise(noise_seed, torch.arange(b), st.mean_leaf.detach().to(dtype),
+                             torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype), n_samples)
+    if wire != "samples" and dtype != torch.float32:
         mean = _straight_through(st.mean_leaf, dtype)
         st.h = mean + _straight_through(torch.exp(0.5 * st.logvar_leaf), dtype) * st.eps
     else:
