@@ -113,11 +113,13 @@ class PartyTable:
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
-    def __init__(self, cfg: PartyConfig, key: bytes) -> None:
+    def __init__(self, cfg: PartyConfig, key: bytes, *, training: bool = True) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
         if not cfg.data_path.is_file():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
         df, _ = read_table(where, cfg.data_path, cfg.id_column)
+        if not len(df) and training:
+            raise ValueError(f"{where}: the training table {cfg.data_path} has no rows")
         ids, _ = table_ids(where, df, cfg.id_column)
         cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
                                exclude=cfg.exclude_columns)
@@ -169,7 +171,7 @@ class PartyServer:
         """A prediction table, read like the training table; its feature columns must be the training table's."""
         cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
                                   feature_columns=self.table.feature_names)
-        table = PartyTable(cfg, key)
+        table = PartyTable(cfg, key, training=False)  # a party may hold none of the users to predict
         if table.feature_shape != self.table.feature_shape:
             raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "
                              f"{table.feature_shape}, the training table {self.table.feature_shape}")
