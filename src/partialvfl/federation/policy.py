@@ -117,7 +117,7 @@ class PartyPolicy:
     max_request_mb: float = 64.0
     allow_weight_sharing: bool = False
     seed: str | int = "secret"
-    max_setup_width_ratio: float | None = 4.0
+    max_setup_width_ratio: float | None = None  # None: twice max_width_ratio
     max_lr: float | None = 1.0
     max_weight_decay: float | None = 0.01
     max_momentum: float | None = 0.99
@@ -248,7 +248,7 @@ class PartyPolicy:
     def _bounds_architecture(self) -> bool:
         return (self.encoders is not None or self.min_hidden_layers > 0 or self.max_width_ratio is not None
                 or self.min_lr is not None or self.max_parameters is not None or not self.allow_weight_sharing
-                or self.max_setup_width_ratio is not None or self.max_lr is not None
+                or self.setup_width_ratio is not None or self.max_lr is not None
                 or self.max_weight_decay is not None or self.max_momentum is not None
                 or not self.allow_likelihood_release or bool(self.min_latent_scale))
 
@@ -285,12 +285,20 @@ class PartyPolicy:
                                f"from {d} features: more than {ratio:g} x {d}", net.sent_width,
                                {"max_width_ratio": _ceil_ratio(int(net.sent_width or 0), d)})
 
+    @property
+    def setup_width_ratio(self) -> float | None:
+        """The cap on a whole setup's values per row: ``max_setup_width_ratio``, or twice ``max_width_ratio``."""
+        if self.max_setup_width_ratio is not None:
+            return self.max_setup_width_ratio
+        return None if self.max_width_ratio is None else 2 * self.max_width_ratio
+
     def _setup_width(self, program: str, shape: SetupShape, d: int | None) -> PolicyViolation | None:
-        """The values per row of every network of the setup together (16 models of 2d are 32d values per row)."""
-        ratio, sent = self.max_setup_width_ratio, shape.sent_width
-        if ratio is None or not d or sent <= ratio * d:
-            return None
+        """The values per row of a setup's networks together (16 models of 2d are 32d values per row); a setup of
+        one sending network is bounded by ``max_width_ratio`` alone."""
+        ratio, sent = self.setup_width_ratio, shape.sent_width
         crossing = [n for n in shape.networks if n.sent_width]
+        if ratio is None or not d or len(crossing) < 2 or sent <= ratio * d:
+            return None
         return PolicyViolation("max_setup_width_ratio", f"the {program!r} setup's {len(crossing)} network(s) would "
                                f"send {sent} values per row together, computed from {d} features: more than "
                                f"{ratio:g} x {d}", sent, {"max_setup_width_ratio": _ceil_ratio(sent, d)})

@@ -14,6 +14,7 @@ coordinator's (a JSON file, readable by its owner only, written atomically).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import math
@@ -127,6 +128,7 @@ class SessionSecrets:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self.secrets: dict[str, str] = {}
+        self._made: list[Path] = []  # folders this store created (removed again, if empty, once the sessions end)
         if self.path is not None and self.path.is_file():
             try:
                 raw = json.loads(self.path.read_text())
@@ -151,10 +153,16 @@ class SessionSecrets:
         self.secrets.clear()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+        for d in reversed(self._made):  # a fit that stopped before anything was written leaves no folder behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        self._made.clear()
 
     def _write(self) -> None:
         if self.path is None:
             return
+        missing = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]
+        self._made.extend(reversed(missing))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
