@@ -5,13 +5,19 @@ users to predict) and nothing else, keeps one :class:`~partialvfl.federation.par
 forward state lives between the calls of a step), and answers the coordinator over mutual TLS.  Before a request
 reaches the runtime the server checks, in order:
 
-1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``; this is
-   checked when the call starts, *before* the request body is read (gRPC itself refuses bodies over the size limit
-   with ``RESOURCE_EXHAUSTED``, and at most ``max_concurrent_rpcs`` calls are served at once);
-2. the bytes are a well-formed frame of allowed dtypes -> else ``INVALID_ARGUMENT``;
-3. the message belongs to the current coordinator session, its sequence number is new, its step is not older
-   than the last one and its ``(step, round, kind)`` was not served yet -> else ``FAILED_PRECONDITION`` (stale)
-   or ``ALREADY_EXISTS`` (replay); a ``hello`` changes the session only once it passed every check;
+1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``, and its
+   certificate is the one the party pins for that name (``[peers.NAME]``: key fingerprint or CA,
+   :mod:`partialvfl.federation.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
+   the request body is read;
+2. the peer's bounds (:mod:`partialvfl.federation.grpc_limits`): calls in flight, the request's length (its header
+   states it; gRPC refuses any wire message over a chunk), request bytes held -> else ``RESOURCE_EXHAUSTED``; the
+   request is read into one buffer its tensors use in place, and it is a well-formed frame of allowed dtypes -> else
+   ``INVALID_ARGUMENT``;
+3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.sessions`: a ``hello``
+   while another session is live is refused, ``ABORTED``, unless it carries that session's secret), its sequence
+   number is new, its step is not older than the last one and its ``(step, round, kind)`` was not served yet ->
+   else ``FAILED_PRECONDITION`` (stale), ``ABORTED`` (another session's) or ``ALREADY_EXISTS`` (replay); a ``hello``
+   changes the session only once it passed every check;
 4. the party's policy (:mod:`partialvfl.federation.policy`) admits it: the program and its architecture at
    ``setup``, learning rates, weight sharing, the number of data sets held, and that rows of a prediction table
    are only predicted -> else ``PERMISSION_DENIED`` naming the rule;
@@ -26,8 +32,8 @@ unless the policy allows weight sharing.  Every request, served or refused, is w
 (:mod:`partialvfl.federation.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows of a table at
-the given positions of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved
+(open a coordinator session), ``bye`` (end it), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the
+rows of a table at the given positions of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved
 inside the party's own state directory: a party's model state stays on its own disk.
 """
 
