@@ -33,8 +33,8 @@ unless the policy allows weight sharing.  Every request, served or refused, is w
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
 (open a coordinator session), ``bye`` (end it), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the
-rows of a table at the given positions of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved
-inside the party's own state directory: a party's model state stays on its own disk.
+rows of a table at the given positions of the shared order under a handle), ``release``.  ``save``/``load``
+directories are resolved inside the party's own state directory: a party's model state stays on its own disk.
 """
 
 from __future__ import annotations
