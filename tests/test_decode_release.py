@@ -127,3 +127,27 @@ def test_a_fit_under_the_default_policy_uses_the_bound_wire_and_predicts() -> No
     assert proba.shape == (80, 2) and np.allclose(proba.sum(1), 1.0)
     research = get_method("false-vfl-1")("fast", seed=0, **params).fit(train)
     assert research.params_["wire"] == "lean"  # the simulation's research policy releases likelihoods
+
+
+def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(tmp_path) -> None:  # noqa: ANN001
+    """Over gRPC: the parties announce their policy in their hello; wire = auto picks the bound wire at the largest
+    floor they ask for, and the fit and its predictions go through every party's checks."""
+    from partialvfl.federation.grpc_local import LocalDeployment
+    from test_contract import TINY, make_data
+
+    train = make_data(48, seed=0, prefix="tr")
+    narrow = {"seed": 3, "max_width_ratio": 4}  # 2-4 columns per party: wide enough for d_h = 4
+    with LocalDeployment(tmp_path, train, deadline=300.0, start_timeout=600.0,
+                         policy={**narrow, "min_latent_scale": 0.05}) as dep:
+        dep.policy[2] = {**narrow, "min_latent_scale": 0.1}  # one party asks for a higher floor
+        dep.start()
+        fed = dep.federation()
+        try:
+            assert fed.announced_policies()[0] == {"allow_likelihood_release": False, "min_latent_scale": 0.05,
+                                                   "max_request_mb": 64.0}
+            model = get_method("false-vfl-1")("fast", seed=0, **TINY["false-vfl-1"]).fit(train, federation=fed)
+            assert model.params_["wire"] == "bound" and model.params_["latent_scale_floor"] == 0.1
+            proba = model.predict_proba(train)
+        finally:
+            fed.close()
+    assert np.allclose(proba.sum(1), 1.0)
