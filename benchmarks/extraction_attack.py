@@ -55,8 +55,9 @@ def plan(d: int, widths: list[int]) -> list[tuple[str, dict[str, Any]]]:
     steps += [("probes", {"width": 1, "probes": 4}), ("freeze", {"width": 1})]
     steps += [("known-rows", {"width": 2, "n_known": k}) for k in (5, 10, d + 1, 4 * d)]
     steps += [("known-rows", {"width": 2, "n_known": d + 1, "probes": 4})]
-    steps += [("decode", {"wire": "lean"}), ("decode", {"wire": "samples"}),
-              ("decode-bound", {"centre": 0.0}), ("decode-bound", {"centre": 5.0})]
+    steps += [("decode", {"wire": "lean"}), ("decode", {"wire": "lean", "n_known": 0}),
+              ("decode", {"wire": "samples"}), ("decode-bound", {"centre": 0.0}),
+              ("decode-bound", {"centre": 0.0, "n_known": 0}), ("decode-bound", {"centre": 5.0})]
     steps += [("known-rows", {"width": 2, "n_known": 25}), ("width", {"models": 16, "n_known": 25})]
     steps += [("gradient-scale", {}), ("weight-decay", {}), ("rewind", {})]
     return steps

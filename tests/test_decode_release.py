@@ -29,7 +29,7 @@ def config(**change: Any) -> dict[str, Any]:
     cfg = {"feature_dim": D, "feature_shape": [D], "d_h": D_H, "encoder": "mlp", "decoder": "mlp",
            "encoder_hidden": [8], "decoder_hidden": [8], "mask_hidden": [8], "resnet_width": 64, "pretrain_lr": 1e-3,
            "pretrain_weight_decay": 0.0, "encoder_logvar_range": [-8, 6], "decoder_logvar_range": [-5, 3],
-           "variant": 1, "wire": "bound", "wire_dtype": "float32", "latent_scale_floor": 0.1}
+           "variant": 1, "wire": "bound", "wire_dtype": "float32", "latent_scale_floor": 0.3}
     cfg.update(change)
     return cfg
 
@@ -70,16 +70,16 @@ def test_the_default_policy_refuses_latents_the_coordinator_chooses_freely(wire:
 def test_a_bound_decode_refuses_shared_positions_and_scales_under_the_floor() -> None:
     rt, rows = party(PartyPolicy.default())
     n = len(rows)
-    ok = decode(rt, rows, torch.zeros(n, D_H), torch.full((n, D_H), 0.1), torch.arange(n))
+    ok = decode(rt, rows, torch.zeros(n, D_H), torch.full((n, D_H), 0.3), torch.arange(n))
     assert ok.tensors["loglik"].shape == (3, n)
     for mean, scale, pos, says in (
             (torch.zeros(n, D_H), torch.ones(n, D_H), torch.zeros(n, dtype=torch.int64), "must be distinct"),
-            (torch.zeros(n, D_H), torch.full((n, D_H), 0.05), torch.arange(n), "at least 0.1"),
+            (torch.zeros(n, D_H), torch.full((n, D_H), 0.2), torch.arange(n), "at least 0.3"),
             (torch.full((n, D_H), float("nan")), torch.ones(n, D_H), torch.arange(n), "must be finite")):
         with pytest.raises(ValueError, match=says):
             decode(rt, rows, mean, scale, pos)
-    with pytest.raises(PolicyViolation, match="under this party's floor of 0.2"):  # its policy's own floor
-        party(PartyPolicy.from_table({"min_latent_scale": 0.2}))
+    with pytest.raises(PolicyViolation, match="scale 0.1, under this party's floor of 0.3"):  # the policy's floor
+        party(PartyPolicy.default(), latent_scale_floor=0.1)
 
 
 def test_bound_noise_is_fixed_by_the_exact_mean_and_scale_and_differs_between_rows() -> None:

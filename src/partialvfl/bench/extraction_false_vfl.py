@@ -51,6 +51,21 @@ def _known(n: int, n_known: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return known, np.setdiff1d(np.arange(n), known)
 
 
+def _recover(features: np.ndarray, x: np.ndarray, n_known: int, seed: int) -> np.ndarray:
+    """Per-feature error of the rows from ``features``: with ``n_known`` known rows, ridge regression scored on the
+    others; with none, the best affine map over every row (what ``features`` determine up to an affine map: a bound
+    on any linear decoding, the issue's "X up to an affine map")."""
+    if n_known:
+        known, unknown = _known(len(x), n_known, seed)
+        return relative_rmse(x, ridge(features, x, known, EXACT_ALPHAS), unknown)
+    design = np.c_[features, np.ones(len(features))]
+    return relative_rmse(x, design @ np.linalg.lstsq(design, x, rcond=None)[0])
+
+
+def _rows_known(n_known: int) -> str:
+    return f"{n_known} known rows" if n_known else "no known row (best affine map)"
+
+
 def _decode(ex: Extractor, tensors: dict[str, torch.Tensor], **meta: Any) -> np.ndarray:
     """``encode`` every row, then ``decode`` them: the log-likelihoods ``(S, n)``."""
     ex._call("encode", {"rows": torch.arange(ex.n)}, data="probe")
@@ -61,7 +76,7 @@ def _decode(ex: Extractor, tensors: dict[str, torch.Tensor], **meta: Any) -> np.
 
 def attack_decode(ex: Extractor, x: np.ndarray, *, wire: str = "lean", n_known: int = 25, latents: int = 64,
                   seed: int = 1234, **opts: Any) -> AttackOutcome:
-    name = f"decode, {wire} wire: the same {latents} latents for every row, {n_known} known rows"
+    name = f"decode, {wire} wire: the same {latents} latents for every row, {_rows_known(n_known)}"
     try:
         ex._call("setup", program=PROGRAM, config=false_vfl_config(ex.d, wire), seed=seed)
     except PartyError as e:
@@ -74,10 +89,9 @@ def attack_decode(ex: Extractor, x: np.ndarray, *, wire: str = "lean", n_known: 
     else:
         ll = _decode(ex, {"mean": torch.zeros(n, d_h), "scale": torch.ones(n, d_h),
                           "pos": torch.zeros(n, dtype=torch.int64)}, noise_seed=seed, batch=1, samples=latents)
-    known, unknown = _known(n, n_known, seed)
     differences = (ll[1:] - ll[0]).T  # x . a_s + c_s: linear in the row
     return AttackOutcome(name, [], f"{wire} wire, {latents} latents, one call",
-                         relative_rmse(x, ridge(differences, x, known, EXACT_ALPHAS), unknown))
+                         _recover(differences, x, n_known, seed))
 
 
 def attack_decode_bound(ex: Extractor, x: np.ndarray, *, n_known: int = 25, calls: int = 20, samples: int = 16,
@@ -98,10 +112,9 @@ def attack_decode_bound(ex: Extractor, x: np.ndarray, *, n_known: int = 25, call
     y, dl = np.concatenate(ys), np.concatenate(offsets)  # (S * calls, n), (S * calls, n, d_h)
     y, dl = y - y.mean(0), dl - dl.mean(0)
     slopes = np.stack([np.linalg.lstsq(dl[:, i], y[:, i], rcond=None)[0] for i in range(n)])
-    known, unknown = _known(n, n_known, seed)
     accepted = f"bound wire at the floor scale {floor:g}, centre {centre:g}, {calls} calls of {samples} latents"
-    return AttackOutcome(f"decode, bound wire (latents around one centre), {n_known} known rows", [], accepted,
-                         relative_rmse(x, ridge(slopes, x, known, EXACT_ALPHAS), unknown))
+    return AttackOutcome(f"decode, bound wire (latents around centre {centre:g}), {_rows_known(n_known)}", [],
+                         accepted, _recover(slopes, x, n_known, seed))
 
 
 ATTACKS = {"decode": attack_decode, "decode-bound": attack_decode_bound}

@@ -126,7 +126,7 @@ class PartyPolicy:
     max_peer_rpcs: int = 2
     max_peer_mb: float = 64.0
     allow_likelihood_release: bool = False
-    min_latent_scale: float | None = 0.0
+    min_latent_scale: float | None = 0.3
 
     @classmethod
     def default(cls) -> PartyPolicy:
