@@ -53,13 +53,13 @@ def _watch_gradients() -> None:
     party_module.clip_gradient_rows = watched  # type: ignore[assignment]
 
 
-def fit(name: str, train: Any, policy: PartyPolicy | None, params: dict[str, Any]) -> Any:
+def fit(name: str, train: Any, policy: PartyPolicy | None, params: dict[str, Any], seed: int = 0) -> Any:
     fed = LocalFederation.for_dataset(train)
     if policy is not None:
         for rt in fed.runtimes:
             rt.policy = policy
     GRADIENTS.update(max=0.0, clipped=0.0)
-    return get_method(name)("fast", seed=0, **params).fit(train, federation=fed)
+    return get_method(name)("fast", seed=seed, **params).fit(train, federation=fed)
 
 
 def accuracy(model: Any, test: Any) -> float:
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(method_names()))
     ap.add_argument("--floors", default="", help="FALSE-VFL only: also fit under the default policy with these "
                     "[policy] min_latent_scale values (comma-separated)")
+    ap.add_argument("--seeds", default="0", help="method seeds (comma-separated); the data split is seed 0")
+    ap.add_argument("--no-default", action="store_true", help="only the research policy and the --floors")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -83,28 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.methods.split(","):
         settings: list[tuple[str, PartyPolicy | None, dict[str, Any]]] = [("research", None, {})]
         default = {"seed": "coordinator", "allow_weight_sharing": name == "fedhssl"}
-        settings.append(("default", PartyPolicy.from_table(default), WITHIN_DEFAULT.get(name, {})))
+        if not args.no_default:
+            settings.append(("default", PartyPolicy.from_table(default), WITHIN_DEFAULT.get(name, {})))
         if name.startswith("false-vfl"):
             for floor in [float(f) for f in args.floors.split(",") if f]:
                 settings.append((f"default, min_latent_scale {floor:g}",
                                  PartyPolicy.from_table({**default, "min_latent_scale": floor}), {}))
-        for label, policy, params in settings:
+        for (label, policy, params), seed in [(s, int(v)) for s in settings for v in args.seeds.split(",")]:
             t0 = time.perf_counter()
-            model = fit(name, train, policy, params)
-            row = {"method": name, "policy": label, "params": params, "acc_mcar0": accuracy(model, test),
+            model = fit(name, train, policy, params, seed)
+            row = {"method": name, "policy": label, "seed": seed, "params": params, "acc_mcar0": accuracy(model, test),
                    "acc_mcar05": accuracy(model, test_half), "max_grad_row_norm": GRADIENTS["max"],
                    "clipped_rows": int(GRADIENTS["clipped"]), "seconds": time.perf_counter() - t0}
             if name.startswith("false-vfl"):
                 row["wire"] = model.params_["wire"]
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print("| method | policy | changed for the default policy | accuracy MCAR 0 | MCAR 0.5 | largest gradient row "
-          "| rows clipped |")
-    print("|---|---|---|---|---|---|---|")
+    print("| method | policy | seed | changed for the default policy | accuracy MCAR 0 | MCAR 0.5 | largest gradient "
+          "row | rows clipped |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         change = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or (f"wire {r['wire']}" if "wire" in r else "-")
-        print(f"| {r['method']} | {r['policy']} | {change} | {r['acc_mcar0']:.3f} | {r['acc_mcar05']:.3f} | "
-              f"{r['max_grad_row_norm']:.3g} | {r['clipped_rows']} |")
+        print(f"| {r['method']} | {r['policy']} | {r['seed']} | {change} | {r['acc_mcar0']:.3f} | "
+              f"{r['acc_mcar05']:.3f} | {r['max_grad_row_norm']:.3g} | {r['clipped_rows']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
