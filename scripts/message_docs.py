@@ -11,6 +11,7 @@ from pathlib import Path
 
 from partialvfl.federation.grpc_party import SERVER_MESSAGES
 from partialvfl.federation.party import PROGRAMS, RUNTIME_MESSAGES
+from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.schema import messages_markdown
 from partialvfl.methods.registry import METHODS, load_all
 
@@ -31,6 +32,8 @@ def render() -> str:
                      "the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES, False))
     sections.append(("Built-in kinds of the gRPC party server", "`partialvfl.federation.grpc_party.SERVER_MESSAGES`.",
                      SERVER_MESSAGES, False))
+    sections.append(("Alignment kinds of the gRPC party server", "`partialvfl.federation.psu.PSU_MESSAGES` (the "
+                     "keyless alignment, the default; docs/deployment.md, \"Alignment\").", PSU_MESSAGES, False))
     return messages_markdown(sections)
 
 

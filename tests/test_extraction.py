@@ -28,6 +28,7 @@ from partialvfl.data.sources import load_source
 from partialvfl.federation.grpc_local import LocalDeployment
 
 ROWS = 600
+IDS = [f"u{i:04d}" for i in range(ROWS)]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def block() -> np.ndarray:
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory, block):  # noqa: ANN001, ANN201
     n = len(block)
-    data = VerticalDataset([block.copy(), block.copy()], np.ones((n, 2), bool), ids=[f"u{i:04d}" for i in range(n)],
+    data = VerticalDataset([block.copy(), block.copy()], np.ones((n, 2), bool), ids=IDS,
                            y=np.arange(n) % 2, task=Task.classification([0, 1]), active_party=0,
                            party_names=["research", "deployed"])
     d = LocalDeployment(tmp_path_factory.mktemp("extraction"), data, deadline=600.0, start_timeout=600.0)
@@ -57,14 +58,14 @@ PLAN = [("seed", {"width": 1}), ("seed", {"width": 4}), ("seed", {"width": 4, "m
 
 def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordinators_seed(dep, block) -> None:
     torch.set_num_threads(1)
-    [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1])
+    [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1], IDS)
     assert linear.refusals == [] and linear.accepted.startswith("mlp hidden [] -> 16, lr 0")
     assert linear.rmse_std.max() < 1e-3, linear.row()
 
 
 def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
-    outcomes = run_attacks(dep.federation_file, 1, block, PLAN)
+    outcomes = run_attacks(dep.federation_file, 1, block, PLAN, IDS)
     for o in outcomes:
         assert o.median >= 0.9, o.row()
         assert any("policy rule 'min_lr'" in r for r in o.refusals), o.row()  # lr 0 is refused
@@ -75,7 +76,7 @@ def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:
 
 def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
-    [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})])
+    [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})], IDS)
     assert known.accepted.endswith("-> 32, lr 1e-06"), known.row()  # the widest output the policy allows
     assert known.median >= 0.5, known.row()
 
@@ -88,9 +89,9 @@ def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the
     the near-constant pixel columns 25 random rows barely cover: measured 0.004-0.01); the deployed party refuses
     the setup (allow_likelihood_release) and the attack falls back to the bound wire at the party's floor."""
     torch.set_num_threads(1)
-    [free] = run_attacks(dep.federation_file, 0, block, [("decode", {"wire": wire})])
+    [free] = run_attacks(dep.federation_file, 0, block, [("decode", {"wire": wire})], IDS)
     assert free.refusals == [] and free.median < 0.05, free.row()
-    [bound] = run_attacks(dep.federation_file, 1, block, [("decode", {"wire": wire})])
+    [bound] = run_attacks(dep.federation_file, 1, block, [("decode", {"wire": wire})], IDS)
     assert "policy rule 'allow_likelihood_release'" in bound.refusals[0], bound.row()
     assert bound.accepted.startswith("bound wire at the floor scale"), bound.row()
     assert bound.median > 10 * free.median, bound.row()
@@ -98,9 +99,9 @@ def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the
 
 def test_sixteen_models_in_one_setup_are_refused_by_the_setup_width_cap(dep, block) -> None:
     torch.set_num_threads(1)
-    [wide] = run_attacks(dep.federation_file, 0, block, [("width", {})])
+    [wide] = run_attacks(dep.federation_file, 0, block, [("width", {})], IDS)
     assert wide.refusals == [] and wide.accepted.startswith("16 x"), wide.row()
-    [capped] = run_attacks(dep.federation_file, 1, block, [("width", {})])
+    [capped] = run_attacks(dep.federation_file, 1, block, [("width", {})], IDS)
     assert "policy rule 'max_setup_width_ratio'" in capped.refusals[0], capped.row()
     assert "would send 512 values per row together, computed from 16 features" in capped.refusals[0]
     assert capped.accepted.startswith("2 x"), capped.row()  # 2 models of 2d: 64 values, 4 x 16
@@ -109,9 +110,9 @@ def test_sixteen_models_in_one_setup_are_refused_by_the_setup_width_cap(dep, blo
 def test_gradient_scaling_weight_decay_and_rewinds_are_bounded_by_the_default_policy(dep, block) -> None:
     torch.set_num_threads(1)
     plan = [("gradient-scale", {}), ("weight-decay", {}), ("rewind", {})]
-    scaled, decayed, rewound = run_attacks(dep.federation_file, 0, block, plan)  # research: positive controls
+    scaled, decayed, rewound = run_attacks(dep.federation_file, 0, block, plan, IDS)  # research: positive controls
     assert scaled.median > 1e3 and decayed.median < 1e-6 and rewound.median == 10, (scaled.row(), decayed.row())
-    scaled, decayed, rewound = run_attacks(dep.federation_file, 1, block, plan)
+    scaled, decayed, rewound = run_attacks(dep.federation_file, 1, block, plan, IDS)
     assert scaled.median < 1.0, scaled.row()  # gradient rows clipped to max_grad_norm = 100
     assert "policy rule 'max_weight_decay'" in decayed.refusals[0] and decayed.median > 0.9, decayed.row()
     assert rewound.median == 3 and "policy rule 'max_rewinds'" in rewound.refusals[0], rewound.row()

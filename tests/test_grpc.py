@@ -57,6 +57,7 @@ from partialvfl.federation.grpc_transport import (
     decode_request,
     encode_request,
 )
+from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.methods.base import METHODS, VFLMethod, register_method
 from partialvfl.methods.training import Stage
@@ -465,7 +466,8 @@ def test_federated_training_matches_in_process_and_leaks_nothing(deployment, dat
         assert find_raw_feature_leaks(log, data) == []
         crossing = log.crossing()
         assert crossing and {e.kind for e in crossing} >= {"forward", "backward"}
-        allowed = tensor_names(ToySplitParty, kinds=["forward", "backward", "weights"]) | tensor_names(SERVER_MESSAGES)
+        allowed = (tensor_names(ToySplitParty, kinds=["forward", "backward", "weights"])
+                   | tensor_names(SERVER_MESSAGES) | tensor_names(PSU_MESSAGES))
         assert {n for e in crossing for n in e.names} <= allowed
         fed.transport.new_step()
         fed.call(0, "leak", data="train")  # a positive control: the audit sees a raw row when one crosses
@@ -485,11 +487,11 @@ def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:  # noq
     fed = _fed(deployment)
     try:
         view, handle = fed.align(handle="aligned")
-        key = load_key(deployment.key_file)
-        # every sample some party holds or that carries a label is in the union, in hash order
+        # every sample some party holds or that carries a label is in the union, in token order; the coordinator
+        # finds its own IDs there only through the keyed parties' online lookup
         known = data.observed.any(axis=1) | data.labeled
         assert view.n_samples == int(known.sum())
-        pos = positions_in(_unhex(view.ids), hash_ids(data.ids[known], key))
+        pos = positions_in(_unhex(view.ids), fed.id_tokens(data.ids[known]))
         assert (pos >= 0).all()
         np.testing.assert_array_equal(view.observed[pos], data.observed[known])
         np.testing.assert_array_equal(view.labeled[pos], data.labeled[known])
@@ -839,7 +841,8 @@ def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "shop" in sans.get_values_for_type(x509.DNSName)
     assert (tmp_path / "coordinator.key").stat().st_mode & 0o077 == 0
-    assert len(load_key(tmp_path / "hmac.key")) == 32
+    assert len(load_key(tmp_path / "alignment.key")) == 32 and not (tmp_path / "hmac.key").exists()
+    assert (tmp_path / "alignment.key").stat().st_mode & 0o077 == 0
 
 
 def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:  # noqa: ANN001

@@ -152,7 +152,10 @@ def test_certs_init_writes_templates_with_the_pins(tmp_path) -> None:  # noqa: A
     assert cfg.tls.cert == tmp_path / "bank.pem" and cfg.allowed_peers == ("coordinator",)
     fed = load_federation_config(tmp_path / "federation.toml")
     assert [(p.name, p.pin) for p in fed.parties] == [("bank", tmp_path / "bank.pem"), ("shop", tmp_path / "shop.pem")]
-    assert fed.hmac_key_file == tmp_path / "hmac.key"
+    assert fed.alignment == "psu" and fed.hmac_key_file is None  # the keyless alignment: shop holds the labels
+    assert cfg.alignment_key_file == tmp_path / "alignment.key"
+    (tmp_path / "shop.csv").write_text("id,a\n1,2\n")
+    assert load_party_config(tmp_path / "shop.party.toml").alignment_key_file is None
 
 
 # ---------------------------------------------------------------------- a hello cannot end a fit

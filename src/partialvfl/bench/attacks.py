@@ -20,10 +20,11 @@ __all__ = ["ATTACKS", "run_attacks"]
 ATTACKS = {**extraction.ATTACKS, **extraction_false_vfl.ATTACKS, **extraction_tricks.ATTACKS}
 
 
-def run_attacks(federation_file: Any, party: int, x: np.ndarray, plan: Sequence[tuple[str, dict[str, Any]]]
-                ) -> list[AttackOutcome]:
-    """Run ``plan`` (attack name, options) against ``party`` whose rows, in its table's order, are ``x``."""
-    ex = Extractor(federation_file, party)
+def run_attacks(federation_file: Any, party: int, x: np.ndarray, plan: Sequence[tuple[str, dict[str, Any]]],
+                ids: Sequence[Any] | None = None) -> list[AttackOutcome]:
+    """Run ``plan`` (attack name, options) against ``party`` whose rows are ``x``, with IDs ``ids`` (``x``'s order;
+    without them ``x`` must be in the order of the party's ID tokens, as under HMAC alignment)."""
+    ex = Extractor(federation_file, party, ids)
     try:
         if ex.n != len(x) or ex.d != x.shape[1]:
             raise ValueError(f"party {party} holds {ex.n} x {ex.d} features, the reference {x.shape}")

@@ -84,13 +84,18 @@ def describe_config(cfg: dict[str, Any]) -> str:
 
 
 class Extractor:
-    """An attacking coordinator against party ``party`` of a federation (it holds the federation's certificate)."""
+    """An attacking coordinator against party ``party`` of a federation (it holds the federation's certificate).
 
-    def __init__(self, federation_file: Any, party: int) -> None:
+    ``ids``: the users the attacker knows, in the order it wants the party's rows in (the evaluator passes the
+    table's IDs so that a reconstruction lines up with the true rows).  Under keyless alignment the party's tokens
+    arrive sorted, not in table order; the attacker looks its IDs up (one lookup per ID, which the keyed parties log
+    and cap with ``max_lookups``).  Without ``ids`` the rows come in the order of the party's tokens."""
+
+    def __init__(self, federation_file: Any, party: int, ids: Sequence[Any] | None = None) -> None:
         self.fed = GrpcFederation.from_config(federation_file)
         self.party = party
         self.d = int(self.fed.party_info[party]["feature_dim"])
-        hashes = self.fed.party_hashes()[party]
+        hashes = self.fed.party_hashes()[party] if ids is None else self.fed.id_tokens(ids)
         assert hashes is not None
         self.n = len(hashes)
         self._call("attach", {"hashes": torch.from_numpy(hashes.copy()), "rows": torch.arange(self.n)},

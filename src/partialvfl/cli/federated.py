@@ -64,6 +64,9 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     ck = fit_checkpointer(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
     fed.keep_sessions_with(ck.directory)  # a coordinator restarted with --resume proves it holds its sessions
+    # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed or
+    # repeated, gets the same tokens, so the same sample order and the same model
+    fed.alignment_id = f"fit seed {method.seed}"
     try:
         if args.party_timeout is not None:  # parties not up yet are waited for, too
             fed.rejoin(args.party_timeout)
@@ -104,7 +107,8 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
                         f"{view.observed.sum(axis=0).tolist()}", verbose and attempt == 0)
             labels = fed.config.labels if fed.config is not None else None
             info = {"federation": str(args.federation), "n_samples": view.n_samples,
-                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column}
+                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column,
+                    "alignment": {"mode": fed.alignment_mode, "salt": getattr(fed.aligner, "salt", None)}}
             with use_threads(threads_for(args, method, view)):  # the coordinator's; each party sets its own
                 method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
             return handle

@@ -27,6 +27,24 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+def _order_of_federated_fit(data: Any, model_dir: str, key_file: str | None) -> Any:
+    """``data`` in the sample order of the federated fit saved in ``model_dir`` (``--order-of``)."""
+    import json
+    from pathlib import Path
+
+    from partialvfl.federation.psu import read_alignment_key, session_order
+
+    if not key_file:
+        raise ValueError("--order-of needs --alignment-key FILE (the passive parties' alignment key)")
+    f = Path(model_dir) / "model.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"--order-of: {f} not found")
+    salt = json.loads(f.read_text()).get("data_info", {}).get("alignment", {}).get("salt")
+    if not salt:
+        raise ValueError(f"--order-of: {model_dir} is not a federated fit aligned by private set union")
+    return data.subset(session_order(data.ids, read_alignment_key(key_file), salt))
+
+
 def fit_tables(args: argparse.Namespace, model: Any) -> int:
     """Fit ``model`` on ``--table`` files joined on ``--id``, labels in ``--active``'s ``--label`` column."""
     from partialvfl.data.builders import from_tables
@@ -35,6 +53,8 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
         raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
     data = from_tables(parse_tables(args.table), id_column=args.id_column, label_column=args.label_column,
                        active_party=args.active, order_key=args.hmac_key)
+    if getattr(args, "order_of", None):
+        data = _order_of_federated_fit(data, args.order_of, args.alignment_key)
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import report_checkpoints

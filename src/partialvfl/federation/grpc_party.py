@@ -32,9 +32,11 @@ unless the policy allows weight sharing.  Every request, served or refused, is w
 (:mod:`partialvfl.federation.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), ``bye`` (end it), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the
-rows of a table at the given positions of the shared order under a handle), ``release``.  ``save``/``load``
-directories are resolved inside the party's own state directory: a party's model state stays on its own disk.
+(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`,
+the default) or, with ``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows
+of a table, named by their alignment tokens, at the given positions of the shared order under a handle),
+``release``.  ``save``/``load`` directories are resolved inside the party's own state directory: a party's model
+state stays on its own disk.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from partialvfl.federation.party import NotSetUp, PartyRuntime
 from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
 from partialvfl.federation.pins import spki_sha256
 from partialvfl.federation.policy import InferenceGuard, PolicyViolation
+from partialvfl.federation.psu import PartyAligner, read_alignment_key
 from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
 from partialvfl.federation.sessions import SessionGuard
 
@@ -97,13 +100,15 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
                              "names and row counts of its prediction tables and the session's secret as metadata."),
     "bye": MessageSpec(doc="End this coordinator session (another coordinator may then say hello)."),
     "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
-                       doc="The IDs of the training table (or of prediction table `table`) as HMAC-SHA256 hashes."),
+                       doc="alignment = 'hmac' only: the IDs of the training table (or of prediction table `table`) "
+                           "as HMAC-SHA256 hashes."),
     "attach": MessageSpec(
         request=[TensorSpec("hashes", "uint8", ("R", 32)), TensorSpec("rows", "int64", ("R",)),
                  TensorSpec("labels", ("int64", "float64"), ("N",), optional=True),
                  TensorSpec("labeled", "bool", ("N",), optional=True)],
         meta=["handle", "n_samples"], optional_meta=["table"],
-        doc="Hold the rows with these hashed IDs at these positions of the shared order (of `n_samples`) under "
+        doc="Hold the rows with these alignment tokens (or HMAC hashes) at these positions of the shared order (of "
+            "`n_samples`) under "
             "`handle`, from the training table or from prediction table `table` (then only predicted, never "
             "trained on); the active party also gets the labels (training table only)."),
     "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
@@ -119,7 +124,7 @@ class PartyTable:
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
-    def __init__(self, cfg: PartyConfig, key: bytes, *, training: bool = True) -> None:
+    def __init__(self, cfg: PartyConfig, key: bytes | None, *, training: bool = True) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
         if not cfg.data_path.is_file():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
@@ -137,8 +142,8 @@ class PartyTable:
         self.features = feature_values(where, df, cols, ids)
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = hash_ids(self.ids, key, normalized=True)  # table_ids normalised them
-        self.index = {bytes(h): i for i, h in enumerate(self.hashes)}
+        self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
+        self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
 # ---------------------------------------------------------------------- the server
@@ -148,16 +153,25 @@ class PartyServer:
 
     def __init__(self, cfg: PartyConfig, key: bytes | None = None) -> None:
         self.cfg = cfg
-        key = key if key is not None else load_key(cfg.hmac_key_file)
-        self.table = PartyTable(cfg, key)
+        if key is None and cfg.alignment == "hmac":
+            if cfg.hmac_key_file is None:
+                raise ValueError(f"party {cfg.name!r}: alignment = 'hmac' needs hmac_key_file in [party]")
+            key = load_key(cfg.hmac_key_file)
+        self.table = PartyTable(cfg, key if cfg.alignment == "hmac" else None)
         self.tables = {TRAINING_TABLE: self.table}
         for spec in cfg.predict_tables:
             self.tables[spec.name] = self._predict_table(spec, key)
         handlers = {"hello": self._hello, "bye": self._bye, "ids": self._ids, "attach": self._attach,
                     "release": self._release}
         self.state_dir = cfg.state_dir.resolve()
-        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
-                                    builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()},
+        self.aligner = PartyAligner(  # the keyless alignment (unused with alignment = "hmac")
+            cfg.name, read_alignment_key(cfg.alignment_key_file) if cfg.alignment_key_file else None,
+            lambda name: self.tables[name].ids, self.state_dir, persist=cfg.policy.persist_alignment,
+            max_lookups=cfg.policy.max_lookups, threads=cfg.threads)
+        builtins = {k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()}
+        if cfg.alignment == "psu":
+            builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
+        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
                                     policy=cfg.policy, feature_shape=self.table.feature_shape)
         self.policy = cfg.policy
         self._lock = threading.Lock()
@@ -224,12 +238,14 @@ class PartyServer:
 
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
+        self.aligner.new_session()  # keys, blindings and tokens are per session
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
                            "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
                            "tables": tables, "feature_names": list(t.feature_names),
-                           "policy": self.policy.announced(), **self._session_reply})
+                           "alignment": self.cfg.alignment, "policy": self.policy.announced(),
+                           **self._session_reply})
 
     def _bye(self, req: Request) -> Reply:
         return Reply()
@@ -246,11 +262,12 @@ class PartyServer:
         if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         local = np.empty(rows.size, dtype=np.int64)
+        index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
         for i, h in enumerate(hashes.numpy()):
-            j = table.index.get(bytes(h))
+            j = index.get(bytes(h))
             if j is None:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with hashed "
-                                                                f"ID {bytes(h).hex()[:16]}... in table {name!r}")
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
+                                                                f"token {bytes(h).hex()[:16]}... in table {name!r}")
             local[i] = j
         order = np.argsort(rows, kind="stable")
         rows, local = rows[order], local[order]
@@ -277,6 +294,10 @@ class PartyServer:
         return Reply(meta={"n_rows": int(rows.size)})
 
     def _ids(self, req: Request) -> Reply:
+        if self.cfg.alignment != "hmac":
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"party {self.cfg.name!r} aligns by private set union (alignment = 'psu'): it sends no "
+                          "ID hashes; set alignment = 'hmac' in the coordinator's and every party's file to use them")
         _, table = self._table(req)
         return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
 
@@ -461,6 +482,12 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
         os.replace(tmp, cfg.port_file)
     log.info("party %d (%s) serving %d rows on port %d; %s", cfg.index, cfg.name, len(handler.table.ids), port,
              cfg.policy.describe())
+    if cfg.alignment == "hmac":
+        log.warning("party %s aligns with the shared HMAC key (alignment = 'hmac'): whoever holds the key can test "
+                    "any ID it can enumerate against this party's hashes; for one trust domain only", cfg.name)
+    else:
+        log.info("party %s aligns by private set union (%s)", cfg.name, "holds the passive parties' alignment key"
+                 if handler.aligner.keyed else "no alignment key: its tokens come through a keyed party")
     if cfg.policy.seed == "coordinator":
         log.warning("party %s builds its parameters from the coordinator's seed ([policy] seed = 'coordinator'): "
                     "for research only, a coordinator knowing the initial weights can invert embeddings", cfg.name)

@@ -127,6 +127,8 @@ class PartyPolicy:
     max_peer_mb: float = 64.0
     allow_likelihood_release: bool = False
     min_latent_scale: float | None = 0.3
+    max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
+    persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -140,7 +142,7 @@ class PartyPolicy:
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
                    allow_weight_sharing=True, seed="coordinator", max_setup_width_ratio=None, max_lr=None,
                    max_weight_decay=None, max_momentum=None, max_grad_norm=None, max_rewinds=None,
-                   allow_likelihood_release=True, min_latent_scale=None)
+                   allow_likelihood_release=True, min_latent_scale=None, max_lookups=None)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -431,10 +433,10 @@ class PartyPolicy:
                 f"{'allowed' if self.allow_weight_sharing else 'refused'}")
 
 
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs"}
+_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups"}
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
                "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale"}
-_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release"}
+_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 

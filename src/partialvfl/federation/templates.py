@@ -4,7 +4,9 @@ Next to the development PKI, one ``<party>.party.toml`` per party and one ``fede
 the TLS files, the identities and the pins (a party pins the coordinator's public key, ``[peers.coordinator]
 spki_sha256``; the coordinator pins each party's certificate, ``certificate`` in its ``[[parties]]`` table), with the
 data and address lines left for the institution to fill in.  Paths are relative to the templates' folder (the PKI
-folder), as the readers resolve them.  The caller adds the alignment lines (``party_lines``/``coordinator_lines``).
+folder), as the readers resolve them.  The last party is the label holder: with the keyless alignment (the default)
+the other parties get ``alignment_key_file``, the label holder and the coordinator never do; with ``hmac`` every file
+names ``hmac.key``.
 """
 
 from __future__ import annotations
@@ -65,16 +67,23 @@ label_column = "label"
 {entries}"""
 
 
-def write_templates(directory: str | Path, parties: Sequence[str], coordinator: str, *, party_lines: str = "",
-                    coordinator_lines: str = "") -> list[Path]:
-    """Write the templates into ``directory`` (which holds the certificates); returns their paths."""
+def _alignment_lines(hmac: bool, holds_key: bool) -> str:
+    if hmac:
+        return 'alignment = "hmac"\nhmac_key_file = "hmac.key"\n'
+    return 'alignment = "psu"\n' + ('alignment_key_file = "alignment.key"\n' if holds_key else "")
+
+
+def write_templates(directory: str | Path, parties: Sequence[str], coordinator: str, *,
+                    hmac: bool = False) -> list[Path]:
+    """Write the templates into ``directory`` (which holds the certificates); returns their paths.  ``hmac``: the
+    files name ``alignment = "hmac"`` and ``hmac.key`` instead of the keyless alignment."""
     d = Path(directory)
     pin = spki_sha256((d / f"{coordinator}.pem").read_bytes())
     out = []
     for k, name in enumerate(parties):
         p = d / f"{name}.party.toml"
-        p.write_text(_party(name, k, coordinator, pin, party_lines))
+        p.write_text(_party(name, k, coordinator, pin, _alignment_lines(hmac, k != len(parties) - 1)))
         out.append(p)
     p = d / "federation.toml"
-    p.write_text(_federation(parties, coordinator, coordinator_lines))
+    p.write_text(_federation(parties, coordinator, _alignment_lines(hmac, False)))
     return [*out, p]
