@@ -259,10 +259,13 @@ def test_sixteen_parallel_60_mb_requests_from_an_allowlisted_peer_raise_a_partys
         payload = encode_request(Request("hello", {"x": torch.ones(15 * 2**20)}), step=1, round=0,
                                  session="burst", seq=1)  # 60 MB, within max_request_mb = 64
         grew, codes = _burst(dep, payload, 16, chunked=True)
+        print(f"16 parallel 60 MB requests in chunks: peak RSS +{grew:.0f} MB, {codes.count(grpc.StatusCode.OK)} "
+              f"served, {codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)} RESOURCE_EXHAUSTED")  # docs quote it (-s)
         assert grew < 100, (grew, codes)
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 12, codes  # beyond the calls and bytes it holds
         assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}, codes
         grew, codes = _burst(dep, payload, 16, chunked=False)  # in one wire message each: refused by its length
+        print(f"16 parallel 60 MB requests in one wire message each: peak RSS +{grew:.0f} MB")
         assert grew < 100 and set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, (grew, codes)
         peer = Peer(dep, 0, dep.certs, session="after")  # the party keeps serving
         assert peer.send("hello") == (grpc.StatusCode.OK, "") and peer.send("bye", step=2)[0] == grpc.StatusCode.OK
