@@ -88,9 +88,9 @@ def test_the_batched_path_really_stacks_the_parties(data, monkeypatch) -> None:
     calls = []
     original = false_vfl_batched.stacked_mlp
 
-    def counting(modules, x):  # noqa: ANN001, ANN202
+    def counting(modules, x, **options):  # noqa: ANN001, ANN003, ANN202
         calls.append(len(modules))
-        return original(modules, x)
+        return original(modules, x, **options)
 
     monkeypatch.setattr(false_vfl_batched, "stacked_mlp", counting)
     _fit("false-vfl-2", FALSE_VFL, train, batched=True)
@@ -155,10 +155,9 @@ def test_a_party_down_for_one_round_fails_alone_in_a_batched_round(name, data) -
             opt = torch.optim.SGD(model.global_encoder_.parameters(), lr=0.1)
             state = model._forward(view, handle, rows, 3, train=True, noise_seed=5, new_step=False)
             fed.transport.down.add(1)  # party 1 answered encode and decode, then goes down
-            from partialvfl.methods.false_vfl.rounds import backward_rounds
             from partialvfl.nn.stats import log_mean_exp
 
-            backward_rounds(model, view, state, -log_mean_exp(state.log_w, 0).mean(), handle)
+            model._rounds.backward(view, state, -log_mean_exp(state.log_w, 0).mean(), handle)
             opt.step()
         else:
             embs = model._embed_observed(handle, rows, train.observed[rows], train=True)

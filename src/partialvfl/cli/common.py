@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
-__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP",
-           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative", "parse_tables",
-           "protocol_config", "refuse_protocol_options", "threads_for"]
+__all__ = ["DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS",
+           "THREADS_HELP", "add_device_options", "add_protocol_options", "add_table_options", "add_threads_option",
+           "device_form", "device_options", "emit", "non_negative", "parse_tables", "protocol_config",
+           "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
+#: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
+DEFAULT_PRESET = "fast"
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")
@@ -75,14 +79,51 @@ def add_threads_option(p: argparse.ArgumentParser, help_text: str = THREADS_HELP
     p.add_argument("--threads", default="auto", metavar="N|auto", help=help_text)
 
 
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps)$")
+
+
+def device_form(text: str) -> str:
+    """An argparse ``type`` for ``--device`` (its form; whether the machine has it is checked when it runs)."""
+    value = text.strip().lower()
+    if not _DEVICE.match(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of auto, cpu, cuda, cuda:N, mps")
+    return value
+
+
+def add_device_options(p: argparse.ArgumentParser, *, compile_option: bool = True) -> None:
+    """``--device``, ``--precision`` (and ``--compile``): where and how the fit or prediction computes."""
+    g = p.add_argument_group("devices (docs/benchmarks.md, Devices)")
+    g.add_argument("--device", default="auto", type=device_form, metavar="auto|cpu|cuda|cuda:N|mps",
+                   help="where the coordinator and the in-process parties compute: auto (default) is the first CUDA "
+                        "GPU if torch sees one, else the CPU; a federation's parties choose their own (party.toml)")
+    g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32 (default), or bf16: autocast of the modules' matmuls and convolutions to bfloat16 "
+                        "(likelihoods, losses and predicted probabilities stay float32)")
+    if compile_option:
+        g.add_argument("--compile", action="store_true",
+                       help="compile FALSE-VFL's and the split-network methods' hot steps with torch.compile "
+                            "(inductor, on-disk cache; needs a C++ compiler, falls back to eager with a message)")
+
+
+def device_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``device``, ``precision`` (and ``compile``) for a method or a loaded model; a device this machine lacks is
+    refused here, naming ``--device``."""
+    from partialvfl.utils.devices import resolve_device
+
+    device = getattr(args, "device", "cpu")
+    resolve_device(device, what="--device")
+    out = {"device": device, "precision": getattr(args, "precision", "fp32")}
+    if getattr(args, "compile", False):
+        out["compile"] = True
+    return out
+
+
 def threads_for(args: argparse.Namespace, model: Any, data: Any) -> int:
     """The torch threads ``--threads`` gives a fit of ``model`` on ``data`` (a dataset or a coordinator's view; see
     :mod:`partialvfl.utils.threads`)."""
-    from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
+    from partialvfl.orchestration import fit_threads
 
-    dataset = data.info.get("dataset") or getattr(data, "name", "") or None
-    flops = step_flops_of(type(model), model.resolve_params(dataset), data.feature_shapes)
-    return resolve_threads(getattr(args, "threads", "auto"), flops, thread_budget())
+    return fit_threads(getattr(args, "threads", "auto"), model, data)
 
 
 def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -> Any:
@@ -128,7 +169,10 @@ def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
 
 
 def parse_tables(items: list[str]) -> dict[str, str]:
-    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party is an error."""
+    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party, or a file named as neither CSV nor
+    Parquet, is an error."""
+    from partialvfl.data.tables import table_format
+
     out: dict[str, str] = {}
     for item in items:
         party, eq, path = item.partition("=")
@@ -136,6 +180,9 @@ def parse_tables(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--table takes PARTY=FILE, got {item!r}")
         if party.strip() in out:
             raise ValueError(f"--table names party {party.strip()!r} twice")
+        if table_format(path.strip()) is None:
+            raise ValueError(f"--table {item}: cannot tell the format from the file's name; name it .csv (or .csv.gz, "
+                             "...) or .parquet (or .pq)")
         out[party.strip()] = path.strip()
     return out
 

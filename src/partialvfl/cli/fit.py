@@ -13,11 +13,13 @@ import sys
 import time
 from typing import Any
 
-from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
+    DEFAULT_PRESET,
+    add_device_options,
     add_protocol_options,
     add_table_options,
     add_threads_option,
+    device_options,
     emit,
     non_negative,
     protocol_config,
@@ -39,13 +41,16 @@ def add_commands(sub: Any) -> None:
     add_protocol_options(p, test=False)
     add_table_options(p, fit=True)
     p.add_argument("--method", default="false-vfl-1", help="method name (see `partialvfl methods`)")
-    p.add_argument("--preset", default="fast", help="fast (CPU) or paper; default: %(default)s")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help="fast (CPU) or paper; default: %(default)s")
     p.add_argument("--epochs", type=int, default=None,
                    help="set every epoch count of the method (pretraining included)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override one method parameter (JSON value; '-' in KEY reads as '_'), repeatable")
     p.add_argument("--out", required=True, help="directory to save the model in")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch progress")
+    p.add_argument("--quiet", action="store_true", help="no progress at all")
+    p.add_argument("--log-epochs", action="store_true",
+                   help="one line per epoch on stderr (each stage's loss, bound...) instead of the progress bar; by "
+                        "default a bar is shown on a terminal and nothing per epoch otherwise, then one summary line")
     p.add_argument("--federation", help="the coordinator's federation file: train across party processes")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint coordinator and parties every N training steps (every method)")
@@ -56,11 +61,28 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
     add_threads_option(p)
+    add_device_options(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
-    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, or on labelled tables")
+    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, on labelled tables, or "
+                                        "against outcomes keyed by ID (--truth)",
+                       description="Score a saved model: under a test mechanism of its protocol (--test-missing); on "
+                                   "your tables when the label holder's carries the outcomes (--table PARTY=FILE "
+                                   "...); or on tables without them, in process (--table ... --truth FILE) or across "
+                                   "a federation (--federation FILE --truth FILE), against outcomes keyed by ID.")
     p.add_argument("--model", required=True, help="directory of a saved model")
     add_table_options(p, fit=False)
+    p.add_argument("--truth", metavar="FILE",
+                   help="outcomes keyed by ID (CSV/Parquet, from any source): its --id column (default: the model's "
+                        "ID column) and --label column (default: the model's label column); with --table its IDs "
+                        "must be the tables' users, with --federation they are the users predicted")
+    p.add_argument("--federation", metavar="FILE",
+                   help="with --truth: predict the truth file's IDs across the federation's party processes")
+    p.add_argument("--table-set", default=None, metavar="NAME",
+                   help="with --federation: predict from the parties' prediction tables of this name")
+    p.add_argument("--allow-prior-only", action="store_true",
+                   help="with --federation: score IDs that no party holds (predicted from the training label prior) "
+                        "instead of refusing them")
     p.add_argument("--test-missing", default="none", help="mechanism applied to every test sample")
     p.add_argument("--seed", type=int, default=None, help="must equal the training seed (the default)")
     p.add_argument("--data-dir", default=None, help="where the dataset's files are, if not where they were")
@@ -69,6 +91,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
     add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -93,6 +116,7 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
 
 
@@ -108,35 +132,36 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         refuse_protocol_options(args.parser, args)
         return fit_tables(args, method_from_args(args))
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command
     from partialvfl.data.protocol import make_protocol
-    from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
-    from partialvfl.utils.threads import use_threads
 
     model = method_from_args(args)
-    ck = fit_checkpointer(args)  # SIGINT/SIGTERM checkpoint where the fit is, then stop
+    options = fit_options(args)  # --checkpoint-every/--resume checked before the data is read
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
-    threads = threads_for(args, model, train)
-    t0 = time.perf_counter()
-    try:
-        with stop_on_signals(ck), use_threads(threads):
-            model.fit(train, log=log, checkpointer=ck)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
-    fit_s = time.perf_counter() - t0
-    report_checkpoints(args, ck, not args.quiet)
+    fitted = fit_command(args, options, model, train, log=log)
+    if isinstance(fitted, int):
+        return fitted
     out = model.save(args.out)
     res = evaluate(model, test)
-    print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
+    threads = fitted.threads
+    print(f"fit {args.method} in {fitted.seconds:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
-    print(f"test ({config.test_missing}): {metric} {res[metric]:.4f}")
+    print(f"{test_set_title(config.test_missing)}: {metric} {res[metric]:.4f}")
     return 0
+
+
+def test_set_title(mechanism: str) -> str:
+    """How ``fit`` names the protocol's test set it scores: with no test mechanism, or under one."""
+    if mechanism == "none":
+        return "test set, no test mechanism (no block removed)"
+    return f"test set under test mechanism {mechanism}"
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -145,11 +170,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.methods.evaluation import metrics_from_predictions
     from partialvfl.utils.threads import use_threads
 
+    if args.federation:
+        if args.table:
+            raise ValueError("evaluate takes --table files (in process) or --federation with --truth, not both")
+        from partialvfl.cli.federated import federated, run_federated_evaluate
+
+        return federated(run_federated_evaluate, args)
+    if args.table_set or args.allow_prior_only:
+        raise ValueError("--table-set and --allow-prior-only go with --federation")
     if args.table:
         from partialvfl.cli.tables import evaluate_tables
 
         return evaluate_tables(args)
-    model = VFLMethod.load(args.model)
+    if args.truth:
+        raise ValueError("evaluate --truth needs the users' features: --table PARTY=FILE for every party (in process) "
+                         "or --federation FILE")
+    model = VFLMethod.load(args.model, **device_options(args))
     info = model.data_info_.get("protocol")
     if not info:
         raise ValueError(f"the model in {args.model} was not fitted under the protocol: evaluate it on labelled "

@@ -233,7 +233,7 @@ class Checkpointer:
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: the checkpoint {marker} points to is incomplete")
         try:
-            saved = torch.load(path, weights_only=True)
+            saved = torch.load(path, map_location="cpu", weights_only=True)
             step, state = int(saved["step"]), saved["state"]
         except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
             raise CheckpointError(f"{path} is not a readable partialvfl checkpoint (corrupted, truncated or "

@@ -26,8 +26,6 @@ import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.alignment import write_key
-from partialvfl.federation.certs import init_dev_pki
-from partialvfl.federation.pins import spki_sha256
 from partialvfl.federation.psu import write_alignment_key
 
 __all__ = ["LocalDeployment", "write_party_tables"]
@@ -149,6 +147,8 @@ class LocalDeployment:
         self._prepare()
 
     def _prepare(self) -> None:
+        from partialvfl.federation.certs import init_dev_pki  # cryptography: only where a deployment is made
+
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
         self.ca_bundle = self.certs / "ca.pem"
@@ -208,6 +208,8 @@ key = {_q(self.certs / f"{name}.key")}
     def _peers_table(self) -> str:
         if not self.pins:
             return ""
+        from partialvfl.federation.pins import spki_sha256  # cryptography: only where a deployment is made
+
         return f'\n[peers.coordinator]\nspki_sha256 = "{spki_sha256((self.certs / "coordinator.pem").read_bytes())}"\n'
 
     def _alignment_lines(self, k: int | None) -> str:

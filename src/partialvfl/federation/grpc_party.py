@@ -172,7 +172,8 @@ class PartyServer:
         if cfg.alignment == "psu":
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
-                                    policy=cfg.policy, feature_shape=self.table.feature_shape)
+                                    policy=cfg.policy, feature_shape=self.table.feature_shape,
+                                    device=cfg.device, precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
         self.sessions = SessionGuard(cfg.name, cfg.session_idle_seconds)
@@ -188,9 +189,12 @@ class PartyServer:
         return self.sessions.session
 
     def _predict_table(self, spec: PredictTable, key: bytes) -> PartyTable:
-        """A prediction table, read like the training table; its feature columns must be the training table's."""
+        """A prediction table, read like the training table; its feature columns must be the training table's.
+
+        Its columns are named (the training table's features), so ``exclude_columns`` does not apply: a table of new
+        users has no label column to exclude (and one it has anyway, like any other extra column, is not read)."""
         cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
-                                  feature_columns=self.table.feature_names)
+                                  feature_columns=self.table.feature_names, exclude_columns=())
         table = PartyTable(cfg, key, training=False)  # a party may hold none of the users to predict
         if table.feature_shape != self.table.feature_shape:
             raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "

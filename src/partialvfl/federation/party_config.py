@@ -15,6 +15,7 @@ from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsF
 from partialvfl.federation.pins import PeerPin, read_pins, require_pins
 from partialvfl.federation.policy import PartyPolicy
 from partialvfl.federation.sessions import DEFAULT_IDLE_SECONDS
+from partialvfl.utils.devices import check_precision, resolve_device
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
 __all__ = ["PARTY_KEYS", "TRAINING_TABLE", "PartyConfig", "PredictTable", "load_party_config"]
@@ -52,6 +53,8 @@ class PartyConfig:
     port_file: Path | None = None
     plugins: tuple[str, ...] = ()
     threads: int = 1
+    device: str = "cpu"  # where the party's programs compute (its own choice): cpu, cuda, cuda:N, mps, auto
+    precision: str = "fp32"  # or bf16 (autocast)
     extra: dict[str, Any] = field(default_factory=dict)
     policy: PartyPolicy = field(default_factory=PartyPolicy.default)
     predict_tables: tuple[PredictTable, ...] = ()
@@ -68,7 +71,7 @@ class PartyConfig:
 PARTY_KEYS: dict[str, tuple[str, ...] | None] = {
     "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
               "alignment_key_file", "allowed_peers", "max_message_mb", "plugins", "threads", "max_concurrent_rpcs",
-              "session_idle_seconds"),
+              "session_idle_seconds", "device", "precision"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
     "policy": PartyPolicy.keys(),
@@ -104,6 +107,13 @@ def _message_bytes(party: dict[str, Any], policy_table: dict[str, Any], policy: 
         raise ValueError(f"{p}: give the request size limit once, as [policy] max_request_mb")
     mb = float(party.get("max_message_mb", policy.max_request_mb))
     return int(mb * 2**20)
+
+
+def _device(party: dict[str, Any], p: Path) -> str:
+    """``[party] device`` (default ``cpu``), refused if this machine lacks it."""
+    device = str(party.get("device", "cpu"))
+    resolve_device(device, what=f"{p}: [party] device")
+    return device
 
 
 def _alignment(party: dict[str, Any], p: Path) -> str:
@@ -166,6 +176,8 @@ def load_party_config(path: str | Path) -> PartyConfig:
         port_file=rel(party["port_file"]) if "port_file" in party else None,
         plugins=tuple(party.get("plugins", [])),
         threads=int(party.get("threads", 1)),
+        device=_device(party, p),
+        precision=check_precision(str(party.get("precision", "fp32")), what=f"{p}: [party] precision"),
         extra=raw,
         policy=policy,
         predict_tables=_predict_tables(data, p, rel),

@@ -52,7 +52,7 @@ from partialvfl.methods.registry import METHODS, get_method, load_all, method_na
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
-from partialvfl.utils.progress import report_line
+from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -116,12 +116,24 @@ class VFLMethod(TypedParams, ABC):
         if cls.params is not None:
             cls.presets = cls.params.preset_names
 
-    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False, **params: Any) -> None:
+    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
+                 precision: str = "fp32", compile: bool = False, **params: Any) -> None:  # noqa: A002 - torch's word
+        """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
+        not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
+        from partialvfl.utils.devices import check_precision, resolve_device
+
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
+        if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
+            raise ValueError(f"{self.name}: progress must be True, False or 'epochs', got {progress!r}")
         self.preset = preset
         self.seed = int(seed)
         self.progress = progress
+        # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
+        self.device = device
+        self.device_ = resolve_device(device, what="device")
+        self.precision = check_precision(precision, what="precision")
+        self.compile = bool(compile)
         self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
 
@@ -217,6 +229,22 @@ class VFLMethod(TypedParams, ABC):
     def transport(self):  # noqa: ANN201 - Transport
         return self.federation_.transport
 
+    def _tensor(self, data: Any, dtype: Any = None) -> Any:
+        """``data`` (an array, e.g. row indices or labels) as a tensor on the coordinator's device."""
+        import torch
+
+        return torch.as_tensor(data, dtype=dtype, device=self.device_)
+
+    def _on_device(self, module: nn.Module) -> nn.Module:
+        """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
+        return module.to(self.device_)
+
+    def _computing(self) -> contextlib.AbstractContextManager[None]:
+        """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
+        from partialvfl.utils.devices import autocast
+
+        return autocast(self.device_, self.precision)
+
     def _recorder(self, on_epoch: EpochCallback | None) -> EpochCallback:
         """The loop's epoch report: a history row, a progress line (with ``progress``), then ``on_epoch``."""
 
@@ -224,7 +252,7 @@ class VFLMethod(TypedParams, ABC):
             row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
             self.history_.append(row)
             parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", self.progress)
+            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", progress_mode(self.progress)[1])
             if on_epoch is not None:
                 on_epoch(stage, epoch, dict(metrics))
 
@@ -237,8 +265,10 @@ class VFLMethod(TypedParams, ABC):
 
         ``checkpointer`` checkpoints every N steps and resumes from its last checkpoint; ``on_epoch(stage, epoch,
         metrics)`` is called after every epoch.
+        Without ``federation`` the parties run in this process on the model's ``device`` and ``precision``.
         """
-        fed = federation or LocalFederation.for_dataset(train, log=log)
+        fed = federation or LocalFederation.for_dataset(train, log=log, device=self.device_, precision=self.precision,
+                                                        compile=self.compile)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -260,6 +290,7 @@ class VFLMethod(TypedParams, ABC):
         if not view.labeled.any():
             raise ValueError(f"{self.name}: the training data has no labelled sample")
         self.federation_ = federation
+        federation.transport.device = self.device_  # replies arrive on the coordinator's device
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
         self._plan(federation)
@@ -273,10 +304,12 @@ class VFLMethod(TypedParams, ABC):
         loop = TrainingLoop(
             federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
             save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
-            checkpointer=checkpointer, fingerprint=self._fingerprint(view), show_progress=self.progress,
+            checkpointer=checkpointer, fingerprint=self._fingerprint(view),
+            show_progress=progress_mode(self.progress)[0],
         )
         t0 = time.perf_counter()
-        self._fit(view, handle, loop)
+        with self._computing():
+            self._fit(view, handle, loop)
         loop.finish()
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
@@ -355,10 +388,20 @@ class VFLMethod(TypedParams, ABC):
         rows = np.flatnonzero(some)
         if rows.size:
             t0 = time.perf_counter()
-            out[rows] = self._predict(view, handle, rows)
+            out[rows] = self._predict(view, handle, rows)  # float32 here (heads, softmax); bf16 at the parties
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """``(N, K)``: which parties' features the prediction of each row of ``view`` uses (its ``observed`` holds
+        which parties hold, or answered for, each row).  By default every party that holds the row; a method that
+        predicts some rows from fewer parties says so here.  A row with none is predicted by :meth:`fallback`."""
+        return np.array(view.observed, dtype=bool)
+
+    def fallback(self) -> str:
+        """What a row whose prediction uses no party's features (:meth:`parties_used`) is predicted from."""
+        return "the training label prior"
 
     def predict_proba(self, data: VerticalDataset) -> np.ndarray:
         """Class probabilities ``(N, C)``, columns in the order of :attr:`classes_`."""
@@ -408,20 +451,30 @@ class VFLMethod(TypedParams, ABC):
 
     @classmethod
     def load(cls, directory: str | Path, *, federation: Federation | None = None,
-             log: MessageLog | None = None) -> VFLMethod:
+             log: MessageLog | None = None, device: Any = "cpu", precision: str = "fp32",
+             compile: bool = False) -> VFLMethod:  # noqa: A002 - torch's word
         """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states.
+
+        The model runs on ``device`` whatever device it was fitted on (states are read to the CPU, then moved);
+        without ``federation`` its parties run in this process on that device too.
 
         Raises :class:`~partialvfl.methods.model_files.ModelFileError` (one line naming the file) for a missing,
         corrupted, truncated or foreign file, and when a party's file belongs to another model.
         """
+        from partialvfl.utils.devices import check_precision, resolve_device
+
+        resolve_device(device, what="device")  # a bad device is the caller's error, not the file's
+        check_precision(precision, what="precision")
         d = Path(directory)
         meta = read_model_meta(d)
         klass = get_method(meta["method"]) if cls is VFLMethod or not cls.name else cls
         if klass.name != meta["method"]:
             raise ModelFileError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
-        obj = klass._from_meta(meta, d)
+        obj = klass._from_meta(meta, d, device=device, precision=precision, compile=compile)
         state = read_coordinator_state(d, meta)
-        fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log)
+        fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log,
+                                            device=obj.device_, precision=obj.precision, compile=obj.compile)
+        fed.transport.device = obj.device_
         obj.federation_ = fed
         fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)
         try:
@@ -436,11 +489,12 @@ class VFLMethod(TypedParams, ABC):
         return obj
 
     @classmethod
-    def _from_meta(cls, meta: dict[str, Any], d: Path) -> VFLMethod:
-        """The estimator ``model.json`` describes, before any state is loaded."""
+    def _from_meta(cls, meta: dict[str, Any], d: Path, **run: Any) -> VFLMethod:
+        """The estimator ``model.json`` describes, before any state is loaded (``run``: device, precision,
+        compile)."""
         space = cls.param_space()
         try:
-            obj = cls(meta["preset"], seed=meta["seed"], **space.renamed(meta["overrides"]))
+            obj = cls(meta["preset"], seed=meta["seed"], **run, **space.renamed(meta["overrides"]))
             obj.index_ = IndexInfo.from_dict(meta["index"])
             saved = space.renamed(meta["params"])
             # models saved before party standardisation existed were trained on features as they are

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["Local"]
 
@@ -46,9 +47,18 @@ class Local(SplitNNMethod):
                     rng: np.random.Generator) -> torch.Tensor:
         a = view.active_party
         embs = self._embed(handle, {a: {"f": rows}}, train=True)
-        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), torch.as_tensor(view.y[rows], dtype=torch.long))
+        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Only the active party's block, for the rows it holds; the others use no party (the label prior)."""
+        used = np.zeros_like(np.asarray(view.observed, dtype=bool))
+        used[:, view.active_party] = np.asarray(view.observed, dtype=bool)[:, view.active_party]
+        return used
+
+    def fallback(self) -> str:
+        return "the training label prior (local predicts from the active party alone, which does not hold them)"
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         a = view.active_party
@@ -58,5 +68,5 @@ class Local(SplitNNMethod):
             self.transport.new_step()
             embs = self._embed(handle, {a: {"f": rows[chunk]}}, train=False)
             with torch.no_grad():
-                out[chunk] = torch.softmax(self.heads_["g"](embs[(a, "f")]), dim=1).numpy()
+                out[chunk] = to_numpy(torch.softmax(self.heads_["g"](embs[(a, "f")]), dim=1))
         return out

@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["VanillaVFL"]
 
@@ -49,9 +50,22 @@ class VanillaVFL(SplitNNMethod):
         obs = view.observed[rows]
         embs = self._embed(handle, {k: {"f": rows} for k in range(view.n_parties)}, train=True)
         logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
-        loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
+        loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
+
+    def fallback(self) -> str:
+        if self.settings_.missing == "random":
+            return ("a uniformly random class where some party does not hold the row (missing='random'), the "
+                    "training label prior where none does")
+        return super().fallback()
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Every holding party; with ``missing='random'`` none for a row some party lacks (a random class)."""
+        used = np.array(view.observed, dtype=bool)
+        if self.settings_.missing == "random":
+            used &= used.all(axis=1, keepdims=True)
+        return used
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.n_classes))
@@ -70,6 +84,6 @@ class VanillaVFL(SplitNNMethod):
             embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
                 logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.settings_.fusion))
-            out[pos[start:start + len(chunk)]] = torch.softmax(logits, dim=1).numpy()
+            out[pos[start:start + len(chunk)]] = to_numpy(torch.softmax(logits, dim=1))
             start += len(chunk)
         return out

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -33,14 +33,53 @@ from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.seeding import torch_generator
 
 if TYPE_CHECKING:
-    from partialvfl.federation.party import PartyProgram
+    from partialvfl.federation.party import PartyProgram, PartyRuntime
 
-__all__ = ["handle_batch", "signature"]
+__all__ = ["Member", "handle_batch", "signature"]
 
 
-def signature(program: Any) -> tuple[Any, ...] | None:
+class Member(Protocol):
+    """What a batched round uses of a party program (:class:`~.party.FalseVFLParty`): its declared networks and
+    optimiser, its settings, its own data and noise, and its pending encode/decode (``_enc``, ``_dec``), which
+    its own handlers share with this module."""
+
+    party: int
+    variant: int
+    wire: str
+    logvar_range: tuple[float, ...]
+    decoder_logvar_range: tuple[float, ...]
+    config: dict[str, Any]
+    optimizer: torch.optim.Optimizer
+    runtime: PartyRuntime
+    _enc: dict[str, Any]
+    _dec: dict[str, Any]
+
+    @property
+    def device(self) -> torch.device:
+        """Where its networks and tables are."""
+        ...
+
+    @property
+    def modules(self) -> nn.Module:
+        """Its ``encoder``, ``decoder`` and (II) ``indicator`` (``None`` under I)."""
+        ...
+
+    def features(self, handle: str, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def to_wire(self, t: torch.Tensor) -> torch.Tensor: ...
+
+    def decoder_logvar(self) -> torch.Tensor: ...
+
+    def shared_noise(self, meta: dict[str, Any], d_h: int) -> torch.Tensor: ...
+
+    def missing_noise_seed(self, meta: dict[str, Any]) -> int: ...
+
+    def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor: ...
+
+
+def signature(program: Member) -> tuple[Any, ...] | None:
     """What must agree for parties to share a batched computation; ``None`` if its modules cannot be stacked."""
-    net = program.net
+    net = program.modules
     parts = [mlp_signature(net.encoder), mlp_signature(net.decoder)]
     if net.indicator is not None:
         parts.append(mlp_signature(net.indicator))
@@ -109,19 +148,19 @@ def _partition(keys: Sequence[Any]) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------- encode
-def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int, dict[str, torch.Tensor]]]:
+def _encode(items: list[tuple[Member, str, torch.Tensor, bool]]) -> list[tuple[int, dict[str, torch.Tensor]]]:
     """Encode every member's rows, one stacked encoder pass per group of equal parties."""
     out = []
     for idx in _partition([(signature(p), handle, train) for p, handle, _, train in items]):
-        members: list[Any] = [items[i][0] for i in idx]
+        members = [items[i][0] for i in idx]
         train = items[idx[0]][3]
         xs = [m.features(items[i][1], items[i][2]) for m, i in zip(members, idx)]
         for m in members:
-            m.net.train(train)
+            m.modules.train(train)
             if train:
                 m.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
-            enc = stacked_mlp([m.net.encoder for m in members], pad_rows(xs))
+            enc = stacked_mlp([m.modules.encoder for m in members], pad_rows(xs), compile=members[0].runtime.compile)
             mu, logvar = split_gaussian(enc, members[0].logvar_range)
         group = _Group({"mu": mu, "logvar": logvar}, pending=set(range(len(members))) if train else set())
         for slot, (i, m, x) in enumerate(zip(idx, members, xs)):
@@ -134,7 +173,7 @@ def _encode(items: list[tuple[Any, str, torch.Tensor, bool]]) -> list[tuple[int,
 
 
 # ---------------------------------------------------------------------- update
-def _update(items: list[tuple[Any, Request]]) -> None:
+def _update(items: list[tuple[Member, Request]]) -> None:
     """Back-propagate every member's ``grad_mu``/``grad_logvar`` (one pass per encode group), then step each party."""
     groups: dict[int, tuple[_Group, dict[int, Request]]] = {}
     for program, request in items:
@@ -161,11 +200,11 @@ def _update(items: list[tuple[Any, Request]]) -> None:
 
 
 # ---------------------------------------------------------------------- decode
-def _decode(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tensor]]:
+def _decode(items: list[tuple[Member, Request]]) -> list[dict[str, torch.Tensor]]:
     """Every member's log-likelihoods (II: mask terms), one stacked decoder pass per group of equal parties."""
     out: dict[int, dict[str, torch.Tensor]] = {}
 
-    def key(program: Any, request: Request) -> tuple[Any, ...]:
+    def key(program: Member, request: Request) -> tuple[Any, ...]:
         m, t = request.meta, request.tensors
         held = t.get("h", t.get("h_mis"))
         samples = int(m["samples"]) if program.wire != "samples" and "samples" in m else (
@@ -179,7 +218,7 @@ def _decode(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tensor]]:
     return [out[i] for i in range(len(items))]
 
 
-def _latents(members: list[Any], requests: list[Request], train: bool
+def _latents(members: list[Member], requests: list[Request], train: bool
              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[int], list[int]]:
     """The padded leaves (what the members got) and latents ``(K, S, rows, d_h)`` of held and lacked rows."""
     first = members[0]
@@ -195,7 +234,8 @@ def _latents(members: list[Any], requests: list[Request], train: bool
             if not any(sizes[suffix]):
                 continue
             s = next(g for g in got if g is not None).shape[0]
-            leaf = pad_rows([torch.zeros(0, s, d_h) if g is None else g.float().transpose(0, 1) for g in got])
+            leaf = pad_rows([torch.zeros(0, s, d_h, device=first.device) if g is None else g.float().transpose(0, 1)
+                             for g in got])
             leaves[f"h{suffix}"] = leaf.requires_grad_(train)
             latents[suffix] = leaf.transpose(1, 2)
             continue
@@ -204,7 +244,7 @@ def _latents(members: list[Any], requests: list[Request], train: bool
         sizes[suffix] = [0 if g[0] is None else len(g[0]) for g in got]
         if not any(sizes[suffix]):
             continue
-        empty = torch.zeros(0, d_h)
+        empty = torch.zeros(0, d_h, device=first.device)
         mean = pad_rows([empty if g[0] is None else g[0].float() for g in got]).requires_grad_(train)
         scale = pad_rows([empty if g[0] is None else g[1].float() for g in got]).requires_grad_(train)
         leaves[f"mean{suffix}"], leaves[f"scale{suffix}"] = mean, scale
@@ -221,13 +261,13 @@ def _latents(members: list[Any], requests: list[Request], train: bool
     return leaves, latents, sizes.get("", [0] * len(members)), sizes.get("_mis", [0] * len(members))
 
 
-def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tensor]]:
+def _decode_group(items: list[tuple[Member, Request]]) -> list[dict[str, torch.Tensor]]:
     members = [p for p, _ in items]
     requests = [r for _, r in items]
     first = members[0]
     train = bool(requests[0].meta.get("train", False))
     for m, r in zip(members, requests):
-        m.net.train(train)
+        m.modules.train(train)
         held = _held_rows(r)
         if held and len(m._enc.get("x", ())) != held:
             raise RuntimeError(f"party {m.party}: decode of {held} held rows without their encode")
@@ -239,14 +279,15 @@ def _decode_group(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tens
     k, s, rows, d_h = h.shape
     outs: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(train):
-        mean_x = stacked_mlp([m.net.decoder for m in members], h.reshape(k, s * rows, d_h)).view(k, s, rows, -1)
+        mean_x = stacked_mlp([m.modules.decoder for m in members], h.reshape(k, s * rows, d_h),
+                             compile=first.runtime.compile).view(k, s, rows, -1)
         dec_lv = torch.stack([m.decoder_logvar() for m in members])  # (K, d)
-        x = pad_rows([m._enc["x"] if n else torch.zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
+        x = pad_rows([m._enc["x"] if n else mean_x.new_zeros(0, mean_x.shape[-1]) for m, n in zip(members, n_held)]
                      ) if b_max else None
         if b_max:
             outs["loglik"] = feature_gaussian_log_density(x, mean_x[:, :, :b_max], dec_lv)
         if first.variant == 2:
-            indicators = [m.net.indicator for m in members]
+            indicators = [m.modules.indicator for m in members]
             if b_max:
                 held = nn.functional.logsigmoid(-stacked_mlp(indicators, x).squeeze(-1))
                 outs["mask_held"] = held.unsqueeze(1).expand(k, s, b_max)
@@ -278,16 +319,16 @@ def _held_rows(request: Request) -> int:
     return int(t["h"].shape[1]) if "h" in t else len(t["mean"]) if "mean" in t else 0
 
 
-def _missing_noise(member: Any, request: Request, samples: int, n: int, d: int) -> torch.Tensor:
+def _missing_noise(member: Member, request: Request, samples: int, n: int, d: int) -> torch.Tensor:
     """II: the member's own draw for the decoder samples of the rows it lacks (its own seed, as alone)."""
     if not n:
-        return torch.zeros(samples, 0, d)
+        return torch.zeros(samples, 0, d, device=member.device)
     gen = torch_generator(member.missing_noise_seed(request.meta), "party", member.party)
     return member._draw(gen, (samples, n, d))
 
 
 # ---------------------------------------------------------------------- decode_grad
-def _decode_grad(items: list[tuple[Any, Request]]) -> list[dict[str, torch.Tensor]]:
+def _decode_grad(items: list[tuple[Member, Request]]) -> list[dict[str, torch.Tensor]]:
     """One backward pass per decode group; each member gets the gradient of what it was sent."""
     groups: dict[int, tuple[_Group, dict[int, Request]]] = {}
     for program, request in items:
