@@ -199,6 +199,7 @@ def saved_states(model_dir: Path, deployment: LocalDeployment | None = None) -> 
             party_dir = deployment.dir / "state" / name / GrpcFederation.saved_party_dir(model_dir)
         state = torch.load(party_dir / f"party-{k}.pt", weights_only=True)
         state.pop("model", None)  # the digest of the saved model instance (its metadata holds the fit's timings)
+        state.pop("state_id", None)  # which state this is, at that party (for its rewind count): random per process
         out[f"party-{k}"] = state
     return out
 

@@ -123,6 +123,11 @@ class Federation(ABC):
     def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
         return self.transport.call(party, kind, tensors, **meta)
 
+    def announced_policies(self) -> list[dict[str, Any]]:
+        """What each party says of its policy (``PartyPolicy.announced``), for an honest coordinator to plan within
+        it (``{}``: nothing said); every party still checks every request against its whole policy."""
+        return [{} for _ in range(self.n_parties)]
+
     def close(self) -> None:
         self.transport.close()
 
@@ -227,3 +232,6 @@ class LocalFederation(Federation):
     def release(self, handle: str) -> None:
         for rt in self.runtimes:
             rt.release(handle)
+
+    def announced_policies(self) -> list[dict[str, Any]]:
+        return [rt.policy.announced() for rt in self.runtimes]

@@ -37,9 +37,10 @@ import torch
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.preprocessing import ColumnScaler
 from partialvfl.federation.dp import DPBudget, PartyPrivacy, private_reply
+from partialvfl.federation.guards import RewindGuard, clip_gradient_rows
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
-from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
+from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
 from partialvfl.federation.setup_shape import SetupShape
 from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
 
@@ -235,6 +236,8 @@ class PartyRuntime:
         self.scaler: ColumnScaler | None = None  # the party's own standardisation (None: features as they are)
         self.program: PartyProgram | None = None
         self.resolve_dir = resolve_dir
+        self.rewinds = RewindGuard()  # no training again and again from one saved state ([policy] max_rewinds)
+        self.clipped_rows = 0  # gradient rows the last admitted request had clipped ([policy] max_grad_norm)
         own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "preprocess": self._preprocess,
                                    "save": self._save, "load": self._load, "forget": self._forget,
                                    "privacy": self._privacy}
@@ -343,7 +346,7 @@ class PartyRuntime:
         ``reply_device`` (the CPU, the wire's, unless an in-process transport asks for the coordinator's).
         """
         spec, fn, where, config = self._declaration(request.kind)
-        self._check_request(request, spec, where, config)
+        request = self._admit(request, spec, where, config)
         if accepted is not None:
             accepted()
         with self.computing():
@@ -371,26 +374,39 @@ class PartyRuntime:
         view = self.raw_data(handle)
         return [str(i) for i in view.ids[view.position_of_rows(np.asarray(rows, dtype=np.int64))]]
 
-    def check(self, request: Request, reply: Reply | None = None) -> None:
-        """The checks of :meth:`handle` without the handler: the request, and the reply if given.
+    def check(self, request: Request, reply: Reply | None = None) -> Request:
+        """The checks of :meth:`handle` without the handler: the request (returned as the program gets it), and the
+        reply if given.
 
         For an in-process transport that answers several parties' requests in one batched computation
-        (:meth:`PartyProgram.handle_batch`): every message is still checked against its declaration.
+        (:meth:`PartyProgram.handle_batch`): every message is still checked against its declaration and admitted
+        by the party's policy.
         """
         spec, _, where, config = self._declaration(request.kind)
         if reply is None:
-            self._check_request(request, spec, where, config)
-        else:
-            if self.privacy is not None and request.kind not in self.builtins:
-                raise RuntimeError(f"{where}: a reply computed outside the party's runtime cannot pass its "
-                                   "differential-privacy budget (answer it through PartyRuntime.handle)")
-            check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+            return self._admit(request, spec, where, config)
+        if self.privacy is not None and request.kind not in self.builtins:
+            raise RuntimeError(f"{where}: a reply computed outside the party's runtime cannot pass its "
+                               "differential-privacy budget (answer it through PartyRuntime.handle)")
+        check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+        return request
 
-    def _check_request(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> None:
-        """The party's policy (for its program's kinds), then the kind's declaration."""
-        if request.kind not in self.builtins and self.program is not None:
+    def _admit(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> Request:
+        """The party's policy (for its program's kinds), then the kind's declaration; the request as the program
+        gets it: every declared gradient row clipped to ``max_grad_norm``, a training request counted against
+        ``max_rewinds`` (:mod:`partialvfl.federation.guards`)."""
+        program_kind = request.kind not in self.builtins and self.program is not None
+        if program_kind:
             self.policy.check_request(spec, request.kind, request.meta)
         check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
+        self.clipped_rows = 0
+        if not program_kind:
+            return request
+        tensors, self.clipped_rows = clip_gradient_rows(spec, request.tensors, self.policy.max_grad_norm,
+                                                        request.kind)
+        if spec.role == TRAINS:
+            self.rewinds.training(self.policy.max_rewinds)
+        return Request(request.kind, tensors, request.meta) if self.clipped_rows else request
 
     # ------------------------------------------------------------------ built-ins
     def _ping(self, request: Request) -> Reply:
@@ -416,6 +432,7 @@ class PartyRuntime:
                                       f"({self.privacy.budget.describe()}) and {why}", name)
             meta["privacy"] = self.privacy.configure(request.meta.get("privacy"), seed)
         self.program = PROGRAMS[name](self, config, seed)
+        self.rewinds.setup()
         return Reply(meta=meta)
 
     def _privacy(self, request: Request) -> Reply:
@@ -445,7 +462,7 @@ class PartyRuntime:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         torch.save({"program": program.program_name, "seed": program.seed, "state": program.state_dict(),
-                    "model": request.meta.get("model"),
+                    "model": request.meta.get("model"), "state_id": self.rewinds.on_save(),
                     "preprocessing": self.scaler.state_dict() if self.scaler is not None else None}, tmp)
         os.replace(tmp, path)  # a crash leaves the previous file or the new one, never half of one
         return Reply(meta={"path": str(path)})
@@ -486,4 +503,5 @@ class PartyRuntime:
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise StateFileError(f"{who}: {path} does not fit this model ({type(e).__name__}: {e})") from None
         self._set_scaler(scaler)  # files saved before party preprocessing existed hold none: features as they are
+        self.rewinds.on_load(saved.get("state_id"), str(request.meta["dir"]))
         return Reply(meta={"ok": True, "model": got})

@@ -253,7 +253,7 @@ class LocalTransport(Transport):
         try:
             for parties in groups.values():
                 for p in parties:
-                    self.runtimes[p].check(stamped[p])
+                    stamped[p] = self.runtimes[p].check(stamped[p])  # admitted: gradients clipped by policy
         except (MessageError, PolicyViolation):
             return {}
         answers: dict[int, tuple[Request, Reply]] = {}

@@ -212,6 +212,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
+    def _plan(self, federation: Federation) -> None:  # noqa: B027 - optional
+        """Fix the parameters a method derives from what the parties announce (``federation.announced_policies()``;
+        e.g. a wire protocol within their policies), in ``params_``, before anything is set up."""
+
     def _build_coordinator(self) -> None:  # noqa: B027 - optional
         """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
 
@@ -317,6 +321,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         federation.transport.device = self.device_  # replies arrive on the coordinator's device
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
+        self._plan(federation)
         self.data_info_ = dict(data_info or {})
         private = private_parties(self, federation)  # refuses a method without differential privacy, naming it
         # the labels the coordinator trains with (randomized under label DP; RRWithPrior: a first fit gives priors)

@@ -159,6 +159,8 @@ def _fit_federation(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkp
     """Connect, align and fit; with ``party_timeout``, wait out up to ``party_retries`` party failures (each time:
     every party says hello again, the fit resumes from the last checkpoint).  Returns (threads, failures)."""
     timeout = options.party_timeout
+    if options.checkpoint_dir is not None and hasattr(fed, "keep_sessions_with"):
+        fed.keep_sessions_with(options.checkpoint_dir)  # a coordinator restarted with resume proves it holds them
     if getattr(fed, "alignment_id", "") is None:
         # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed,
         # repeated or continued after a party restarted, gets the same tokens, so the same sample order and model

@@ -207,9 +207,9 @@ def _decode(items: list[tuple[Member, Request]]) -> list[dict[str, torch.Tensor]
     def key(program: Member, request: Request) -> tuple[Any, ...]:
         m, t = request.meta, request.tensors
         held = t.get("h", t.get("h_mis"))
-        samples = int(m["samples"]) if program.wire == "lean" and "samples" in m else (
+        samples = int(m["samples"]) if program.wire != "samples" and "samples" in m else (
             held.shape[0] if held is not None else 0)
-        seed = m.get("noise_seed") if program.wire == "lean" else None
+        seed = m.get("noise_seed") if program.wire != "samples" else None
         return signature(program), bool(m.get("train", False)), samples, m.get("batch"), seed
 
     for idx in _partition([key(p, r) for p, r in items]):
@@ -247,10 +247,16 @@ def _latents(members: list[Member], requests: list[Request], train: bool
         empty = torch.zeros(0, d_h, device=first.device)
         mean = pad_rows([empty if g[0] is None else g[0].float() for g in got]).requires_grad_(train)
         scale = pad_rows([empty if g[0] is None else g[1].float() for g in got]).requires_grad_(train)
+        leaves[f"mean{suffix}"], leaves[f"scale{suffix}"] = mean, scale
+        if first.wire == "bound":  # each row's own draw, checked and derived by its member
+            noise = pad_rows([torch.zeros(0, int(requests[0].meta["samples"]), d_h) if g[0] is None
+                              else m.latent_noise(r, d_h)[suffix].transpose(0, 1)
+                              for m, r, g in zip(members, requests, got)])
+            latents[suffix] = mean.unsqueeze(1) + scale.unsqueeze(1) * noise.transpose(1, 2)
+            continue
         pos = pad_rows([torch.zeros(0, dtype=torch.int64) if g[0] is None else g[2] for g in got])
         if eps is None:
             eps = first.shared_noise(requests[0].meta, d_h)  # one draw: every member derives the same noise
-        leaves[f"mean{suffix}"], leaves[f"scale{suffix}"] = mean, scale
         latents[suffix] = mean.unsqueeze(1) + scale.unsqueeze(1) * eps[:, pos].transpose(0, 1)
     return leaves, latents, sizes.get("", [0] * len(members)), sizes.get("_mis", [0] * len(members))
 
@@ -304,7 +310,7 @@ def _decode_group(items: list[tuple[Member, Request]]) -> list[dict[str, torch.T
         if parts:
             reply["mask_loglik"] = torch.cat(parts, dim=1)
         m._dec = {"group": group, "slot": slot} if train else {}
-        replies.append(reply)
+        replies.append(m.release(reply))
     return replies
 
 

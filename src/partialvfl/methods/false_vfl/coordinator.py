@@ -93,7 +93,23 @@ class _FalseVFL(VFLMethod):
                                    "decoder_logvar_range", "wire", "wire_dtype")
         cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
                    feature_shape=[int(s) for s in self.index_.feature_shapes[party]])
+        if cfg["wire"] == "bound":
+            cfg["latent_scale_floor"] = float(self.settings_.latent_scale_floor)
         return cfg
+
+    def _plan(self, federation: Any) -> None:
+        """``wire = auto``: lean if every party releases likelihoods at latents the coordinator chooses (as its
+        ``hello`` says: ``[policy] allow_likelihood_release``, the research policy), else bound, whose floor on the
+        posterior scale is the largest the parties ask for (``[policy] min_latent_scale``)."""
+        params = dict(self.params_)
+        announced = federation.announced_policies()
+        if params["wire"] == "auto":
+            free = all(a.get("allow_likelihood_release", True) for a in announced)
+            params["wire"] = "lean" if free else "bound"
+        if params["wire"] == "bound":
+            floors = [float(a.get("min_latent_scale") or 0.0) for a in announced]
+            params["latent_scale_floor"] = max([float(params["latent_scale_floor"]), *floors])
+        self.params_ = params
 
     # ------------------------------------------------------------------ coordinator modules
     def _build_coordinator(self) -> None:

@@ -31,7 +31,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
-from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise_generator, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
@@ -42,8 +42,11 @@ from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 __all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "PartyModules", "allowed_tensors", "as_rows"]
 
 _WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
-_LEAN, _SAMPLES = {"wire": "lean"}, {"wire": "samples"}
-_LEAN_II, _SAMPLES_II, _II = {"wire": "lean", "variant": 2}, {"wire": "samples", "variant": 2}, {"variant": 2}
+# the lean and bound wires carry the same tensors (posterior mean and scale, row positions)
+_LEAN, _SAMPLES = {"wire": ("lean", "bound")}, {"wire": "samples"}
+_LEAN_II, _SAMPLES_II = {"wire": ("lean", "bound"), "variant": 2}, {"wire": "samples", "variant": 2}
+_II = {"variant": 2}
+_FLOOR_SLACK = 0.01  # a scale at the floor may arrive rounded down by the wire dtype (bfloat16: 2^-8)
 
 
 def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
@@ -92,6 +95,7 @@ class FalseVFLParty(PartyProgram):
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
                      TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II)],
+            gradients={"grad_loglik": 1, "grad_mask_loglik": 1},
             reply=[_wide("grad_h", ("S", "B", "d_h"), _SAMPLES), _wide("grad_h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                    _wide("grad_mean", ("B", "d_h"), _LEAN), _wide("grad_scale", ("B", "d_h"), _LEAN),
                    _wide("grad_mean_mis", ("M", "d_h"), _LEAN_II),
@@ -100,6 +104,7 @@ class FalseVFLParty(PartyProgram):
         "update": MessageSpec(
             request=[_wide("grad_mu", ("B", "d_h")), _wide("grad_logvar", ("B", "d_h")),
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
+            gradients=["grad_mu", "grad_logvar"],
             reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
             optional_meta=["data"], releases=["mu", "logvar"]),
     }
@@ -116,7 +121,11 @@ class FalseVFLParty(PartyProgram):
                         (d_h,), math.prod(shape), d_h)]
         if int(config["variant"]) == 2:
             nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
-        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape)
+        wire = str(config.get("wire", "lean"))
+        floor = float(config.get("latent_scale_floor", 0.0)) if wire == "bound" else None
+        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape,
+                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])},
+                          likelihood_oracle=wire != "bound", latent_scale_floor=floor)
 
     @classmethod
     def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
@@ -134,6 +143,7 @@ class FalseVFLParty(PartyProgram):
         if self.wire not in WIRES:
             raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
+        self.latent_scale_floor = float(config.get("latent_scale_floor", 0.0))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
             self.net = PartyModules(config).to(self.device)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
@@ -175,6 +185,35 @@ class FalseVFLParty(PartyProgram):
         """The batch's reparameterisation noise ``eps_h`` ``(S, batch, d_h)``, the same draw as the coordinator's."""
         gen = latent_noise_generator(int(meta["noise_seed"]))
         return self._draw(gen, (int(meta["samples"]), int(meta["batch"]), d_h))
+
+    def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
+        """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
+        names.  Lean: the batch's shared draw at the rows' positions.  Bound: each row's own draw, a hash of the
+        exact bytes of its mean and scale (:func:`~.formulas.bound_noise`), after checking that no two rows share a
+        position and every scale is at least this program's floor, so that the coordinator cannot aim a latent."""
+        t, meta = req.tensors, req.meta
+        suffixes = [sfx for sfx in ("", "_mis") if f"mean{sfx}" in t]
+        if self.wire == "lean":
+            eps = self.shared_noise(meta, d_h) if suffixes else None
+            return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
+        batch, samples = int(meta["batch"]), int(meta["samples"])
+        pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
+            raise ValueError(f"party {self.party}: bound decode: row positions must be distinct, in [0, {batch})")
+        out = {}
+        for sfx in suffixes:
+            mean, scale = t[f"mean{sfx}"], t[f"scale{sfx}"]
+            floor = self.latent_scale_floor * (1 - _FLOOR_SLACK)
+            if not bool(torch.isfinite(mean).all()) or not bool((scale.float() >= floor).all()):
+                raise ValueError(f"party {self.party}: bound decode: every mean must be finite and every scale at "
+                                 f"least {self.latent_scale_floor:g} (latent_scale_floor)")
+            out[sfx] = bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples)
+        return out
+
+    def release(self, reply: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every ``decode`` reply passes here before it leaves (in process and batched alike): the one place where
+        what the party releases per row (its log-likelihoods, II's mask terms) can be metered or noised."""
+        return reply
 
     def missing_noise_seed(self, meta: dict[str, Any]) -> int:
         """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
@@ -229,11 +268,11 @@ class FalseVFLParty(PartyProgram):
             leaves = {n: v.clone().requires_grad_() for n, v in leaves.items()}
         if self.wire == "samples":
             return leaves, leaves.get("h"), leaves.get("h_mis")
-        eps = self.shared_noise(req.meta, int(self.config["d_h"])) if leaves else None
+        eps = self.latent_noise(req, int(self.config["d_h"]))
         out = []
         for suffix in ("", "_mis"):
             mean = leaves.get(f"mean{suffix}")
-            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[:, t[f"pos{suffix}"]])
+            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[suffix])
         return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
@@ -268,6 +307,7 @@ class FalseVFLParty(PartyProgram):
         self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
         if train and h is not None and self.runtime.privacy is not None:
             self._dec.update(h=h.detach(), handle=self._enc["handle"], rows=self._enc["rows"])
+        out = self.release(out)
         if "next_rows" in req.tensors:
             out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
         return Reply(out)

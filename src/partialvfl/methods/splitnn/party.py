@@ -14,7 +14,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program, state_file
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
@@ -64,9 +64,11 @@ class SplitParty(PartyProgram):
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
                              meta=["data"], optional_meta=["train"], role=INFERS, releases=["emb:{model}"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
+                                      gradients=["grad:{model}"]),
         "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"],
-                                learning_rates=["simsiam.lr"]),
+                                learning_rates=["simsiam.lr"], weight_decays=["simsiam.weight_decay"],
+                                momenta=["simsiam.momentum"]),
         "set_lr": MessageSpec(meta=["lr"], learning_rates=["lr"]),
         "init_encoder": MessageSpec(meta=["dir", "program"],
                                     doc="Initialise every model from this party's own saved state of another program "
@@ -83,7 +85,7 @@ class SplitParty(PartyProgram):
         latent = int(config["latent_dim"])
         nets = tuple(Network(f"model {name!r}", family, hidden, shape, latent, latent,
                              resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
-        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
 
     @classmethod
     def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
