@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             dep.start()
             for label, k in (("research (before)", 0), ("default (after)", 1)):
                 t0 = time.perf_counter()
-                for outcome in run_attacks(dep.federation_file, k, block, steps):
+                for outcome in run_attacks(dep.federation_file, k, block, steps, data.ids):
                     rows.append({"policy": label, **outcome.row()})
                 print(f"{label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     _print_table(rows)

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"train: {s['n_samples']} samples, {s['n_labeled']} labelled, observed fraction per party "
           f"{np.round(s['observed_fraction'], 3).tolist()}, all-missing {s['all_missing']}")
     params = _params(a)
-    method = get_method(a.method)(a.preset, seed=a.seed, progress=a.progress, **params)
+    method = get_method(a.method)(a.preset, seed=a.seed, progress="epochs" if a.progress else False, **params)
     t0 = time.perf_counter()
     method.fit(train)
     fit_s = time.perf_counter() - t0

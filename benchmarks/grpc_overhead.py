@@ -7,8 +7,10 @@ each side, since the first use of an optimiser imports lazily for seconds in eve
 epoch on each side (the same fits with ``--extra-epochs`` more epochs per stage, minus the shorter ones: a whole
 fit's ratio includes the set-up rounds and the first batches, which do not grow with the epochs); and bytes that crossed
 a party boundary per sample per step (tensor bytes from the message log; on-the-wire frame bytes, which include the
-coordinator's traffic with its own party and the safetensors/JSON headers, beside them).  It also checks that both
-runs give the same predictions.
+coordinator's traffic with its own party and the safetensors/JSON headers, beside them).  It also reports how far
+the two runs' predictions are apart: the largest difference of a predicted probability and the share of test rows
+whose predicted class is the same (they are equal only where the method's federated path computes exactly as in
+process; nothing here asserts it).  No accuracy is printed: a few epochs measure the wire, not the model.
 
     python benchmarks/grpc_overhead.py                   # false-vfl-1, 4 parties, 2+2 epochs
     python benchmarks/grpc_overhead.py --method vanilla-vfl --epochs 3 --json out.json
@@ -39,16 +41,19 @@ def epoch_params(method: str, epochs: int) -> dict[str, Any]:
     if method.startswith("false-vfl"):
         return {"pretrain_epochs": epochs, "epochs": epochs}
     cls = get_method(method)
-    return {k: epochs for k in cls.default_params() if k in ("epochs", "epochs")}
+    return {k: epochs for k in cls.default_params() if k == "epochs"}
 
 
 def samples_per_fit(method: str, train: Any, epochs: int) -> int:
-    """Sample-steps of training: every sample processed once per epoch of each stage."""
+    """Sample-steps of training: every sample a stage trains on, once per epoch of each stage.  FALSE-VFL: stage 1
+    on every sample with an observed block, stage 2 on the labelled ones; a split-network method: its own training
+    rows (Vanilla VFL: the labelled rows every party observes; Local: those the active party observes)."""
     some = int(train.observed.any(axis=1).sum())
     labelled = int((train.labeled & train.observed.any(axis=1)).sum())
     if method.startswith("false-vfl"):
         return epochs * (some + labelled)
-    return epochs * labelled
+    rows = getattr(get_method(method)("fast"), "_training_rows", None)
+    return epochs * (len(rows(train.coordinator_view())) if rows is not None else labelled)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,6 +64,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cls = get_method(args.method)
     params = epoch_params(args.method, args.epochs)
     warm = epoch_params(args.method, 1)
+    # what fit(train) tells the method in process: the dataset (its presets) and that the protocol's data are
+    # standardised already (without it each party would standardise them a second time: another model)
+    dataset = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
+    same = {"dataset": dataset, "data_info": train.info}
     fit_local, fit_remote, pred_local, pred_remote = [], [], [], []
     long_local: list[float] = []  # extra seconds of the fits with --extra-epochs more epochs
     long_remote: list[float] = []
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             handle = fed.attach(train, "train")
             # first use of an optimiser imports lazily for seconds, in every process: warm both sides up
             cls(args.preset, seed=args.seed, **warm).fit(train)
-            cls(args.preset, seed=args.seed, **warm).fit_federated(fed, train.coordinator_view(), handle)
+            cls(args.preset, seed=args.seed, **warm).fit_federated(fed, train.coordinator_view(), handle, **same)
             # interleave the runs: the machine is shared, so its load drifts; report the fastest of each
             for rep in progress(range(args.repeats), "repeats"):
                 t0 = time.perf_counter()
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wire0, party0 = t.bytes_sent + t.bytes_received, t.party_seconds
                 remote = cls(args.preset, seed=args.seed, **params)
                 t0 = time.perf_counter()
-                remote.fit_federated(fed, train.coordinator_view(), handle)
+                remote.fit_federated(fed, train.coordinator_view(), handle, **same)
                 fit_remote.append(time.perf_counter() - t0)
                 if rep == 0:
                     train_bytes = log.total_bytes()
@@ -109,7 +118,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cls(args.preset, seed=args.seed, **longer).fit(train)
                     long_local.append(time.perf_counter() - t0 - fit_local[-1])
                     t0 = time.perf_counter()
-                    cls(args.preset, seed=args.seed, **longer).fit_federated(fed, train.coordinator_view(), handle)
+                    cls(args.preset, seed=args.seed, **longer).fit_federated(fed, train.coordinator_view(), handle,
+                                                                             **same)
                     long_remote.append(time.perf_counter() - t0 - fit_remote[-1])
         finally:
             fed.close()
@@ -144,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "predict_crossing_bytes_per_sample": round(pred_bytes / max(n_pred, 1), 1),
         "predict_wire_bytes_per_sample": round(wire_pred / max(n_pred, 1), 1),
         "max_abs_prediction_difference": float(np.abs(p_remote - p_local).max()),
-        "test_accuracy": float((p_remote.argmax(1) == test.y).mean()),
+        "same_predicted_class": round(float((p_remote.argmax(1) == p_local.argmax(1)).mean()), 4),
     }
 
 

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for mech in TEST_MECHANISMS:
         test = with_test_mechanism(config, mech, source)
         for n in samples:
-            model.params_["predict_importance_samples"] = n
+            model.params_ = {**model.params_, "predict_importance_samples": n}
             res = evaluate(model, test)
             ess = model.importance_ess(test)
             ess = ess[np.isfinite(ess)]

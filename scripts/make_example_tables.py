@@ -12,6 +12,8 @@ Written files (CSV)::
     OUT/train/{bank,shop,telco}.csv     training customers (bank's defaulted is empty where unknown)
     OUT/new/{bank,shop,telco}.csv       new customers to predict (no label column)
     OUT/outcomes/bank.csv               the new customers' bank table with defaulted, as known months later
+    OUT/outcomes/defaulted.csv          customer_id and defaulted of every new customer some institution holds,
+                                        as a collections department records them (for ``evaluate --truth``)
 
 Usage: ``python scripts/make_example_tables.py OUT [--seed 0] [--train 1500] [--new 300]``.  The same seed writes
 the same files.
@@ -77,7 +79,9 @@ def write(out: Path, seed: int = 0, n_train: int = 1500, n_new: int = 300) -> li
     new = party_tables(rng, new_people, label="all")
     outcomes = new["bank"]
     new["bank"] = outcomes.drop(columns=["defaulted"])
-    for folder, tables in (("train", train), ("new", new), ("outcomes", {"bank": outcomes})):
+    held = set().union(*(set(t["customer_id"]) for t in new.values()))
+    defaulted = new_people.loc[new_people["customer_id"].isin(held), ["customer_id", "defaulted"]]
+    for folder, tables in (("train", train), ("new", new), ("outcomes", {"bank": outcomes, "defaulted": defaulted})):
         (out / folder).mkdir(parents=True, exist_ok=True)
         for party, table in tables.items():
             path = out / folder / f"{party}.csv"

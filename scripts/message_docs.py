@@ -11,6 +11,7 @@ from pathlib import Path
 
 from partialvfl.federation.grpc_party import SERVER_MESSAGES
 from partialvfl.federation.party import PROGRAMS, RUNTIME_MESSAGES
+from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.schema import messages_markdown
 from partialvfl.methods.registry import METHODS, load_all
 
@@ -26,11 +27,13 @@ def render() -> str:
             continue
         users = sorted(m for m, c in METHODS.items() if c.party_program == name)
         sections.append((f"`{name}`", f"`{cls.__module__}.{cls.__qualname__}`, used by {', '.join(users)}.",
-                         cls.messages))
+                         cls.messages, True))
     sections.append(("Built-in kinds of every party", "`partialvfl.federation.party.RUNTIME_MESSAGES`, answered by "
-                     "the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES))
+                     "the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES, False))
     sections.append(("Built-in kinds of the gRPC party server", "`partialvfl.federation.grpc_party.SERVER_MESSAGES`.",
-                     SERVER_MESSAGES))
+                     SERVER_MESSAGES, False))
+    sections.append(("Alignment kinds of the gRPC party server", "`partialvfl.federation.psu.PSU_MESSAGES` (the "
+                     "keyless alignment, the default; docs/deployment.md, \"Alignment\").", PSU_MESSAGES, False))
     return messages_markdown(sections)
 
 

@@ -54,7 +54,7 @@ def test_fit_then_evaluate_remembers_the_protocol(tmp_path, capsys: pytest.Captu
     assert main(["fit", "--dataset", "digits", "--parties", "4", "--labels", "200", "--aligned", "50",
                  "--train-missing", "mcar:0.2", "--method", "false-vfl-1", "--epochs", "1", "--seed", "3",
                  "--max-train", "400", "--max-test", "150", "--out", str(out), "--quiet"]) == 0
-    assert "test (none): accuracy" in capsys.readouterr().out
+    assert "test set, no test mechanism (no block removed): accuracy" in capsys.readouterr().out
     assert main(["evaluate", "--model", str(out), "--test-missing", "mcar:0.5", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert 0.0 <= res["accuracy"] <= 1.0 and res["n_samples"] == 150 and res["method"] == "false-vfl-1"

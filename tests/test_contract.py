@@ -29,6 +29,7 @@ from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_party import SERVER_MESSAGES
 from partialvfl.federation.party import PROGRAMS
+from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.methods.base import VFLMethod, get_method
 from partialvfl.methods.params import Param
 from partialvfl.methods.registry import method_names
@@ -316,7 +317,8 @@ def test_federated_over_grpc_equals_in_process(name: str, references, deployment
     assert_same(remote.history_, ref.model.history_, exact=False)
     ref.model.save(tmp_path / "local")
     assert_same(saved_states(tmp_path / "remote", deployment), saved_states(tmp_path / "local"), exact=False)
-    assert_declared_and_leak_free(remote, log, train, test_data, extra=tensor_names(SERVER_MESSAGES))
+    extra = tensor_names(SERVER_MESSAGES) | tensor_names(PSU_MESSAGES)
+    assert_declared_and_leak_free(remote, log, train, test_data, extra=extra)
 
 
 @pytest.mark.parametrize("name", METHODS)

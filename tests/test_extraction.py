@@ -28,6 +28,7 @@ from partialvfl.data.sources import load_source
 from partialvfl.federation.grpc_local import LocalDeployment
 
 ROWS = 600
+IDS = [f"u{i:04d}" for i in range(ROWS)]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def block() -> np.ndarray:
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory, block):  # noqa: ANN001, ANN201
     n = len(block)
-    data = VerticalDataset([block.copy(), block.copy()], np.ones((n, 2), bool), ids=[f"u{i:04d}" for i in range(n)],
+    data = VerticalDataset([block.copy(), block.copy()], np.ones((n, 2), bool), ids=IDS,
                            y=np.arange(n) % 2, task=Task.classification([0, 1]), active_party=0,
                            party_names=["research", "deployed"])
     d = LocalDeployment(tmp_path_factory.mktemp("extraction"), data, deadline=600.0, start_timeout=600.0)
@@ -57,14 +58,14 @@ PLAN = [("seed", {"width": 1}), ("seed", {"width": 4}), ("seed", {"width": 4, "m
 
 def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordinators_seed(dep, block) -> None:
     torch.set_num_threads(1)
-    [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1])
+    [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1], IDS)
     assert linear.refusals == [] and linear.accepted.startswith("mlp hidden [] -> 16, lr 0")
     assert linear.rmse_std.max() < 1e-3, linear.row()
 
 
 def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
-    outcomes = run_attacks(dep.federation_file, 1, block, PLAN)
+    outcomes = run_attacks(dep.federation_file, 1, block, PLAN, IDS)
     for o in outcomes:
         assert o.median >= 0.9, o.row()
         assert any("policy rule 'min_lr'" in r for r in o.refusals), o.row()  # lr 0 is refused
@@ -75,6 +76,6 @@ def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:
 
 def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
-    [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})])
+    [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})], IDS)
     assert known.accepted.endswith("-> 32, lr 1e-06"), known.row()  # the widest output the policy allows
     assert known.median >= 0.5, known.row()

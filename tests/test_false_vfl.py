@@ -277,7 +277,7 @@ def test_stage_two_leaves_every_generative_parameter_bit_identical(variant) -> N
     handle = fed.attach(train, "stage2")
     loop = TrainingLoop(fed.transport, name="stage 2 alone", history=[], report=lambda *_: None,
                         save_coordinator=dict, load_coordinator=lambda _: None)
-    method.params_["epochs"] = 2
+    method.params_ = {**method.params_, "epochs": 2}
     loop.run(method._train_stage(train.coordinator_view(), handle))
     after = snapshot()
     for sb, sa in zip(before[0] + [before[1]], after[0] + [after[1]]):
@@ -454,7 +454,7 @@ def test_importance_ess_lies_between_one_and_L_and_is_nan_without_parties(fitted
     test = test.with_observed(np.vstack([np.zeros((1, test.n_parties), bool), test.observed[1:]]))
     model = copy.deepcopy(fitted)
     for n in (1, 16):
-        model.params_["predict_importance_samples"] = n
+        model.params_ = {**model.params_, "predict_importance_samples": n}
         ess = model.importance_ess(test)
         assert np.isnan(ess[0]) and np.isfinite(ess[1:]).all()
         assert (ess[1:] >= 1 - 1e-9).all() and (ess[1:] <= n + 1e-6).all()

@@ -1,7 +1,8 @@
 """Same data, same seed, same model, in process and federated (issue 12, items 1, 4 and 5): real party processes
-(a :class:`LocalDeployment`, generous deadlines) serve the example tables; the federation aligns them by keyed hash,
-each party standardises its own features, and the predictions equal those of an in-process fit on the same tables
-ordered by the same key.  Also: what ``predict --federation`` writes and when it fails."""
+(a :class:`LocalDeployment`, generous deadlines) serve the example tables; the federation aligns them by private set
+union (a sample order of this session's tokens), each party standardises its own features, and the predictions equal
+those of an in-process fit on the same tables in the same order.  Also: what ``predict --federation`` writes and
+when it fails."""
 
 from __future__ import annotations
 
@@ -46,15 +47,18 @@ def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
 
 def test_in_process_and_federated_fits_give_identical_predictions(example: Path, deployment: LocalDeployment,
                                                                  tmp_path: Path) -> None:
-    # in process: the tables ordered by the federation's key, the order the federation builds from hashes
-    local = from_tables(train_tables(example), order_key=deployment.key_file, **KW)
-    assert local.ids.tolist() != from_tables(train_tables(example), **KW).ids.tolist()  # the key decides the order
-    m_local = get_method("laser-vfl")("fast", seed=0, **PARAMS).fit(local)
-    p_local = m_local.predict_proba(local)
-
     fed = deployment.federation()
     try:
         view, handle = fed.align()
+        # in process: the same tables in the order the federation built from this session's tokens (the coordinator,
+        # who holds every ID in this test, looks them up online through the keyed parties)
+        canonical = from_tables(train_tables(example), **KW)
+        tokens = fed.id_tokens(canonical.ids)
+        local = canonical.subset(sorted(range(len(tokens)), key=lambda i: bytes(tokens[i])))
+        assert local.ids.tolist() != canonical.ids.tolist()  # the session's tokens decide the order
+        assert [bytes(t).hex() for t in fed.id_tokens(local.ids)] == view.ids.tolist()
+        m_local = get_method("laser-vfl")("fast", seed=0, **PARAMS).fit(local)
+        p_local = m_local.predict_proba(local)
         assert view.n_samples == local.n_samples and view.observed.sum() == local.observed.sum()
         m_fed = get_method("laser-vfl")("fast", seed=0, **PARAMS).fit_federated(fed, view, handle)
         fed.release(handle)

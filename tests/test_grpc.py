@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import numpy as np
@@ -52,9 +52,11 @@ from partialvfl.federation.grpc_transport import (
     PartyError,
     TlsFiles,
     WireError,
+    decode_reply,
     decode_request,
     encode_request,
 )
+from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.methods.base import METHODS, VFLMethod, register_method
 from partialvfl.methods.training import Stage
@@ -117,6 +119,19 @@ class ToySplitParty(PartyProgram):
         with torch.no_grad():
             self.w.copy_(state["w"])
         self.opt.load_state_dict(state["opt"])
+
+
+@register_program
+class ToyBatchedParty(ToySplitParty):
+    """The toy program, answering a round of several parties jointly in process (each by its own handler)."""
+
+    program_name = "test/grpc-batched"
+    batches: ClassVar[list[int]] = []  # the size of every batched round answered in this process
+
+    @classmethod
+    def handle_batch(cls, items: Any) -> list[Reply] | None:
+        cls.batches.append(len(items))
+        return [program.handle(request) for program, request in items]
 
 
 def _wait_for(path: Path, limit: float = 600.0) -> None:
@@ -450,7 +465,8 @@ def test_federated_training_matches_in_process_and_leaks_nothing(deployment, dat
         assert find_raw_feature_leaks(log, data) == []
         crossing = log.crossing()
         assert crossing and {e.kind for e in crossing} >= {"forward", "backward"}
-        allowed = tensor_names(ToySplitParty, kinds=["forward", "backward", "weights"]) | tensor_names(SERVER_MESSAGES)
+        allowed = (tensor_names(ToySplitParty, kinds=["forward", "backward", "weights"])
+                   | tensor_names(SERVER_MESSAGES) | tensor_names(PSU_MESSAGES))
         assert {n for e in crossing for n in e.names} <= allowed
         fed.transport.new_step()
         fed.call(0, "leak", data="train")  # a positive control: the audit sees a raw row when one crosses
@@ -470,11 +486,11 @@ def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:  # noq
     fed = _fed(deployment)
     try:
         view, handle = fed.align(handle="aligned")
-        key = load_key(deployment.key_file)
-        # every sample some party holds or that carries a label is in the union, in hash order
+        # every sample some party holds or that carries a label is in the union, in token order; the coordinator
+        # finds its own IDs there only through the keyed parties' online lookup
         known = data.observed.any(axis=1) | data.labeled
         assert view.n_samples == int(known.sum())
-        pos = positions_in(_unhex(view.ids), hash_ids(data.ids[known], key))
+        pos = positions_in(_unhex(view.ids), fed.id_tokens(data.ids[known]))
         assert (pos >= 0).all()
         np.testing.assert_array_equal(view.observed[pos], data.observed[known])
         np.testing.assert_array_equal(view.labeled[pos], data.labeled[known])
@@ -592,9 +608,44 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
         remote.call(0, kind, tensors, **meta)
     code = grpc.StatusCode.UNIMPLEMENTED if case == "unknown kind" else grpc.StatusCode.INVALID_ARGUMENT
     assert there.value.code == code and there.value.details == str(here.value)
-    # the server keeps serving; a refused request was not served, so the same kind may follow in the same round
     good, good_meta = _typed_request()
-    assert remote.call(0, "pair", good, **good_meta).tensors["y"].shape == (4, 2)
+    if kind == "pair":  # one admission path: both transports count the refused request as sent in this round ...
+        for fed in (local, remote):
+            with pytest.raises(RuntimeError, match="already got a 'pair' request"):
+                fed.call(0, "pair", good, **good_meta)
+    # ... while the server keeps serving, and serves the kind it refused in the same step and round (not a replay)
+    t = remote.grpc_transport
+    payload = t._encode(Request("pair", good, {**good_meta, "step": t.step, "round": t.round}))
+    assert decode_reply(t._calls[0](payload, timeout=PATIENCE)).tensors["y"].shape == (4, 2)
+
+
+def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:  # noqa: ANN001
+    """Transport.call_many is the one admission path: in process (batched or party by party) and over gRPC, a
+    kind sent twice to a party in one round is refused before anything is sent, with the same words."""
+    feds = [LocalFederation.for_dataset(data, batched=True), LocalFederation.for_dataset(data, batched=False),
+            _fed(deployment)]
+    said, batches = [], ToyBatchedParty.batches
+    try:
+        for fed in feds:
+            handle = fed.attach(data, "train")
+            fed.setup("test/grpc-batched", toy_configs(data.feature_dims), seed=0)
+            fed.transport.new_step()
+            rows = {k: torch.as_tensor(np.flatnonzero(data.observed[:, k])[:4]) for k in range(3)}
+            forward = {k: Request("forward", {"rows": r}, {"data": handle}) for k, r in rows.items()}
+            before = len(batches)
+            assert set(fed.transport.call_many(forward)) == {0, 1, 2}
+            assert batches[before:] == ([3] if fed is feds[0] else [])  # in process batched: one joint round
+            sent = len(fed.log), getattr(fed.transport, "bytes_sent", 0)
+            with pytest.raises(RuntimeError) as e:
+                fed.transport.call_many({0: forward[0], 1: forward[1]}, tolerate=True)
+            assert (len(fed.log), getattr(fed.transport, "bytes_sent", 0)) == sent  # nothing was sent or logged
+            said.append(str(e.value).replace(f"step {fed.transport.step} ", "step N "))
+            fed.transport.new_round()
+            assert set(fed.transport.call_many({0: forward[0]})) == {0}  # a new round takes it
+    finally:
+        feds[2].close()
+    assert said == ["party 0 already got a 'forward' request in step N round 0; call transport.new_round() "
+                    "between rounds"] * 3, said
 
 
 @pytest.mark.parametrize("bug", ["dtype", "rank", "size", "missing", "extra"])
@@ -782,7 +833,8 @@ def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "shop" in sans.get_values_for_type(x509.DNSName)
     assert (tmp_path / "coordinator.key").stat().st_mode & 0o077 == 0
-    assert len(load_key(tmp_path / "hmac.key")) == 32
+    assert len(load_key(tmp_path / "alignment.key")) == 32 and not (tmp_path / "hmac.key").exists()
+    assert (tmp_path / "alignment.key").stat().st_mode & 0o077 == 0
 
 
 def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:  # noqa: ANN001

@@ -1,6 +1,8 @@
 """docs/own-data.md runs as written (issue 12, item 7): its bash and Python blocks are executed in order, exactly as
 they stand, in a fresh directory (holding the repository's scripts/), with its ```toml file=PATH blocks written to
-those paths; the outputs it shows are what the commands print (timings aside)."""
+those paths; the outputs it shows are what the commands print (timings aside).  Issue 21: the label holder's party
+file follows docs/deployment.md's template (``exclude_columns`` plus a ``[[data.predict]]`` table of new users
+without the label column) and the federation predicts and scores the new users; the template itself starts."""
 
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ DOC = ROOT / "docs" / "own-data.md"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.S | re.M)
 
 
+def fenced(text: str) -> list[tuple[str, str]]:
+    """``(info string, body)`` of every fenced block of ``text``, in order."""
+    return [(m.group(1).strip(), m.group(2)) for m in FENCE.finditer(text)]
+
+
 def blocks() -> list[tuple[str, str]]:
     """``(info string, body)`` of every fenced block of the document, in order."""
-    return [(m.group(1).strip(), m.group(2)) for m in FENCE.finditer(DOC.read_text())]
+    return fenced(DOC.read_text())
 
 
 def free_ports(n: int) -> list[int]:
@@ -71,5 +78,32 @@ def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     missing = [line for line in shown if line.strip() and not timing.search(line) and line not in printed]
     assert not missing, f"the doc shows lines the commands did not print: {missing[:5]}\n{out[-3000:]}"
     assert "1341 customers; largest difference in p_1: 0.0" in printed  # in process == federated
+    # the label holder served its template (exclude_columns + a [[data.predict]] table without the label column)
+    assert 'exclude_columns = ["defaulted"]' in files["example/bank.toml"]
+    assert "[[data.predict]]" in files["example/bank.toml"]
+    assert "defaulted" not in (tmp_path / "example" / "new" / "bank.csv").read_text().splitlines()[0]
+    assert "266 new customers; largest difference in p_1: 0.0" in printed  # new users: federated == in process
     assert (tmp_path / "example" / "predictions.csv").read_text().splitlines()[0] == \
         "customer_id,prediction,p_0,p_1,n_parties,parties"
+
+
+def test_the_deployment_party_template_serves_its_new_users_table(tmp_path: Path) -> None:
+    """docs/deployment.md's party template as written (the label holder: ``exclude_columns = ["label"]`` and a
+    ``[[data.predict]]`` table of new users, which has no label column) starts and serves both tables."""
+    import pandas as pd
+
+    from partialvfl.federation.grpc_party import PartyServer, load_party_config
+
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    section = text[text.index("## 2. A party"):]
+    template = next(body for info, body in fenced(section) if info == "toml")
+    assert 'exclude_columns = ["label"]' in template and "[[data.predict]]" in template
+    (tmp_path / "bank.toml").write_text(template)
+    pd.DataFrame({"customer_id": [1, 2, 3], "age": [30, 40, 50], "income": [1.0, 2.0, 3.0],
+                  "label": [0, 1, None]}).to_csv(tmp_path / "bank.csv", index=False)
+    pd.DataFrame({"customer_id": [7, 8], "income": [4.0, 5.0], "age": [60, 70]}).to_csv(
+        tmp_path / "bank_new_users.csv", index=False)  # new users: no label column, columns in another order
+    server = PartyServer(load_party_config(tmp_path / "bank.toml"), key=b"k" * 32)
+    assert server.table.feature_names == ("age", "income")
+    new = server.tables["new-users"]
+    assert new.feature_names == ("age", "income") and new.features.tolist() == [[60.0, 4.0], [70.0, 5.0]]

@@ -21,12 +21,10 @@ from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
 from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.alignment import hash_ids, load_key
 from partialvfl.federation.certs import issue_certificate
 from partialvfl.federation.grpc_federation import load_federation_config
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, encode_request
-from partialvfl.federation.policy import BUILTIN_PROGRAMS
 
 HERE = Path(__file__).resolve().parent
 PATIENCE = 300.0
@@ -72,7 +70,7 @@ def new_users() -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory, data, new_users):  # noqa: ANN001, ANN201
-    policy = {"seed": 5, "programs": [*BUILTIN_PROGRAMS, "test/leaky"], "unchecked_programs": ["test/leaky"],
+    policy = {"seed": 5, "programs": ["builtin", "test/leaky"], "unchecked_programs": ["test/leaky"],
               "max_handles": 4}
     d = LocalDeployment(tmp_path_factory.mktemp("hardening"), data, plugins=["test_party_hardening"],
                         pythonpath=[HERE], deadline=PATIENCE, max_message_mb=1.0, start_timeout=600.0,
@@ -207,11 +205,15 @@ def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> No
         fed.close()
     entries = read_access_log(log_file)[before:]
     kinds = [(e["kind"], e["outcome"]) for e in entries]
-    assert kinds == [("hello", "served"), ("ids", "served"), ("attach", "served"), ("setup", "refused"),
-                     ("release", "served")], kinds
-    hello, ids, attach, setup, _ = entries
+    # the bank is the label holder: no alignment key, its tokens come blinded through a keyed party
+    assert kinds == [("hello", "served"), ("psu_open", "served"), ("psu_blind", "served"), ("psu_unblind", "served"),
+                     ("attach", "served"), ("setup", "refused"), ("release", "served")], kinds
+    hello, _, blind, unblind, attach, setup, _ = entries
     assert hello["peer"] == "coordinator" and hello["address"].startswith("ipv4:127.0.0.1")
-    assert ids["reply"] == {"hashes": [[int(data.observed[:, 0].sum()), 32], "uint8"]} and ids["reply_bytes"] > 0
+    held = int(data.observed[:, 0].sum())
+    assert blind["reply"] == {"points": [[held, 32], "uint8"]} and blind["reply_bytes"] > 0
+    assert unblind["request"] == {"points": [[held, 32], "uint8"]} and unblind["reply"] == {"tokens": [[held, 32],
+                                                                                                        "uint8"]}
     assert attach["request"]["rows"] == [[int(data.observed[:, 0].sum())], "int64"]
     assert attach["meta"] == {"handle": "audit", "n_samples": len(data.ids)} and attach["status"] == "OK"
     assert setup["status"] == "PERMISSION_DENIED" and "'no/such' is not one this party runs" in setup["reason"]
@@ -227,8 +229,7 @@ def test_new_users_are_predicted_from_their_own_table_and_never_trained_on(dep, 
     fed = dep.federation()
     try:  # the fit's alignment never sees the new users: they are in no training table
         view, handle = fed.align(handle="check")
-        key = load_key(dep.key_file)
-        new = {bytes(h).hex() for h in hash_ids(new_users.ids, key)}
+        new = {bytes(h).hex() for h in fed.id_tokens(new_users.ids)}
         assert view.n_samples == len(data.ids) and not new & set(view.ids)
         fed.release(handle)
     finally:

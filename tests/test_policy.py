@@ -20,9 +20,11 @@ from partialvfl.federation import LocalFederation, MessageLog, PartyRuntime, Req
 from partialvfl.federation.access_log import AccessLog, AccessLogConfig, read_access_log
 from partialvfl.federation.audit import PartyStateRecorder, disclosed_state, find_party_state_leaks
 from partialvfl.federation.grpc_party import load_party_config
-from partialvfl.federation.policy import INFERENCE_KINDS, InferenceGuard, PartyPolicy, PolicyViolation
+from partialvfl.federation.policy import InferenceGuard, PartyPolicy, PolicyViolation
+from partialvfl.federation.schema import INFERS, kinds_with_role
 from partialvfl.methods import get_method, load_all, method_names
 from partialvfl.methods.base import IndexInfo
+from partialvfl.methods.splitnn.party import SplitParty
 
 D = 16  # the party's feature count in these tests
 
@@ -197,9 +199,9 @@ def test_no_training_message_is_accepted_after_rows_of_a_prediction_table(reques
     for kind, data, train in requests:
         meta = {"train": train} if data is None else {"data": data, "train": train}
         tainted = (data == "new") or (data is None and last_named == "new")
-        trains = train or kind not in INFERENCE_KINDS["splitnn/party"]
+        trains = train or kind not in kinds_with_role(SplitParty, INFERS)
         try:
-            guard.check("splitnn/party", kind, meta, {"new"})
+            guard.check(SplitParty.messages, kind, meta, {"new"}, "splitnn/party")
         except PolicyViolation as e:
             assert tainted and trains and e.rule == "prediction_tables"
             continue

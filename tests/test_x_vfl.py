@@ -117,7 +117,7 @@ def test_active_loss_terms_per_sample_type_match_the_paper() -> None:
     torch.testing.assert_close(t["ds_align2"], torch.stack([ds2_0, torch.tensor(0.0), torch.tensor(0.0)]))
     torch.testing.assert_close(t["decision"], t["single"] + t["joint"] + t["completed"])
     # the objective weights DS-Align by lambda1, lambda2 and averages over the batch
-    m.params_.update(lambda1=0.3, lambda2=0.7)
+    m.params_ = {**m.params_, "lambda1": 0.3, "lambda2": 0.7}
     total = m._objective(top, E, comp, tilde, plan, y)
     want = (t["decision"].sum() + 0.3 * t["ds_align1"].sum() + 0.7 * t["ds_align2"].sum()) / 3
     torch.testing.assert_close(total, want)
@@ -131,7 +131,7 @@ def test_ds_align_is_zero_when_completed_and_true_embeddings_agree() -> None:
         tilde[k] = tilde[k].clone()
         tilde[k][0] = E[0, k]  # aligned row: the completion equals the true embedding
     for space in ("probs", "logits"):
-        m.params_["ds_align_space"] = space
+        m.params_ = {**m.params_, "ds_align_space": space}
         assert torch.count_nonzero(m.loss_terms(top, E, comp, tilde, plan, y)["ds_align1"]) == 0
     # DS-Align 2 vanishes when every party's embedding equals the joint one
     E2 = E.clone()
@@ -146,7 +146,7 @@ def test_ds_align_detach_stops_the_gradient_of_the_target_side() -> None:
     m.loss_terms(top, E, comp, tilde, plan, y)["ds_align2"].sum().backward()
     g_detached = E.grad.clone()
     E.grad = None
-    m.params_["ds_align_detach"] = False
+    m.params_ = {**m.params_, "ds_align_detach": False}
     m.loss_terms(top, E, comp, tilde, plan, y)["ds_align2"].sum().backward()
     assert not torch.allclose(g_detached, E.grad)
 

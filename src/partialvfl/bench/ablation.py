@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from partialvfl.bench.aggregate import Aggregate, entry_key, is_validation, mean_std
-from partialvfl.bench.figures import label_colours, method_labels, new_figure, plot_band, save_figure
+from partialvfl.bench.figures import label_styles, method_labels, new_figure, plot_band, save_figure
 from partialvfl.bench.naming import is_false_vfl, mech_key, mechanism_title, method_key
 from partialvfl.bench.tables import md_table, mean_std_text, tests_of
 
@@ -203,8 +203,7 @@ def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggreg
     datasets = axis.ordered()
     xs = list(range(len(datasets)))
     labels = method_labels(aggs)
-    colour = label_colours(labels)
-    style = {label: "-" if i < 10 else "--" for i, (_, label) in enumerate(labels)}
+    style = label_styles(labels)  # colour, marker, dashes and x shift per label: coinciding lines stay visible
     titles = {a.label: a.title for a in aggs}
     written = []
     for train in sorted({a.train for a in aggs}, key=mech_key):
@@ -223,8 +222,9 @@ def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggreg
                 if not pts:
                     continue
                 px, mean, std = zip(*pts)
-                plot_band(ax, px, mean, std, colour=colour[label], title=titles[label], alpha=0.15,
-                          linestyle=style[label])
+                st = style[label]
+                plot_band(ax, [x + st.offset for x in px], mean, std, colour=st.colour, title=titles[label],
+                          alpha=0.15, linestyle=st.linestyle, marker=st.marker)
             ax.set_xticks(xs, [axis.show(d) for d in datasets])
             ax.set_xlabel(axis.name)
             ax.set_title(mechanism_title(test) if test != "average" else "mean over test mechanisms", fontsize=9)

@@ -77,13 +77,18 @@ def _describe(cfg: dict[str, Any]) -> str:
 
 
 class Extractor:
-    """An attacking coordinator against party ``party`` of a federation (it holds the federation's certificate)."""
+    """An attacking coordinator against party ``party`` of a federation (it holds the federation's certificate).
 
-    def __init__(self, federation_file: Any, party: int) -> None:
+    ``ids``: the users the attacker knows, in the order it wants the party's rows in (the evaluator passes the
+    table's IDs so that a reconstruction lines up with the true rows).  Under keyless alignment the party's tokens
+    arrive sorted, not in table order; the attacker looks its IDs up (one lookup per ID, which the keyed parties log
+    and cap with ``max_lookups``).  Without ``ids`` the rows come in the order of the party's tokens."""
+
+    def __init__(self, federation_file: Any, party: int, ids: Sequence[Any] | None = None) -> None:
         self.fed = GrpcFederation.from_config(federation_file)
         self.party = party
         self.d = int(self.fed.party_info[party]["feature_dim"])
-        hashes = self.fed.party_hashes()[party]
+        hashes = self.fed.party_hashes()[party] if ids is None else self.fed.id_tokens(ids)
         assert hashes is not None
         self.n = len(hashes)
         self._call("attach", {"hashes": torch.from_numpy(hashes.copy()), "rows": torch.arange(self.n)},
@@ -248,10 +253,11 @@ def attack_freeze(ex: Extractor, x: np.ndarray, *, width: int = 1, steps: int = 
 ATTACKS = {"seed": attack_seed, "probes": attack_probes, "known-rows": attack_known_rows, "freeze": attack_freeze}
 
 
-def run_attacks(federation_file: Any, party: int, x: np.ndarray, plan: Sequence[tuple[str, dict[str, Any]]]
-                ) -> list[AttackOutcome]:
-    """Run ``plan`` (attack name, options) against ``party`` whose rows, in its table's order, are ``x``."""
-    ex = Extractor(federation_file, party)
+def run_attacks(federation_file: Any, party: int, x: np.ndarray, plan: Sequence[tuple[str, dict[str, Any]]],
+                ids: Sequence[Any] | None = None) -> list[AttackOutcome]:
+    """Run ``plan`` (attack name, options) against ``party`` whose rows are ``x``, with IDs ``ids`` (``x``'s order;
+    without them ``x`` must be in the order of the party's ID tokens, as under HMAC alignment)."""
+    ex = Extractor(federation_file, party, ids)
     try:
         if ex.n != len(x) or ex.d != x.shape[1]:
             raise ValueError(f"party {party} holds {ex.n} x {ex.d} features, the reference {x.shape}")

@@ -60,6 +60,7 @@ __all__ = [
     "mechanism_title",
     "method_title",
     "paper_comparison",
+    "pipeline_check_notice",
     "robustness_ratios",
     "write_report",
 ]
@@ -98,6 +99,21 @@ class _Writer:
 
     def csv(self, name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
         self.written.append(_write_csv(self.out / name, rows, columns))
+
+
+#: grids that check the pipeline (grid -> fits -> store -> report), too small for their numbers to mean anything
+PIPELINE_CHECK_GRIDS = ("smoke",)
+
+
+def pipeline_check_notice(rows: Sequence[dict[str, Any]]) -> str | None:
+    """What a report must say first when its rows come from a pipeline-check grid (:data:`PIPELINE_CHECK_GRIDS`)."""
+    grids = sorted({str(r["grid"]) for r in rows} & set(PIPELINE_CHECK_GRIDS))
+    if not grids:
+        return None
+    return (f"**Smoke run: these numbers are not results.** The {', '.join(repr(g) for g in grids)} grid checks that "
+            "the pipeline runs (grid, fits, store, report) in about a minute: a few hundred digits, 100 labels, short "
+            "training, 2 seeds. Its accuracies are rough and its gaps and win counts say nothing about the methods; "
+            "the project's results are the cpu grid's (docs/results.md).")
 
 
 def _summary_line(store: str | Path, rows: Sequence[dict[str, Any]], failed: Sequence[dict[str, Any]]) -> str:
@@ -164,9 +180,10 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
     gaps = gap_summary(aggs)
     ratios = robustness_ratios(aggs)
     comparison = paper_comparison(aggs, ratios)
-    w.sections += ["# Benchmark report", "", _summary_line(store, rows, failed), ""]
+    notice = pipeline_check_notice(rows)
+    w.sections += ["# Benchmark report", "", *([notice, ""] if notice else []), _summary_line(store, rows, failed), ""]
     _tables(w, aggs, figures)
-    w.part("gaps.md", "Gap summary (Table 2 layout)", gaps_markdown(gaps))
+    w.part("gaps.md", "Gap summary (Table 2 layout)", (notice + "\n\n" if notice else "") + gaps_markdown(gaps))
     w.csv("gaps.csv", gaps.configs, ["dataset", "train", "test", "metric", "false_vfl", "false_vfl_mean",
                                      "best_other", "best_other_mean", "gap", "oracle_other", "oracle_gap",
                                      "selected_on"])
@@ -186,4 +203,7 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
         w.written += write_figures(aggs, w.out)
     report = w.out / "report.md"
     report.write_text("\n".join(w.sections))
-    return WrittenReport([report, *w.written], headline(gaps, len({r["cell_hash"] for r in rows})))
+    line = headline(gaps, len({r["cell_hash"] for r in rows}))
+    if notice:
+        line = "smoke run, not results (a pipeline check: see the top of report.md): " + line
+    return WrittenReport([report, *w.written], line)

@@ -12,11 +12,13 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP",
-           "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative", "parse_tables",
-           "protocol_config", "refuse_protocol_options", "threads_for"]
+__all__ = ["DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS",
+           "THREADS_HELP", "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative",
+           "parse_tables", "protocol_config", "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
+#: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
+DEFAULT_PRESET = "fast"
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")
@@ -120,10 +122,18 @@ def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
         g.add_argument("--hmac-key", default=None, metavar="FILE",
                        help="order samples by the federation's HMAC key (the order a federated fit uses; default: "
                             "the public default key, see docs/own-data.md)")
+        g.add_argument("--order-of", default=None, metavar="MODEL",
+                       help="order samples as the federated fit saved in MODEL did (its alignment session's tokens), "
+                            "with --alignment-key: to compare an in-process fit with a federated one")
+        g.add_argument("--alignment-key", default=None, metavar="FILE",
+                       help="the passive parties' alignment key, for --order-of")
 
 
 def parse_tables(items: list[str]) -> dict[str, str]:
-    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party is an error."""
+    """``PARTY=FILE`` items as ``{party: file}``; a malformed or repeated party, or a file named as neither CSV nor
+    Parquet, is an error."""
+    from partialvfl.data.tables import table_format
+
     out: dict[str, str] = {}
     for item in items:
         party, eq, path = item.partition("=")
@@ -131,6 +141,9 @@ def parse_tables(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--table takes PARTY=FILE, got {item!r}")
         if party.strip() in out:
             raise ValueError(f"--table names party {party.strip()!r} twice")
+        if table_format(path.strip()) is None:
+            raise ValueError(f"--table {item}: cannot tell the format from the file's name; name it .csv (or .csv.gz, "
+                             "...) or .parquet (or .pq)")
         out[party.strip()] = path.strip()
     return out
 

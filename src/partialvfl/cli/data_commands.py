@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from partialvfl.cli.common import add_protocol_options, emit, protocol_config
+from partialvfl.cli.common import DEFAULT_PRESET, add_protocol_options, emit, protocol_config
 
 __all__ = ["add_commands"]
 
@@ -23,8 +23,9 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("methods", help="list methods, their presets' values and every parameter (no torch needed)",
                        description="Each method's parameters with the values every preset actually uses, the "
-                                   "accepted values and a help line. Presets marked 'per dataset' depend on the "
-                                   "dataset: pass --dataset to see them for one.")
+                                   f"accepted values and a help line. The default preset ({DEFAULT_PRESET}) is marked "
+                                   "'(default)'. Presets marked 'per dataset' depend on the dataset: pass --dataset "
+                                   "to see them for one.")
     p.add_argument("--method", default=None, help="only this method")
     p.add_argument("--dataset", default=None, help="resolve dataset-dependent presets for this dataset")
     p.add_argument("--json", action="store_true", help="one JSON list: per method its presets' values and params")
@@ -78,6 +79,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     if args.json:
         emit(rows, True, "")
         return 0
+    print(f"Presets: '{DEFAULT_PRESET}' is the default (fit --preset, grid entries without a preset); the others are "
+          "chosen by name.\n")
     print("\n\n".join(_method_text(r, args.dataset) for r in rows))
     return 0
 
@@ -88,6 +91,7 @@ def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:
         "name": spec.name, "summary": spec.summary,
         "presets": {p: space.resolve(p, dataset, owner=spec.name) for p in space.preset_names},
         "dataset_presets": list(space.dataset_presets),
+        "default_preset": DEFAULT_PRESET if DEFAULT_PRESET in space.preset_names else None,
         "params": [{"name": p.name, "default": p.default, "accepted": p.describe(), "help": p.help,
                     "aliases": list(p.aliases), "epochs": p.epochs} for p in space.params],
     }
@@ -95,8 +99,9 @@ def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:
 
 def _method_text(row: dict[str, Any], dataset: str | None) -> str:
     presets = list(row["presets"])
-    heads = [p + (f" [{dataset}]" if dataset and p in row["dataset_presets"] else
-                  " [per dataset]" if p in row["dataset_presets"] else "") for p in presets]
+    heads = [p + (" (default)" if p == row["default_preset"] else "")
+             + (f" [{dataset}]" if dataset and p in row["dataset_presets"] else
+                " [per dataset]" if p in row["dataset_presets"] else "") for p in presets]
     values = [[_show(row["presets"][p][q["name"]]) for p in presets] for q in row["params"]]
     name_w = max(len("parameter"), *(len(q["name"]) for q in row["params"]))
     widths = [max(len(h), *(len(v[i]) for v in values)) for i, h in enumerate(heads)]

@@ -19,13 +19,17 @@ def add_commands(sub: Any) -> None:
 
     certs = sub.add_parser("certs", help="development certificates for a federation")
     csub = certs.add_subparsers(dest="certs_command", required=True)
-    init = csub.add_parser("init", help="make a development CA, one certificate per party and the HMAC key")
-    init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key and hmac.key")
+    init = csub.add_parser("init", help="make a development CA, one certificate per party and the passive "
+                                        "parties' alignment key")
+    init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key and alignment.key")
     init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
     init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
                       help="extra DNS names / IPs in every certificate (default: %(default)s)")
-    init.add_argument("--no-hmac-key", action="store_true", help="do not write hmac.key")
+    init.add_argument("--hmac-key", action="store_true",
+                      help="also write hmac.key, for alignment = 'hmac' (one trust domain only: whoever holds it can "
+                           "test IDs against every party's hashes)")
+    init.add_argument("--no-hmac-key", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
     init.set_defaults(func=run_certs_init)
 
 
@@ -54,6 +58,7 @@ def run_party_serve(args: argparse.Namespace) -> int:
 def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.alignment import write_key
     from partialvfl.federation.certs import init_dev_pki
+    from partialvfl.federation.psu import write_alignment_key
 
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
@@ -61,6 +66,9 @@ def run_certs_init(args: argparse.Namespace) -> int:
     print(f"development CA: {d / 'ca.pem'} (key {d / 'ca.key'}: keep it away from the parties)")
     for name, (cert, key) in made.items():
         print(f"  {name}: {cert}, {key}")
-    if not args.no_hmac_key:
-        print(f"HMAC key for ID hashing (give it to every party and the coordinator): {write_key(d / 'hmac.key')}")
+    print(f"alignment key: {write_alignment_key(d / 'alignment.key')}: give it to the passive parties only "
+          "(alignment_key_file), never to the label holder's coordinator or its own party")
+    if args.hmac_key:
+        print(f"HMAC key for alignment = 'hmac' (every party and the coordinator; one trust domain only): "
+              f"{write_key(d / 'hmac.key')}")
     return 0

@@ -20,9 +20,10 @@ import numpy as np
 
 from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import threads_for
-from partialvfl.cli.params import method_from_args
+from partialvfl.cli.params import method_from_args, report_last_epochs
 
-__all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_fit", "run_federated_predict"]
+__all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
+           "run_federated_predict"]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -32,14 +33,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def federated(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a federated command; an unreachable or failing party is exit code 3 (``EXIT_PARTY_LOST``)."""
+    """Run a federated command; an unreachable, failing or refusing party is exit code 3 (``EXIT_PARTY_LOST``;
+    parties that refuse a setup are all named at once, before anything is trained)."""
     from partialvfl.cli.stopping import EXIT_PARTY_LOST
     from partialvfl.federation.grpc_transport import PartyError
-    from partialvfl.federation.transport import PartyUnavailable
+    from partialvfl.federation.transport import PartiesRefused, PartyUnavailable
 
     try:
         return command(args)
-    except (PartyUnavailable, PartyError) as e:
+    except (PartyUnavailable, PartyError, PartiesRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_PARTY_LOST
 
@@ -62,6 +64,9 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     ck = fit_checkpointer(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
+    # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed or
+    # repeated, gets the same tokens, so the same sample order and the same model
+    fed.alignment_id = f"fit seed {method.seed}"
     try:
         if args.party_timeout is not None:  # parties not up yet are waited for, too
             fed.rejoin(args.party_timeout)
@@ -69,6 +74,7 @@ def run_federated_fit(args: argparse.Namespace) -> int:
             fed.connect()
         with stop_on_signals(ck):
             handle = _fit_rejoining(method, fed, ck, args)
+        report_last_epochs(args, method)
         report_checkpoints(args, ck, verbose)
         fed.release(handle)
         method.save(out)
@@ -102,7 +108,8 @@ def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> 
                         f"{view.observed.sum(axis=0).tolist()}", verbose and attempt == 0)
             labels = fed.config.labels if fed.config is not None else None
             info = {"federation": str(args.federation), "n_samples": view.n_samples,
-                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column}
+                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column,
+                    "alignment": {"mode": fed.alignment_mode, "salt": getattr(fed.aligner, "salt", None)}}
             with use_threads(threads_for(args, method, view)):  # the coordinator's; each party sets its own
                 method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
             return handle
@@ -169,13 +176,58 @@ def run_federated_predict(args: argparse.Namespace) -> int:
     A passive party that is unreachable is a missing block (said on stderr); the active party unreachable, or IDs
     no reachable party holds (predicted from the label prior alone), are errors unless ``--allow-prior-only``.
     """
-    from partialvfl.cli.tables import prediction_frame, refuse_prior_only, write_predictions
-    from partialvfl.federation.grpc_federation import GrpcFederation
-    from partialvfl.methods.base import VFLMethod
+    from partialvfl.cli.tables import prediction_frame, write_predictions
 
     if not args.ids:
         raise ValueError("predict --federation needs --ids FILE")
     ids, column = read_id_list(args.ids, getattr(args, "id_column", None))
+
+    def write(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+        id_column = column or model.data_info_.get("id_column") or "id"
+        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
+
+    _predict_across(args, ids, write)
+    return 0
+
+
+def run_federated_evaluate(args: argparse.Namespace) -> int:
+    """``evaluate --federation FILE --truth FILE``: predict the truth file's IDs across the parties (from their
+    training tables, or ``--table-set``'s prediction tables) and score them against its outcomes."""
+    from partialvfl.cli.common import emit
+    from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
+    from partialvfl.methods.model_files import read_model_meta
+
+    if not args.truth:
+        raise ValueError("evaluate --federation needs --truth FILE: the outcomes of the IDs to score")
+    info = read_model_meta(Path(args.model)).get("data_info", {})
+    id_column = args.id_column or info.get("id_column")
+    label = args.label_column or info.get("label_column")
+    if not id_column or not label:
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+    truth = read_truth(args.truth, id_column, label)
+    ids = np.array(truth.ids, dtype=object)
+
+    def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+        res = score_against_truth(model, out, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        where = f"the prediction tables {args.table_set!r}" if args.table_set else "the training tables"
+        res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
+        emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "
+                                                      f"against --truth {args.truth}", res)))
+
+    _predict_across(args, ids, score)
+    return 0
+
+
+def _predict_across(args: argparse.Namespace, ids: np.ndarray,
+                    then: Callable[[Any, np.ndarray, np.ndarray, Any], None]) -> None:
+    """Load ``--model`` across ``--federation``'s parties, attach ``ids`` (``--table-set``'s tables or the training
+    tables), predict them and call ``then(model, outputs, parties used, view)`` before the parties are let go."""
+    import dataclasses
+
+    from partialvfl.cli.tables import refuse_prior_only, used_parties
+    from partialvfl.federation.grpc_federation import GrpcFederation
+    from partialvfl.methods.base import VFLMethod
+
     fed = GrpcFederation.from_config(args.federation, allow_absent=True)
     try:
         n_failures = len(fed.transport.failures)  # those so far are the parties unreachable from the start
@@ -189,18 +241,17 @@ def run_federated_predict(args: argparse.Namespace) -> int:
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))
         _refuse_missing_active(fed, "failed while the IDs were attached")
         refuse_prior_only(view.observed, ids, args.allow_prior_only)
-        out, used = predict_reporting_parties(model, fed, view, handle)
+        out, answered = predict_reporting_parties(model, fed, view, handle)
         fed.release(handle)
         failed = sorted({f[1] for f in fed.transport.failures[n_failures:]})
         if failed:
             print(f"parties {[fed.party_names[k] for k in failed]} failed during prediction; their blocks were "
                   "treated as missing", file=sys.stderr)
-        id_column = column or model.data_info_.get("id_column") or "id"
         # the parties whose blocks each row's prediction actually used (a party lost mid-prediction is not named)
-        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
+        answered_view = dataclasses.replace(view, observed=answered)
+        then(model, out, used_parties(model, answered_view), answered_view)
     finally:
         fed.close()
-    return 0
 
 
 def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None

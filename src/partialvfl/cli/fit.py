@@ -15,6 +15,7 @@ from typing import Any
 
 from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
+    DEFAULT_PRESET,
     add_protocol_options,
     add_table_options,
     add_threads_option,
@@ -24,7 +25,7 @@ from partialvfl.cli.common import (
     refuse_protocol_options,
     threads_for,
 )
-from partialvfl.cli.params import method_from_args
+from partialvfl.cli.params import method_from_args, report_last_epochs
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -39,13 +40,16 @@ def add_commands(sub: Any) -> None:
     add_protocol_options(p, test=False)
     add_table_options(p, fit=True)
     p.add_argument("--method", default="false-vfl-1", help="method name (see `partialvfl methods`)")
-    p.add_argument("--preset", default="fast", help="fast (CPU) or paper; default: %(default)s")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help="fast (CPU) or paper; default: %(default)s")
     p.add_argument("--epochs", type=int, default=None,
                    help="set every epoch count of the method (pretraining included)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override one method parameter (JSON value; '-' in KEY reads as '_'), repeatable")
     p.add_argument("--out", required=True, help="directory to save the model in")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch progress")
+    p.add_argument("--quiet", action="store_true", help="no progress at all")
+    p.add_argument("--log-epochs", action="store_true",
+                   help="one line per epoch on stderr (each stage's loss, bound...) instead of the progress bar; by "
+                        "default a bar is shown on a terminal and nothing per epoch otherwise, then one summary line")
     p.add_argument("--federation", help="the coordinator's federation file: train across party processes")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint coordinator and parties every N training steps (every method)")
@@ -58,9 +62,25 @@ def add_commands(sub: Any) -> None:
     add_threads_option(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
-    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, or on labelled tables")
+    p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, on labelled tables, or "
+                                        "against outcomes keyed by ID (--truth)",
+                       description="Score a saved model: under a test mechanism of its protocol (--test-missing); on "
+                                   "your tables when the label holder's carries the outcomes (--table PARTY=FILE "
+                                   "...); or on tables without them, in process (--table ... --truth FILE) or across "
+                                   "a federation (--federation FILE --truth FILE), against outcomes keyed by ID.")
     p.add_argument("--model", required=True, help="directory of a saved model")
     add_table_options(p, fit=False)
+    p.add_argument("--truth", metavar="FILE",
+                   help="outcomes keyed by ID (CSV/Parquet, from any source): its --id column (default: the model's "
+                        "ID column) and --label column (default: the model's label column); with --table its IDs "
+                        "must be the tables' users, with --federation they are the users predicted")
+    p.add_argument("--federation", metavar="FILE",
+                   help="with --truth: predict the truth file's IDs across the federation's party processes")
+    p.add_argument("--table-set", default=None, metavar="NAME",
+                   help="with --federation: predict from the parties' prediction tables of this name")
+    p.add_argument("--allow-prior-only", action="store_true",
+                   help="with --federation: score IDs that no party holds (predicted from the training label prior) "
+                        "instead of refusing them")
     p.add_argument("--test-missing", default="none", help="mechanism applied to every test sample")
     p.add_argument("--seed", type=int, default=None, help="must equal the training seed (the default)")
     p.add_argument("--data-dir", default=None, help="where the dataset's files are, if not where they were")
@@ -129,14 +149,22 @@ def cmd_fit(args: argparse.Namespace) -> int:
     except FitInterrupted as e:
         return report_interrupted(args, e)
     fit_s = time.perf_counter() - t0
+    report_last_epochs(args, model)
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)
     res = evaluate(model, test)
     print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
-    print(f"test ({config.test_missing}): {metric} {res[metric]:.4f}")
+    print(f"{test_set_title(config.test_missing)}: {metric} {res[metric]:.4f}")
     return 0
+
+
+def test_set_title(mechanism: str) -> str:
+    """How ``fit`` names the protocol's test set it scores: with no test mechanism, or under one."""
+    if mechanism == "none":
+        return "test set, no test mechanism (no block removed)"
+    return f"test set under test mechanism {mechanism}"
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -145,10 +173,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.methods.evaluation import metrics_from_predictions
     from partialvfl.utils.threads import use_threads
 
+    if args.federation:
+        if args.table:
+            raise ValueError("evaluate takes --table files (in process) or --federation with --truth, not both")
+        from partialvfl.cli.federated import federated, run_federated_evaluate
+
+        return federated(run_federated_evaluate, args)
+    if args.table_set or args.allow_prior_only:
+        raise ValueError("--table-set and --allow-prior-only go with --federation")
     if args.table:
         from partialvfl.cli.tables import evaluate_tables
 
         return evaluate_tables(args)
+    if args.truth:
+        raise ValueError("evaluate --truth needs the users' features: --table PARTY=FILE for every party (in process) "
+                         "or --federation FILE")
     model = VFLMethod.load(args.model)
     info = model.data_info_.get("protocol")
     if not info:

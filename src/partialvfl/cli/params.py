@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["epoch_params", "method_from_args", "parse_params", "parse_value"]
+__all__ = ["epoch_params", "method_from_args", "parse_params", "parse_value", "progress_setting",
+           "report_last_epochs"]
 
 
 def parse_value(text: str) -> Any:
@@ -44,11 +46,32 @@ def epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:
 
 def method_from_args(args: argparse.Namespace) -> Any:
     """The method ``fit`` trains: ``--method``, ``--preset``, ``--seed``, ``--param`` and ``--epochs`` (which wins
-    over a ``--param`` of the same name), with per-epoch progress unless ``--quiet``."""
+    over a ``--param`` of the same name), with the progress :func:`progress_setting` gives."""
     from partialvfl.methods import get_method
 
     method_cls = get_method(args.method)
     params = parse_params(args.param)
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
-    return method_cls(args.preset, seed=args.seed, progress=not args.quiet, **params)
+    return method_cls(args.preset, seed=args.seed, progress=progress_setting(args), **params)
+
+
+def progress_setting(args: argparse.Namespace) -> bool | str:
+    """A fit's progress: nothing with ``--quiet``, a line per epoch with ``--log-epochs``, else a bar on a terminal
+    (nothing per epoch when stderr is not one; :func:`report_last_epochs` sums the fit up in one line)."""
+    if args.quiet:
+        return False
+    return "epochs" if getattr(args, "log_epochs", False) else True
+
+
+def report_last_epochs(args: argparse.Namespace, model: Any) -> None:
+    """One line on stderr after a fit without ``--quiet`` or ``--log-epochs``: each stage's epochs and its last
+    epoch's metrics (what the per-epoch lines would have ended with)."""
+    if progress_setting(args) is not True or not getattr(model, "history_", None):
+        return
+    last: dict[str, dict[str, Any]] = {}
+    for row in model.history_:
+        last[row["stage"]] = row
+    parts = [f"{stage} {row['epoch']} epochs, last: " + " ".join(
+        f"{k}={v:.4f}" for k, v in row.items() if k not in ("stage", "epoch")) for stage, row in last.items()]
+    print(f"[{model.name}] " + "; ".join(parts), file=sys.stderr)

@@ -20,24 +20,53 @@ import numpy as np
 from partialvfl.cli.common import emit, parse_tables, threads_for
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
-           "write_predictions"]
+           "used_parties", "write_predictions"]
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+def _order_of_federated_fit(data: Any, model_dir: str, key_file: str | None) -> Any:
+    """``data`` in the sample order of the federated fit saved in ``model_dir`` (``--order-of``)."""
+    import json
+    from pathlib import Path
+
+    from partialvfl.federation.psu import read_alignment_key, session_order
+
+    if not key_file:
+        raise ValueError("--order-of needs --alignment-key FILE (the passive parties' alignment key)")
+    f = Path(model_dir) / "model.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"--order-of: {f} not found")
+    salt = json.loads(f.read_text()).get("data_info", {}).get("alignment", {}).get("salt")
+    if not salt:
+        raise ValueError(f"--order-of: {model_dir} is not a federated fit aligned by private set union")
+    return data.subset(session_order(data.ids, read_alignment_key(key_file), salt))
+
+
 def fit_tables(args: argparse.Namespace, model: Any) -> int:
     """Fit ``model`` on ``--table`` files joined on ``--id``, labels in ``--active``'s ``--label`` column."""
     from partialvfl.data.builders import from_tables
+    from partialvfl.data.tables import MissingLabelColumn
 
     if not args.id_column or not args.label_column or not args.active:
         raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
-    data = from_tables(parse_tables(args.table), id_column=args.id_column, label_column=args.label_column,
-                       active_party=args.active, order_key=args.hmac_key)
+    tables = parse_tables(args.table)
+    if args.active not in tables:
+        raise ValueError(f"--active {args.active!r} is not one of the --table parties {list(tables)}")
+    try:
+        data = from_tables(tables, id_column=args.id_column, label_column=args.label_column,
+                           active_party=args.active, order_key=args.hmac_key)
+    except MissingLabelColumn as e:
+        raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); name "
+                         "the label column with --label COLUMN") from None
+    if getattr(args, "order_of", None):
+        data = _order_of_federated_fit(data, args.order_of, args.alignment_key)
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import report_checkpoints
+    from partialvfl.cli.params import report_last_epochs
     from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
     from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.utils.threads import use_threads
@@ -50,6 +79,7 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
             model.fit(data, checkpointer=ck)
     except FitInterrupted as e:
         return report_interrupted(args, e)
+    report_last_epochs(args, model)
     report_checkpoints(args, ck, not args.quiet)
     out = model.save(args.out)
     how = model.preprocessing_["how"]
@@ -110,9 +140,22 @@ def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> Non
     _say(f"note: {what}; predicted from the training label prior (--allow-prior-only)")
 
 
-def prediction_frame(model: Any, output: np.ndarray, observed: np.ndarray, ids: np.ndarray, id_column: str) -> Any:
+def used_parties(model: Any, view: Any) -> np.ndarray:
+    """Which parties each row's prediction used, as the method reports it (:meth:`~partialvfl.methods.base.VFLMethod.
+    parties_used`); says on stderr how many rows some party holds were nevertheless predicted without any."""
+    used = np.asarray(model.parties_used(view), dtype=bool)
+    fell = np.asarray(view.observed, dtype=bool).any(axis=1) & ~used.any(axis=1)
+    if fell.any():
+        first = np.asarray(view.ids)[np.flatnonzero(fell)[0]]
+        _say(f"note: {model.name}: {int(fell.sum())} of {len(fell)} rows (first: {first!r}) are predicted from "
+             f"{model.fallback()}, without any party's features (n_parties 0)")
+    return used
+
+
+def prediction_frame(model: Any, output: np.ndarray, used: np.ndarray, ids: np.ndarray, id_column: str) -> Any:
     """One row per ID: the ID (under its own column name), ``prediction`` (the class label as the model saw it, or
-    the value), ``p_<class>`` per class, ``n_parties`` and ``parties`` (the parties whose features were used)."""
+    the value), ``p_<class>`` per class, ``n_parties`` and ``parties``: the parties whose features the row's
+    prediction used (``used``, from :func:`used_parties`; none: ``n_parties`` 0, ``parties`` empty)."""
     import pandas as pd
 
     df = pd.DataFrame({id_column: list(ids)})
@@ -125,8 +168,8 @@ def prediction_frame(model: Any, output: np.ndarray, observed: np.ndarray, ids: 
     else:
         df["prediction"] = output
     names = model.index_.party_names
-    df["n_parties"] = observed.sum(axis=1).astype(int)
-    df["parties"] = [";".join(names[k] for k in np.flatnonzero(row)) for row in observed]
+    df["n_parties"] = used.sum(axis=1).astype(int)
+    df["parties"] = [";".join(names[k] for k in np.flatnonzero(row)) for row in used]
     return df
 
 
@@ -145,30 +188,50 @@ def predict_tables(args: argparse.Namespace) -> int:
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output = model.predict_output(data)
+    used = used_parties(model, data)
     order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
-    frame = prediction_frame(model, output[order], data.observed[order], data.ids[order], id_column)
+    frame = prediction_frame(model, output[order], used[order], data.ids[order], id_column)
     write_predictions(frame, args.out)
     return 0
 
 
 def evaluate_tables(args: argparse.Namespace) -> int:
-    """Score a saved model on ``--table`` files that carry the label (matched by value)."""
+    """Score a saved model on ``--table`` files that carry the label (matched by value), or, with ``--truth FILE``,
+    on tables without it against outcomes keyed by ID."""
+    from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
+    from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import evaluate
     from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model)
-    data, tables, _ = _model_tables(args, model, labels=True)
-    with use_threads(threads_for(args, model, data)):
-        res = evaluate(model, data)
+    if args.truth:
+        data, tables, id_column = _model_tables(args, model, labels=False)
+        truth = read_truth(args.truth, id_column, _label_column(args, model))
+        values = truth.aligned(data.ids, "the --table files")
+        with use_threads(threads_for(args, model, data)):
+            output = model.predict_output(data)
+        res = score_against_truth(model, output, data.coordinator_view(), values, truth)
+        title = f"{model.name} on the given tables, scored against --truth {args.truth}"
+    else:
+        try:
+            data, tables, _ = _model_tables(args, model, labels=True)
+        except MissingLabelColumn as e:
+            raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); "
+                             "evaluate scores tables that carry the outcomes (name the column with --label COLUMN), "
+                             "or tables without them against outcomes in a separate file: --truth FILE "
+                             "(IDs in --id COLUMN)") from None
+        with use_threads(threads_for(args, model, data)):
+            res = evaluate(model, data)
+        title = f"{model.name} on the given tables"
     res.update({"method": model.name, "tables": tables})
-    metric = "accuracy" if "accuracy" in res else "rmse"
-    lines = [f"{model.name} on the given tables: {metric} {res[metric]:.4f} over {res['n_samples']} labelled samples"]
-    for k, v in res["by_observed_parties"].items():
-        lines.append(f"  {k} observed parties: {metric} {v[metric]:.4f} (n={v['n']})")
-    if res.get("unseen_classes"):
-        lines.append(f"  classes never seen in training (counted as errors): {res['unseen_classes']}")
-    if res["all_missing"]:
-        lines.append(f"  ({res['all_missing']} samples no party holds were predicted from the label prior)")
-    emit(res, args.json, "\n".join(lines))
+    emit(res, args.json, "\n".join(metric_lines(title, res)))
     return 0
+
+
+def _label_column(args: argparse.Namespace, model: Any) -> str:
+    """``--label``, else the column the model's labels came from."""
+    label = args.label_column or model.data_info_.get("label_column")
+    if not label:
+        raise ValueError("say which column of --truth holds the outcomes: --label COLUMN")
+    return str(label)

@@ -1,8 +1,9 @@
 """Sample IDs, one rule everywhere: how an ID is normalised, which IDs are refused, and the canonical sample order.
 
 Every place that reads or compares IDs uses this module: :func:`~partialvfl.data.builders.from_tables` (joining
-the parties' tables in one process), the party server's table and the keyed-hash alignment of a deployment
-(:mod:`partialvfl.federation.alignment`), the label table of a federation and the ID lists given to ``predict``.
+the parties' tables in one process), the party server's table and the alignment of a deployment
+(:mod:`partialvfl.federation.psu`, or the explicit HMAC mode of :mod:`partialvfl.federation.alignment`), the
+label table of a federation and the ID lists given to ``predict``.
 
 **Normalisation** (:func:`normalize_id`).  An ID is compared as text: integers (and integral floats such as
 ``12.0``, which is how a number column with gaps comes back from pandas) as their decimal digits, bytes decoded as

@@ -26,8 +26,8 @@ from partialvfl.data.dataset import DataValidationError, Task, VerticalDataset
 from partialvfl.data.ids import normalize_ids, sample_order
 from partialvfl.data.labels import encode_labels
 
-__all__ = ["TableLike", "columns_hint", "feature_values", "from_csv", "from_parquet", "from_tables", "read_table",
-           "select_features", "table_format", "table_ids"]
+__all__ = ["MissingLabelColumn", "TableLike", "columns_hint", "feature_values", "from_csv", "from_parquet",
+           "from_tables", "read_table", "select_features", "table_format", "table_ids"]
 
 TableLike = pd.DataFrame | str | Path
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".csv.zst")
@@ -161,13 +161,21 @@ def _active_name(parties: list[str], active_party: str | int | None, label_colum
     return str(active_party)
 
 
+class MissingLabelColumn(DataValidationError):
+    """The active party's table lacks the label column (a table of users to predict needs none)."""
+
+    def __init__(self, party: str, column: str, hint: str) -> None:
+        super().__init__(f"active party {party!r}: label column {column!r} not found; {hint} (tables for "
+                         "prediction need no label: leave label_column out)")
+        self.party, self.column, self.hint = party, column, hint
+
+
 def _check_label_column(party: str, active: str, df: pd.DataFrame, label_column: str | None) -> None:
     if label_column is None:
         return
     has = label_column in df.columns
     if party == active and not has:
-        raise DataValidationError(f"active party {party!r}: label column {label_column!r} not found; "
-                                  f"{columns_hint(df)} (tables for prediction need no label: leave label_column out)")
+        raise MissingLabelColumn(party, label_column, columns_hint(df))
     if party != active and has:
         raise DataValidationError(
             f"party {party!r} has the label column {label_column!r}, but labels live only in the active party "

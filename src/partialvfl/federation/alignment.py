@@ -1,4 +1,8 @@
-"""Entity alignment without a central table: parties report their IDs as HMAC-SHA256 keyed hashes.
+"""The explicit shared-key alignment (``alignment = "hmac"``) and the matching both alignments share.
+
+The default alignment is the keyless private set union of :mod:`partialvfl.federation.psu`: its tokens are matched
+by :func:`observed_from_hashes` and :func:`positions_in` below like the hashes of this mode.  This mode, for parties
+inside one trust domain only:
 
 IDs are normalised by the one rule of :mod:`partialvfl.data.ids` (text, NFC, surrounding white space removed;
 integral numbers as digits) before hashing, exactly as :func:`~partialvfl.data.builders.from_tables` joins them.
@@ -40,41 +44,44 @@ def hex_ids(hashes: np.ndarray) -> np.ndarray:
     return np.array([bytes(h).hex() for h in np.asarray(hashes, dtype=np.uint8)], dtype=object)
 
 
-def _keys(hashes: np.ndarray) -> list[bytes]:
+def _rows(hashes: np.ndarray) -> np.ndarray:
+    """The rows of an ``(n, 32)`` uint8 array as one 32-byte value each (numpy sorts and compares them bytewise)."""
     hashes = np.asarray(hashes)
     if hashes.ndim != 2 or hashes.shape[1] != HASH_BYTES or hashes.dtype != np.uint8:
         raise ValueError(f"hashed IDs must be a (n, {HASH_BYTES}) uint8 array, got {hashes.dtype} {hashes.shape}")
-    return [bytes(h) for h in hashes]
+    return np.ascontiguousarray(hashes).view(f"V{HASH_BYTES}").ravel()
 
 
 def observed_from_hashes(party_hashes: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-    """The shared order (union of all parties' hashes, sorted) and the ``(N, K)`` observed matrix.
+    """The shared order (union of all parties' hashes, sorted bytewise) and the ``(N, K)`` observed matrix.
 
     A party given as ``None`` (absent) observes nothing.  Duplicate hashes within one party are an error (two rows
     with the same ID).
     """
-    per_party: list[set[bytes]] = []
+    per_party: list[np.ndarray] = []
     for k, hashes in enumerate(party_hashes):
         if hashes is None:
-            per_party.append(set())
+            per_party.append(_rows(np.zeros((0, HASH_BYTES), dtype=np.uint8)))
             continue
-        keys = _keys(hashes)
-        s = set(keys)
-        if len(s) != len(keys):
+        rows = _rows(hashes)
+        if len(np.unique(rows)) != len(rows):
             raise ValueError(f"party {k} reported the same hashed ID twice: its ID column has duplicates")
-        per_party.append(s)
-    order = sorted(set().union(*per_party)) if per_party else []
+        per_party.append(rows)
+    order = np.unique(np.concatenate(per_party)) if per_party else _rows(np.zeros((0, HASH_BYTES), np.uint8))
     observed = np.zeros((len(order), len(per_party)), dtype=bool)
-    for k, s in enumerate(per_party):
-        observed[:, k] = [h in s for h in order]
-    arr = np.frombuffer(b"".join(order), dtype=np.uint8).reshape(len(order), HASH_BYTES).copy()
-    return arr, observed
+    for k, rows in enumerate(per_party):
+        observed[np.searchsorted(order, rows), k] = True
+    return order.view(np.uint8).reshape(len(order), HASH_BYTES).copy(), observed
 
 
 def positions_in(order: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     """For each hash row, its position in ``order`` (``-1`` where absent)."""
-    index = {h: i for i, h in enumerate(_keys(order))}
-    return np.array([index.get(h, -1) for h in _keys(hashes)], dtype=np.int64)
+    keys, rows = _rows(order), _rows(hashes)
+    if not len(keys):
+        return np.full(len(rows), -1, dtype=np.int64)
+    idx = np.argsort(keys, kind="stable")
+    pos = np.minimum(np.searchsorted(keys[idx], rows), len(keys) - 1)
+    return np.where(keys[idx[pos]] == rows, idx[pos], -1).astype(np.int64)
 
 
 def load_key(path: str | Path) -> bytes:

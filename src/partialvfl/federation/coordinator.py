@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.messages import MessageLog, Reply, Request
 from partialvfl.federation.party import PartyRuntime
-from partialvfl.federation.transport import LocalTransport, Transport
+from partialvfl.federation.transport import LocalTransport, PartiesRefused, Transport
 
-__all__ = ["Federation", "LocalFederation"]
+__all__ = ["Federation", "LocalFederation", "SetupRefused"]
 
 
 class Federation(ABC):
@@ -50,14 +50,25 @@ class Federation(ABC):
         return f"{prefix}-{next(self._handles)}"
 
     def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
-        """Build the party program ``program`` at every party, each with its own config."""
+        """Build the party program ``program`` at every party, each with its own config.
+
+        Every party is asked, whatever the others answer: if any refuses (its policy, most often), one
+        :class:`SetupRefused` names every party that refused and why, before anything was trained.
+        """
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
+        self._setup_at(program, configs, seed, range(self.n_parties), tolerate=False)
+
+    def _setup_at(self, program: str, configs: Sequence[dict[str, Any]], seed: int, parties: Iterable[int], *,
+                  tolerate: bool) -> dict[int, Reply]:
+        """``setup`` at ``parties`` in one round, every refusal gathered into one :class:`SetupRefused`."""
         self.transport.new_step()
-        self.transport.call_many(
-            {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
-             for k in range(self.n_parties)}
-        )
+        try:
+            return self.transport.call_many(
+                {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
+                 for k in parties}, tolerate=tolerate, gather=True)
+        except PartiesRefused as e:
+            raise SetupRefused(program, self.party_names, e.errors) from None
 
     def preprocess(self, handle: str, *, standardize: bool) -> None:
         """Have every party fit its own preprocessing on its rows under ``handle`` (statistics stay at the party)."""
@@ -86,6 +97,27 @@ class Federation(ABC):
 
     def close(self) -> None:
         self.transport.close()
+
+
+class SetupRefused(PartiesRefused):
+    """Parties refused to set up a program: every one of them, each with its reason (and, for a policy refusal,
+    the ``[policy]`` value of its ``party.toml`` that would accept it).  Raised before anything is trained."""
+
+    def __init__(self, program: str, party_names: Sequence[str], errors: Mapping[int, Exception]) -> None:
+        self.program = program
+        lines = [f"  party {k} ({party_names[k]!r}): {_reason(party_names[k], e)}" for k, e in sorted(errors.items())]
+        policy = any("policy rule " in line for line in lines)
+        RuntimeError.__init__(
+            self, f"{len(errors)} of {len(party_names)} parties refused to set up {program!r}; nothing was trained:\n"
+            + "\n".join(lines) + ("\na party's [policy] is its own decision: it can change it in its party.toml, or "
+                                  "the coordinator can ask for a model within it (--param)" if policy else ""))
+        self.errors = dict(errors)
+
+
+def _reason(name: str, error: Exception) -> str:
+    """A party's refusal without the wire's framing (``party 'bank' refused 'setup': ...``)."""
+    text = str(getattr(error, "details", None) or error)
+    return text.removeprefix(f"party {name!r} refused 'setup': ")
 
 
 def model_tag(model: str | None) -> dict[str, str]:

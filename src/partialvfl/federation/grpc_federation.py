@@ -2,11 +2,15 @@
 
 The coordinator is the active party's label-side role.  It reaches every party's server (the active party's own
 feature block included: it runs its own party process) through one :class:`GrpcTransport`, and aligns samples
-without a central table: parties report HMAC-hashed IDs, the coordinator builds the observed matrix from them and
-tells each party where its own rows sit in the shared order (``attach``).  Three ways to fix that order:
+without a central table: the parties' IDs become per-session tokens of a private set union
+(:mod:`partialvfl.federation.psu_session`; the coordinator's own IDs join through the same protocol, and it can test
+no guessed ID offline) or, with the explicit ``alignment = "hmac"``, HMAC hashes; the coordinator builds the
+observed matrix from them and tells each party where its own rows sit in the shared order (``attach``).  Three ways
+to fix that order:
 
-* :meth:`GrpcFederation.align` (``partialvfl fit --federation``): the union of the parties' hashed IDs and of the
-  labelled IDs, sorted by hash; labels come from the coordinator's own label table;
+* :meth:`GrpcFederation.align` (``partialvfl fit --federation``): the union of the parties' ID tokens and of the
+  labelled IDs, sorted by token; labels come from the coordinator's own label table (a new random order in every
+  session, unless the parties keep their alignment nonces for ``alignment_id``, as a resumed fit asks);
 * :meth:`GrpcFederation.attach_ids` (``partialvfl predict --federation --ids``): the given IDs, in that order, from
   the parties' training tables or from a *table set*: the prediction tables of that name the parties serve beside
   their training tables (new users; their rows are only predicted, never trained on);
@@ -38,10 +42,11 @@ from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationEr
 from partialvfl.data.ids import normalize_ids
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
-from partialvfl.federation.alignment import hash_ids, hex_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.alignment import hex_ids, load_key, observed_from_hashes, positions_in
 from partialvfl.federation.coordinator import Federation, model_tag
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
+from partialvfl.federation.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
@@ -52,7 +57,8 @@ log = logging.getLogger("partialvfl.federation")
 
 #: every section and key of a federation file (docs/deployment.md); anything else is an error naming it
 FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
-    "coordinator": ("identity", "active_party", "hmac_key_file", "deadline_seconds", "max_message_mb", "state_dir"),
+    "coordinator": ("identity", "active_party", "alignment", "hmac_key_file", "deadline_seconds", "max_message_mb",
+                    "state_dir"),
     "tls": ("ca", "cert", "key"),
     "labels": ("path", "id_column", "label_column", "task", "classes"),
     "parties": ("name", "address", "identity"),
@@ -83,6 +89,7 @@ class FederationConfig:
     deadline: float = 30.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     state_dir: Path | None = None
+    alignment: str = "psu"
 
 
 def load_federation_config(path: str | Path) -> FederationConfig:
@@ -128,12 +135,18 @@ def load_federation_config(path: str | Path) -> FederationConfig:
         labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
                              str(lab.get("task", "classification")),
                              tuple(lab["classes"]) if "classes" in lab else None)
+    alignment = coord.get("alignment", "psu")
+    if alignment not in ALIGNMENT_MODES:
+        raise ValueError(f"{p}: [coordinator] alignment must be one of {list(ALIGNMENT_MODES)}, got {alignment!r}")
+    if alignment == "hmac" and "hmac_key_file" not in coord:
+        raise ValueError(f"{p}: [coordinator] alignment = 'hmac' needs 'hmac_key_file'")
     return FederationConfig(
+        alignment=str(alignment),
         identity=str(coord.get("identity", "coordinator")),
         parties=tuple(eps),
         active_party=int(active),
         tls=TlsFiles(rel(tls["ca"]), rel(tls["cert"]), rel(tls["key"])),
-        hmac_key_file=rel(coord["hmac_key_file"]) if "hmac_key_file" in coord else None,
+        hmac_key_file=rel(coord["hmac_key_file"]) if alignment == "hmac" else None,
         labels=labels,
         deadline=float(coord.get("deadline_seconds", 30.0)),
         max_message_bytes=int(float(coord.get("max_message_mb", DEFAULT_MAX_MESSAGE_BYTES / 2**20)) * 2**20),
@@ -176,11 +189,14 @@ class GrpcFederation(Federation):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         log: MessageLog | None = None,
         allow_absent: bool = False,
+        alignment: str = "psu",
     ) -> None:
         transport = GrpcTransport(endpoints, active_party, tls, deadline=deadline,
                                   max_message_bytes=max_message_bytes, log=log)
         super().__init__(transport, [e.name for e in endpoints], active_party)
         self.key = key
+        self.alignment_mode = alignment
+        self.aligner = make_alignment(alignment, transport, self.party_names, key=key)
         self.allow_absent = allow_absent
         self.absent: set[int] = set()
         self.party_info: dict[int, dict[str, Any]] = {}
@@ -193,7 +209,8 @@ class GrpcFederation(Federation):
         cfg = config if isinstance(config, FederationConfig) else load_federation_config(config)
         key = load_key(cfg.hmac_key_file) if cfg.hmac_key_file is not None else None
         fed = cls(cfg.parties, cfg.active_party, cfg.tls, key=key, deadline=cfg.deadline,
-                  max_message_bytes=cfg.max_message_bytes, log=log, allow_absent=allow_absent)
+                  max_message_bytes=cfg.max_message_bytes, log=log, allow_absent=allow_absent,
+                  alignment=cfg.alignment)
         fed.config = cfg
         if connect:
             fed.connect()
@@ -211,7 +228,12 @@ class GrpcFederation(Federation):
         replies = self.transport.broadcast(range(self.n_parties), "hello", tolerate=self.allow_absent)
         self.absent = set(range(self.n_parties)) - set(replies)
         self._hashes.clear()
+        self.aligner.reset()
         for k, r in replies.items():
+            if r.meta.get("alignment", "hmac") != self.alignment_mode:
+                raise AlignmentError(f"party {k} ({self.party_names[k]!r}) aligns with alignment = "
+                                     f"{r.meta.get('alignment', 'hmac')!r}, the federation file with "
+                                     f"{self.alignment_mode!r}: every file must name the same")
             if r.meta.get("index") != k or r.meta.get("name") != self.party_names[k]:
                 raise ValueError(f"the server at {self.grpc_transport.endpoints[k].address} says it is party "
                                  f"{r.meta.get('index')} ({r.meta.get('name')!r}), the federation file says party "
@@ -239,21 +261,43 @@ class GrpcFederation(Federation):
     def _present(self) -> list[int]:
         return [k for k in range(self.n_parties) if k not in self.absent]
 
-    def _require_key(self) -> bytes:
-        if self.key is None:
-            raise ValueError("this needs the parties' HMAC key at the coordinator (hmac_key_file in [coordinator]); "
-                             "without it use align(), which works from the parties' hashes alone")
-        return self.key
+    @property
+    def alignment_id(self) -> str | None:
+        """A name under which the parties keep this fit's alignment nonces (so a resumed fit gets the same tokens
+        and sample order), if their policy allows; ``None``: fresh tokens every session."""
+        return getattr(self.aligner, "alignment_id", None)
+
+    @alignment_id.setter
+    def alignment_id(self, value: str | None) -> None:
+        if hasattr(self.aligner, "alignment_id"):
+            self.aligner.alignment_id = value
+
+    def _rows(self, k: int, table: str | None) -> int | None:
+        info = self.party_info.get(k, {})
+        return info.get("n_rows") if table is None else info.get("tables", {}).get(table)
+
+    def _tokens(self, own: Sequence[str] | None = None) -> tuple[list[np.ndarray | None], np.ndarray | None]:
+        """Every present party's training-table tokens (asked once per session) and those of the coordinator's own
+        (normalised) IDs ``own``, in the same rounds where possible."""
+        missing = [k for k in self._present() if k not in self._hashes]
+        own_tokens = None
+        if missing:
+            replies, own_tokens = self.aligner.party_tokens(
+                missing, None, own, tolerate=self.allow_absent, expected={k: self._rows(k, None) for k in missing})
+            self.absent |= set(missing) - set(replies)
+            self._hashes.update(replies)
+        if own is not None and own_tokens is None:
+            own_tokens = self.aligner.id_tokens(own)
+        return [self._hashes.get(k) if k not in self.absent else None for k in range(self.n_parties)], own_tokens
 
     def party_hashes(self) -> list[np.ndarray | None]:
-        """Every present party's hashed IDs (``None`` for an absent party); asked once per session."""
-        missing = [k for k in self._present() if k not in self._hashes]
-        if missing:
-            self.transport.new_step()
-            replies = self.transport.broadcast(missing, "ids", tolerate=self.allow_absent)
-            self.absent |= set(missing) - set(replies)
-            self._hashes.update({k: r.tensors["hashes"].numpy() for k, r in replies.items()})
-        return [self._hashes.get(k) if k not in self.absent else None for k in range(self.n_parties)]
+        """Every present party's ID tokens (``None`` for an absent party); asked once per session."""
+        return self._tokens()[0]
+
+    def id_tokens(self, ids: Sequence[Any] | np.ndarray) -> np.ndarray:
+        """The tokens of the coordinator's own IDs in this session (a lookup the keyed parties answer and log)."""
+        self._tokens()
+        return self.aligner.id_tokens(normalize_ids(ids, "the IDs to look up", unique=False))
 
     def feature_dims(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
         dims = tuple(int(self.party_info.get(k, {}).get("feature_dim", 0)) for k in range(self.n_parties))
@@ -291,8 +335,8 @@ class GrpcFederation(Federation):
         if data.n_parties != self.n_parties:
             raise ValueError(f"data has {data.n_parties} parties, the federation {self.n_parties}")
         handle = handle or self.new_handle()
-        order = hash_ids(data.ids, self._require_key())
-        held = self.party_hashes()
+        held, order = self._tokens(normalize_ids(data.ids, "the dataset's IDs"))
+        assert order is not None
         observed = np.array(data.observed, dtype=bool)
         for k, hashes in enumerate(held):
             if hashes is None:
@@ -319,8 +363,8 @@ class GrpcFederation(Federation):
         if src is None:
             raise ValueError("align needs the label table ([labels] in the federation file)")
         lab_ids, lab_y, task = read_labels(src)
-        lab_hashes = hash_ids(lab_ids, self._require_key(), normalized=True)  # read_labels normalised them
-        held = self.party_hashes()
+        held, lab_hashes = self._tokens(list(lab_ids))  # read_labels normalised them
+        assert lab_hashes is not None
         order, observed = observed_from_hashes([*held, lab_hashes])
         observed = observed[:, :-1]
         n = len(order)
@@ -337,17 +381,20 @@ class GrpcFederation(Federation):
                                feature_shapes=shapes, feature_names=self.feature_names())
         return view, handle
 
-    def table_hashes(self, table: str) -> list[np.ndarray | None]:
-        """Every present party's hashed IDs of its prediction table ``table`` (``None``: it serves no such table)."""
+    def table_hashes(self, table: str, own: Sequence[str] | None = None,
+                     ) -> tuple[list[np.ndarray | None], np.ndarray | None]:
+        """Every present party's ID tokens of its prediction table ``table`` (``None``: it serves no such table),
+        and those of the coordinator's own IDs ``own``."""
         serving = [k for k in self._present() if table in self.party_info.get(k, {}).get("tables", {})]
         if not serving:
             raise ValueError(f"no party serves a prediction table {table!r} (configure [[data.predict]] with "
                              f"name = {table!r} in the parties' files)")
-        self.transport.new_step()
-        replies = self.transport.call_many({k: Request("ids", {}, {"table": table}) for k in serving},
-                                           tolerate=self.allow_absent)
+        if self.alignment_mode == "psu":  # the keyed parties answer the lookups even without such a table
+            self.aligner.open(self._present(), tolerate=self.allow_absent)
+        replies, own_tokens = self.aligner.party_tokens(serving, table, own, tolerate=self.allow_absent,
+                                                        expected={k: self._rows(k, table) for k in serving})
         self.absent |= set(serving) - set(replies)
-        return [replies[k].tensors["hashes"].numpy() if k in replies else None for k in range(self.n_parties)]
+        return [replies.get(k) for k in range(self.n_parties)], own_tokens
 
     def attach_ids(self, ids: Sequence[Any] | np.ndarray, handle: str | None = None, *, task: Task | None = None,
                    feature_dims: Sequence[int] | None = None, feature_shapes: Sequence[Sequence[int]] | None = None,
@@ -357,10 +404,10 @@ class GrpcFederation(Federation):
         """
         handle = handle or self.new_handle("predict")
         ids = np.asarray(normalize_ids(ids, "the IDs to predict"), dtype=object)  # empty or repeated: refused
-        order = hash_ids(ids, self._require_key(), normalized=True)
+        held, order = self._tokens(list(ids)) if table is None else self.table_hashes(table, list(ids))
+        assert order is not None
         if len({bytes(h) for h in order}) != len(order):
             raise DataValidationError("the ID list has duplicates")
-        held = self.party_hashes() if table is None else self.table_hashes(table)
         observed = np.zeros((len(order), self.n_parties), dtype=bool)
         for k, hashes in enumerate(held):
             if hashes is not None:
@@ -388,10 +435,7 @@ class GrpcFederation(Federation):
     def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
-        self.transport.new_step()
-        replies = self.transport.call_many(
-            {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
-             for k in self._present()}, tolerate=self.allow_absent)
+        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent)
         self.absent |= set(self._present()) - set(replies)
 
     @staticmethod

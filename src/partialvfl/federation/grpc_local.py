@@ -27,6 +27,7 @@ import numpy as np
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.alignment import write_key
 from partialvfl.federation.certs import init_dev_pki
+from partialvfl.federation.psu import write_alignment_key
 
 __all__ = ["LocalDeployment", "write_party_tables"]
 
@@ -98,7 +99,9 @@ class LocalDeployment:
     """Party processes for ``data`` under ``directory``; ``federation_file`` is the coordinator's file.
 
     Each party's table holds its observed rows of ``data`` and of the ``extra`` datasets (e.g. the test set: an
-    institution holds all its users); the coordinator's label table holds ``data``'s labels.
+    institution holds all its users); the coordinator's label table holds ``data``'s labels.  ``alignment``:
+    ``"psu"`` (the passive parties hold ``alignment.key``, the active party and the coordinator no key) or ``"hmac"``
+    (everyone holds ``hmac.key``).
     """
 
     def __init__(
@@ -114,6 +117,8 @@ class LocalDeployment:
         start_timeout: float = 60.0,
         policy: str | Mapping[str, Any] = "research",
         predict: Mapping[str, VerticalDataset] | None = None,
+        alignment: str = "psu",
+        threads: int = 1,
     ) -> None:
         self.dir = Path(directory)
         self.data = data
@@ -129,14 +134,20 @@ class LocalDeployment:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.ports: dict[int, int] = {}
         self.certs = self.dir / "certs"
-        self.key_file = self.dir / "hmac.key"
+        self.alignment = alignment
+        self.threads = threads
+        self.key_file = self.dir / "hmac.key"  # alignment = "hmac" only: every party and the coordinator
+        self.alignment_key_file = self.dir / "alignment.key"  # the passive parties only
         self.federation_file = self.dir / "federation.toml"
         self._prepare()
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
-        write_key(self.key_file)
+        if self.alignment == "hmac":
+            write_key(self.key_file)
+        else:
+            write_alignment_key(self.alignment_key_file)
         write_party_tables(self.data, self.dir / "data", extra=self.extra)
         for name, ds in self.predict.items():
             write_party_tables(ds, self.dir / "data" / name)
@@ -161,9 +172,10 @@ index = {k}
 address = "127.0.0.1:{port}"
 port_file = {_q(self.dir / f"party-{k}.port")}
 state_dir = {_q(self.dir / "state" / name)}
-hmac_key_file = {_q(self.key_file)}
+{self._alignment_lines(k)}
 allowed_peers = ["coordinator"]
 plugins = [{plugins}]
+threads = {self.threads}
 
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}
@@ -179,11 +191,20 @@ key = {_q(self.certs / f"{name}.key")}
         p.write_text(text)
         return p
 
+    def _alignment_lines(self, k: int | None) -> str:
+        """A party's (``k``) or the coordinator's (``None``) alignment settings: the passive parties hold the
+        alignment key, the label holder's institution (coordinator and its own party) never does."""
+        if self.alignment == "hmac":
+            return f'alignment = "hmac"\nhmac_key_file = {_q(self.key_file)}'
+        if k is None or k == self.data.active_party:
+            return 'alignment = "psu"'
+        return f'alignment = "psu"\nalignment_key_file = {_q(self.alignment_key_file)}'
+
     def write_federation_file(self) -> Path:
         parts = [f"""[coordinator]
 identity = "coordinator"
 active_party = {self.data.active_party}
-hmac_key_file = {_q(self.key_file)}
+{self._alignment_lines(None)}
 deadline_seconds = {self.deadline}
 max_message_mb = {self.max_message_mb}
 

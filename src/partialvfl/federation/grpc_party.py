@@ -26,8 +26,10 @@ unless the policy allows weight sharing.  Every request, served or refused, is w
 (:mod:`partialvfl.federation.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows of a table at
-the given positions of the shared order under a handle), ``release``.  ``save``/``load`` directories are resolved
+(open a coordinator session), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`, the default) or, with
+``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows of a table, named by
+their alignment tokens, at the given positions of the shared order under a handle), ``release``.
+``save``/``load`` directories are resolved
 inside the party's own state directory: a party's model state stays on its own disk.
 """
 
@@ -67,6 +69,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import NotSetUp, PartyRuntime
 from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
 from partialvfl.federation.policy import InferenceGuard, PolicyViolation
+from partialvfl.federation.psu import PartyAligner, read_alignment_key
 from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
 
 __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "TRAINING_TABLE", "import_plugins",
@@ -82,13 +85,15 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
     "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count, feature "
                              "shape and the names and row counts of its prediction tables as metadata."),
     "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
-                       doc="The IDs of the training table (or of prediction table `table`) as HMAC-SHA256 hashes."),
+                       doc="alignment = 'hmac' only: the IDs of the training table (or of prediction table `table`) "
+                           "as HMAC-SHA256 hashes."),
     "attach": MessageSpec(
         request=[TensorSpec("hashes", "uint8", ("R", 32)), TensorSpec("rows", "int64", ("R",)),
                  TensorSpec("labels", ("int64", "float64"), ("N",), optional=True),
                  TensorSpec("labeled", "bool", ("N",), optional=True)],
         meta=["handle", "n_samples"], optional_meta=["table"],
-        doc="Hold the rows with these hashed IDs at these positions of the shared order (of `n_samples`) under "
+        doc="Hold the rows with these alignment tokens (or HMAC hashes) at these positions of the shared order (of "
+            "`n_samples`) under "
             "`handle`, from the training table or from prediction table `table` (then only predicted, never "
             "trained on); the active party also gets the labels (training table only)."),
     "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
@@ -112,7 +117,7 @@ class PartyTable:
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
-    def __init__(self, cfg: PartyConfig, key: bytes) -> None:
+    def __init__(self, cfg: PartyConfig, key: bytes | None) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
         if not cfg.data_path.is_file():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
@@ -128,8 +133,8 @@ class PartyTable:
         self.features = feature_values(where, df, cols, ids)
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = hash_ids(self.ids, key, normalized=True)  # table_ids normalised them
-        self.index = {bytes(h): i for i, h in enumerate(self.hashes)}
+        self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
+        self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
 # ---------------------------------------------------------------------- sessions
@@ -183,15 +188,24 @@ class PartyServer:
 
     def __init__(self, cfg: PartyConfig, key: bytes | None = None) -> None:
         self.cfg = cfg
-        key = key if key is not None else load_key(cfg.hmac_key_file)
-        self.table = PartyTable(cfg, key)
+        if key is None and cfg.alignment == "hmac":
+            if cfg.hmac_key_file is None:
+                raise ValueError(f"party {cfg.name!r}: alignment = 'hmac' needs hmac_key_file in [party]")
+            key = load_key(cfg.hmac_key_file)
+        self.table = PartyTable(cfg, key if cfg.alignment == "hmac" else None)
         self.tables = {TRAINING_TABLE: self.table}
         for spec in cfg.predict_tables:
             self.tables[spec.name] = self._predict_table(spec, key)
         handlers = {"hello": self._hello, "ids": self._ids, "attach": self._attach, "release": self._release}
         self.state_dir = cfg.state_dir.resolve()
-        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path,
-                                    builtins={k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()},
+        self.aligner = PartyAligner(  # the keyless alignment (unused with alignment = "hmac")
+            cfg.name, read_alignment_key(cfg.alignment_key_file) if cfg.alignment_key_file else None,
+            lambda name: self.tables[name].ids, self.state_dir, persist=cfg.policy.persist_alignment,
+            max_lookups=cfg.policy.max_lookups, threads=cfg.threads)
+        builtins = {k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()}
+        if cfg.alignment == "psu":
+            builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
+        self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
                                     policy=cfg.policy, feature_shape=self.table.feature_shape)
         self.policy = cfg.policy
         self._lock = threading.Lock()
@@ -206,9 +220,12 @@ class PartyServer:
         return self.sessions.session
 
     def _predict_table(self, spec: PredictTable, key: bytes) -> PartyTable:
-        """A prediction table, read like the training table; its feature columns must be the training table's."""
+        """A prediction table, read like the training table; its feature columns must be the training table's.
+
+        Its columns are named (the training table's features), so ``exclude_columns`` does not apply: a table of new
+        users has no label column to exclude (and one it has anyway, like any other extra column, is not read)."""
         cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
-                                  feature_columns=self.table.feature_names)
+                                  feature_columns=self.table.feature_names, exclude_columns=())
         table = PartyTable(cfg, key)
         if table.feature_shape != self.table.feature_shape:
             raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "
@@ -245,11 +262,13 @@ class PartyServer:
 
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
+        self.aligner.new_session()  # keys, blindings and tokens are per session
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
                            "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
-                           "tables": tables, "feature_names": list(t.feature_names)})
+                           "tables": tables, "feature_names": list(t.feature_names),
+                           "alignment": self.cfg.alignment})
 
     def _attach(self, req: Request) -> Reply:
         handle = req.meta.get("handle")
@@ -263,11 +282,12 @@ class PartyServer:
         if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         local = np.empty(rows.size, dtype=np.int64)
+        index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
         for i, h in enumerate(hashes.numpy()):
-            j = table.index.get(bytes(h))
+            j = index.get(bytes(h))
             if j is None:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with hashed "
-                                                                f"ID {bytes(h).hex()[:16]}... in table {name!r}")
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
+                                                                f"token {bytes(h).hex()[:16]}... in table {name!r}")
             local[i] = j
         order = np.argsort(rows, kind="stable")
         rows, local = rows[order], local[order]
@@ -294,6 +314,10 @@ class PartyServer:
         return Reply(meta={"n_rows": int(rows.size)})
 
     def _ids(self, req: Request) -> Reply:
+        if self.cfg.alignment != "hmac":
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"party {self.cfg.name!r} aligns by private set union (alignment = 'psu'): it sends no "
+                          "ID hashes; set alignment = 'hmac' in the coordinator's and every party's file to use them")
         _, table = self._table(req)
         return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
 
@@ -340,10 +364,11 @@ class PartyServer:
         with self._lock:
             t0 = time.perf_counter()
             self.sessions.check(wire)
-            program = self.runtime.program.program_name if self.runtime.program is not None else None
+            program = self.runtime.program
             try:
                 if kind not in self.runtime.builtins:
-                    self.inference.check(program, kind, request.meta, self.prediction_handles)
+                    self.inference.check(None if program is None else program.messages, kind, request.meta,
+                                         self.prediction_handles, None if program is None else program.program_name)
                 reply = self.runtime.handle(request, accepted=lambda: self._accepted(wire))
             except Refused:
                 raise
@@ -455,6 +480,12 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
         os.replace(tmp, cfg.port_file)
     log.info("party %d (%s) serving %d rows on port %d; %s", cfg.index, cfg.name, len(handler.table.ids), port,
              cfg.policy.describe())
+    if cfg.alignment == "hmac":
+        log.warning("party %s aligns with the shared HMAC key (alignment = 'hmac'): whoever holds the key can test "
+                    "any ID it can enumerate against this party's hashes; for one trust domain only", cfg.name)
+    else:
+        log.info("party %s aligns by private set union (%s)", cfg.name, "holds the passive parties' alignment key"
+                 if handler.aligner.keyed else "no alignment key: its tokens come through a keyed party")
     if cfg.policy.seed == "coordinator":
         log.warning("party %s builds its parameters from the coordinator's seed ([policy] seed = 'coordinator'): "
                     "for research only, a coordinator knowing the initial weights can invert embeddings", cfg.name)

@@ -20,7 +20,7 @@ import re
 import secrets
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +198,13 @@ class PartyEndpoint:
 
 
 class GrpcTransport(Transport):
-    """A :class:`Transport` over gRPC with mutual TLS: one channel per party, a deadline on every call."""
+    """A :class:`Transport` over gRPC with mutual TLS: one channel per party, a deadline on every call.
+
+    Its requests go through :meth:`Transport.call_many` (the one admission path: once per round, stamped, logged)
+    and are issued concurrently; every reply of a round is awaited before a refusal or a lost party is raised.
+    """
+
+    gathers = True
 
     def __init__(
         self,
@@ -268,49 +274,31 @@ class GrpcTransport(Transport):
         self.party_seconds += float(seconds) if isinstance(seconds, int | float) else 0.0
         return reply
 
-    def _deliver(self, party: int, request: Request) -> Reply:
-        payload = self._encode(request)
-        self.bytes_sent += len(payload)
-        return self._result(party, lambda: self._calls[party](payload, timeout=self.deadline))
-
-    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
-        """Issue every request at once (one pooled thread per party), then gather; see :meth:`Transport.call_many`."""
-        futures: dict[int, Any] = {}
-        kinds: dict[int, str] = {}
+    def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
+                    gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
+        """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
+        futures: dict[int, tuple[Request, Any]] = {}
         for party, req in requests.items():
-            self._check_party(party)
-            req = self._stamp(req)
-            self.log.record(step=self.step, round=self.round, sender=self.coordinator, receiver=party,
-                            kind=req.kind, direction="request", tensors=req.tensors)
+            req = self._admit(party, req)
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = self._pool.submit(self._calls[party], payload, timeout=self.deadline)
-            kinds[party] = req.kind
-        out: dict[int, Reply] = {}
-        unavailable: PartyUnavailable | None = None
-        refused: PartyError | None = None
+            futures[party] = req, self._pool.submit(self._calls[party], payload, timeout=self.deadline)
         t0 = time.perf_counter()
-        for party, fut in futures.items():
-            try:
-                reply = self._result(party, fut.result)
-            except PartyUnavailable as e:
-                self.failures.append((self.step, party, e.reason))
-                log.warning("step %d: party %d (%s) unavailable for %r: %s", self.step, party,
-                            self.endpoints[party].name, kinds[party], e.reason)
-                unavailable = unavailable or e
-                continue
-            except PartyError as e:
-                refused = refused or e
-                continue
-            self.log.record(step=self.step, round=self.round, sender=party, receiver=self.coordinator,
-                            kind=kinds[party], direction="reply", tensors=reply.tensors)
-            out[party] = reply
-        self.wait_seconds += time.perf_counter() - t0
-        if refused is not None:
-            raise refused
-        if unavailable is not None and not tolerate:
-            raise unavailable
-        return out
+        try:
+            for party, (req, fut) in futures.items():
+                try:
+                    reply = self._result(party, fut.result)
+                except PartyUnavailable as e:
+                    log.warning("step %d: party %d (%s) unavailable for %r: %s", self.step, party,
+                                self.endpoints[party].name, req.kind, e.reason)
+                    yield party, req, e
+                    continue
+                except PartyError as e:
+                    yield party, req, e
+                    continue
+                yield party, req, reply
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         for ch in self._channels:

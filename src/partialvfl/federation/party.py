@@ -36,8 +36,9 @@ import torch
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.preprocessing import ColumnScaler
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.policy import PartyPolicy
+from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy
 from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
+from partialvfl.federation.setup_shape import SetupShape
 
 __all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
            "register_program", "state_file"]
@@ -84,6 +85,8 @@ def register_program(cls: type[PartyProgram]) -> type[PartyProgram]:
     name = cls.program_name
     if not name:
         raise ValueError(f"{cls.__name__} has no program_name")
+    if name == PACKAGE_PROGRAMS:
+        raise ValueError(f"{name!r} names the package's own programs in a policy; choose another program_name")
     if name in PROGRAMS and PROGRAMS[name] is not cls:
         raise ValueError(f"party program {name!r} registered twice")
     declared = dict(cls.messages)
@@ -114,8 +117,18 @@ class PartyProgram:
     """
 
     program_name: ClassVar[str] = ""
-    #: kind -> declaration of its request and reply (see :mod:`partialvfl.federation.schema`)
+    #: kind -> declaration of its request and reply, its role and what its reply releases per row
+    #: (see :mod:`partialvfl.federation.schema`)
     messages: ClassVar[Messages] = {}
+
+    @classmethod
+    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape | None:
+        """What a ``setup`` with ``config`` would build, for the party's policy: the networks (families, widths,
+        what each sends per row), the learning rates, whether it shares weights.  Read from the program's own config
+        keys; a malformed config raises ``KeyError``/``TypeError``/``ValueError`` (the policy refuses it).
+        ``None`` (the default): the program cannot say, and a party runs it only if its policy lists it in
+        ``unchecked_programs``."""
+        return None
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         self.runtime = runtime
@@ -269,7 +282,7 @@ class PartyRuntime:
     def _check_request(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> None:
         """The party's policy (for its program's kinds), then the kind's declaration."""
         if request.kind not in self.builtins and self.program is not None:
-            self.policy.check_request(self.program.program_name, request.kind, request.meta)
+            self.policy.check_request(spec, request.kind, request.meta)
         check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
 
     # ------------------------------------------------------------------ built-ins
@@ -280,8 +293,8 @@ class PartyRuntime:
         name = request.meta["program"]
         config = dict(request.meta.get("config", {}))
         shape = self.feature_shape
-        self.policy.check_setup(name, config, n_features=None if shape is None else math.prod(shape),
-                                feature_shape=shape)  # the party's own policy first: PolicyViolation
+        self.policy.check_setup(name, config, registered=PROGRAMS, n_features=None if shape is None
+                                else math.prod(shape), feature_shape=shape)  # the party's own policy first
         if name not in PROGRAMS:
             raise ValueError(f"unknown party program {name!r}; known: {sorted(PROGRAMS)}")
         shadowed = sorted(set(PROGRAMS[name].messages) & set(self.builtins))

@@ -41,7 +41,7 @@ class PartyConfig:
     id_column: str
     tls: TlsFiles
     state_dir: Path
-    hmac_key_file: Path
+    hmac_key_file: Path | None = None  # alignment = "hmac" only
     allowed_peers: tuple[str, ...] = ("coordinator",)
     feature_columns: tuple[str, ...] | None = None
     exclude_columns: tuple[str, ...] = ()
@@ -55,12 +55,15 @@ class PartyConfig:
     predict_tables: tuple[PredictTable, ...] = ()
     access_log: AccessLogConfig | None = None  # default: access.log in the state directory
     max_concurrent_rpcs: int = 4
+    alignment: str = "psu"  # or "hmac" (one trust domain only)
+    alignment_key_file: Path | None = None  # the passive parties' shared alignment secret (never the label holder's)
 
 
 #: every section and key of a party file (docs/deployment.md); anything else is an error naming it ([policy] keys are
 #: checked by :meth:`PartyPolicy.from_table`)
 PARTY_KEYS: dict[str, tuple[str, ...]] = {
-    "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "allowed_peers",
+    "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
+              "alignment_key_file", "allowed_peers",
               "max_message_mb", "plugins", "threads", "max_concurrent_rpcs"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
@@ -98,6 +101,16 @@ def _message_bytes(party: dict[str, Any], policy_table: dict[str, Any], policy: 
     return int(mb * 2**20)
 
 
+def _alignment(party: dict[str, Any], p: Path) -> str:
+    """``[party] alignment``: "psu" (the default, keyless) or "hmac" (explicit, needs ``hmac_key_file``)."""
+    mode = party.get("alignment", "psu")
+    if mode not in ("psu", "hmac"):
+        raise ValueError(f"{p}: [party] alignment must be 'psu' or 'hmac', got {mode!r}")
+    if mode == "hmac" and "hmac_key_file" not in party:
+        raise ValueError(f"{p}: [party] alignment = 'hmac' needs 'hmac_key_file'")
+    return str(mode)
+
+
 def load_party_config(path: str | Path) -> PartyConfig:
     """Read a party's TOML configuration (see ``docs/deployment.md`` for every key)."""
     p = Path(path)
@@ -127,7 +140,9 @@ def load_party_config(path: str | Path) -> PartyConfig:
         tls=TlsFiles(rel(_need(tls, "ca", "tls", p)), rel(_need(tls, "cert", "tls", p)),
                      rel(_need(tls, "key", "tls", p))),
         state_dir=state_dir,
-        hmac_key_file=rel(_need(party, "hmac_key_file", "party", p)),
+        hmac_key_file=rel(party["hmac_key_file"]) if "hmac_key_file" in party else None,
+        alignment=_alignment(party, p),
+        alignment_key_file=rel(party["alignment_key_file"]) if "alignment_key_file" in party else None,
         allowed_peers=tuple(party.get("allowed_peers", ["coordinator"])),
         feature_columns=tuple(fc) if fc is not None else None,
         exclude_columns=tuple(data.get("exclude_columns", [])),

@@ -21,6 +21,14 @@ name that starts with ``top.``.  A required reply pattern whose placeholder appe
 value the request used (``rows:f`` -> ``emb:f``).  ``when={"variant": 2}`` admits a tensor only if the program's
 config has those values.  The transports' stamps ``step`` and ``round`` are always accepted as metadata.
 
+A program's message also says what it is for (``role``, read by the party's policy, never a method name):
+``"trains"`` (it changes the program's state: the default, the safe assumption), ``"infers"`` (it computes from rows
+without learning unless its request sets ``train``: the only kinds a prediction table's rows may be used for) or
+``"shares_weights"`` (its reply carries the party's own parameters: refused unless the party allows weight sharing).
+``releases`` names the reply tensors that carry values per row computed from the party's features (what a privacy
+budget meters), ``learning_rates`` the request metadata holding learning rates (dotted paths, e.g.
+``"simsiam.lr"``; the policy holds them to its floor).
+
 :func:`check_request` / :func:`check_reply` raise :class:`MessageError`, naming the program, the kind, the
 direction and the tensor; :meth:`~partialvfl.federation.party.PartyRuntime.handle` calls them for every message,
 in process and behind the gRPC server alike.
@@ -36,14 +44,18 @@ from typing import Any, Literal
 import torch
 
 __all__ = [
-    "DTYPES", "STAMPS", "MessageError", "MessageSpec", "Messages", "TensorSpec", "UnknownKindError",
-    "check_reply", "check_request", "messages_markdown", "tensor_names",
+    "DTYPES", "INFERS", "ROLES", "SHARES_WEIGHTS", "STAMPS", "TRAINS", "MessageError", "MessageSpec", "Messages",
+    "TensorSpec", "UnknownKindError", "check_reply", "check_request", "kinds_with_role", "messages_markdown",
+    "meta_path", "tensor_names",
 ]
 
 #: dtype names a declaration may use (those the wire carries)
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool")
 #: metadata keys every request may carry: the transports stamp them
 STAMPS = ("step", "round")
+#: what a program's message is for (see the module docstring)
+TRAINS, INFERS, SHARES_WEIGHTS = "trains", "infers", "shares_weights"
+ROLES = (TRAINS, INFERS, SHARES_WEIGHTS)
 Direction = Literal["request", "reply"]
 Dim = int | str
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
@@ -121,16 +133,20 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class MessageSpec:
-    """One message kind: request tensors, reply tensors, required and optional metadata keys of the request."""
+    """One message kind: request tensors, reply tensors, required and optional metadata keys of the request; its
+    ``role``, the reply tensors it ``releases`` per row and the metadata holding ``learning_rates``."""
 
     request: Sequence[TensorSpec] = ()
     reply: Sequence[TensorSpec] = ()
     meta: Sequence[str] = ()
     optional_meta: Sequence[str] = ()
     doc: str = ""
+    role: str = TRAINS
+    releases: Sequence[str] = ()
+    learning_rates: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for attr in ("request", "reply", "meta", "optional_meta"):
+        for attr in ("request", "reply", "meta", "optional_meta", "releases", "learning_rates"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         for side in (self.request, self.reply):
             names = [t.name for t in side]
@@ -139,6 +155,15 @@ class MessageSpec:
         both = set(self.meta) & set(self.optional_meta)
         if both:
             raise ValueError(f"meta keys {sorted(both)} are both required and optional")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        unknown = sorted(set(self.releases) - {t.name for t in self.reply})
+        if unknown:
+            raise ValueError(f"releases names {unknown}, which are not reply tensors of the message")
+        keys = set(self.meta) | set(self.optional_meta)
+        stray = sorted(p for p in self.learning_rates if p.split(".", 1)[0] not in keys)
+        if stray:
+            raise ValueError(f"learning_rates names {stray}, which are not meta keys of the message")
 
 
 Messages = Mapping[str, MessageSpec]
@@ -301,14 +326,41 @@ def tensor_names(source: Any, config: Mapping[str, Any] | None = None,
                      if config is None or t.applies(config))
 
 
+def kinds_with_role(source: Any, role: str) -> frozenset[str]:
+    """The kinds a program class (or a ``{kind: MessageSpec}`` mapping) declares with ``role``."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return frozenset(k for k, spec in _messages(source).items() if spec.role == role)
+
+
+def meta_path(meta: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    """``(found, value)`` of the dotted ``path`` in request metadata (``"simsiam.lr"``: ``meta["simsiam"]["lr"]``)."""
+    value: Any = meta
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value
+
+
 def _shape(t: TensorSpec) -> str:
     return "any" if t.shape is None else "(" + ", ".join(map(str, t.shape)) + (",)" if len(t.shape) == 1 else ")")
 
 
-def _kind_markdown(kind: str, spec: MessageSpec) -> list[str]:
+def _role_markdown(spec: MessageSpec) -> str:
+    released = ", ".join(f"`{n}`" for n in spec.releases) or "nothing"
+    line = f"Role: {spec.role}. Released per row: {released}."
+    if spec.learning_rates:
+        line += f" Learning rates (held to the party's `min_lr`): {', '.join(f'`{p}`' for p in spec.learning_rates)}."
+    return line
+
+
+def _kind_markdown(kind: str, spec: MessageSpec, program: bool) -> list[str]:
     lines = [f"#### `{kind}`", ""]
     if spec.doc:
         lines += [spec.doc, ""]
+    if program:
+        lines += [_role_markdown(spec), ""]
     rows = [(d, t) for d, side in (("request", spec.request), ("reply", spec.reply)) for t in side]
     if rows:
         lines += ["| | tensor | dtype | shape | notes |", "|---|---|---|---|---|"]
@@ -322,8 +374,9 @@ def _kind_markdown(kind: str, spec: MessageSpec) -> list[str]:
     return lines
 
 
-def messages_markdown(sections: Sequence[tuple[str, str, Messages]]) -> str:
-    """``docs/messages.md``: one section per ``(title, description, messages)``, one table per kind."""
+def messages_markdown(sections: Sequence[tuple[str, str, Messages, bool]]) -> str:
+    """``docs/messages.md``: one section per ``(title, description, messages, program)``, one table per kind
+    (``program``: a party program's messages, whose roles are shown)."""
     lines = [
         "# Party messages",
         "",
@@ -338,11 +391,17 @@ def messages_markdown(sections: Sequence[tuple[str, str, Messages]]) -> str:
         "tensors, one per model, each with its own symbols; `top.*` any name starting with `top.`. "
         "Every request may also carry the transports' stamps `step` and `round`.",
         "",
+        "Each program message has a role, which the party's policy reads (never a method's name): `trains` (it "
+        "changes the program's state), `infers` (it computes from rows without learning unless its request sets "
+        "`train`: the only kinds a prediction table's rows may be used for) or `shares_weights` (its reply carries "
+        "the party's own parameters: refused unless the party sets `allow_weight_sharing`). \"Released per row\" "
+        "names the reply tensors that carry values computed from the party's features, one per row.",
+        "",
     ]
-    for title, description, msgs in sections:
+    for title, description, msgs, program in sections:
         lines += [f"## {title}", ""]
         if description:
             lines += [description, ""]
         for kind in msgs:  # declaration order: the order of a protocol
-            lines += _kind_markdown(kind, msgs[kind])
+            lines += _kind_markdown(kind, msgs[kind], program)
     return "\n".join(lines).rstrip() + "\n"

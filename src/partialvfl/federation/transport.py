@@ -7,13 +7,17 @@ with the current step and round and records both directions in its :class:`Messa
 
 :class:`LocalTransport` delivers in-process: tensors are *detached* (zero-copy) on the way in and out, so that no
 autograd graph spans two parties; gradients cross explicitly as messages, exactly as they must over a network.
-A network transport (gRPC) implements ``_deliver`` (and a concurrent ``call_many``); nothing else changes.
+
+Every transport admits requests the same way (:meth:`Transport.call_many`: a known party, each kind once per step
+and round, stamped, logged, replies logged, failures recorded) and differs only in delivery
+(:meth:`Transport._deliveries`): in process party by party or as one batched computation, over gRPC concurrently.
+A check added to the admission path holds for all of them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +27,16 @@ from partialvfl.federation.party import PartyProgram
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageError
 
-__all__ = ["LocalTransport", "PartyUnavailable", "Transport"]
+__all__ = ["LocalTransport", "PartiesRefused", "PartyUnavailable", "Transport"]
+
+
+class PartiesRefused(RuntimeError):
+    """Several parties refused one round's requests (``errors``: party -> its refusal), raised together."""
+
+    def __init__(self, errors: Mapping[int, Exception]) -> None:
+        self.errors = dict(errors)
+        lines = "\n".join(f"  party {p}: {e}" for p, e in sorted(self.errors.items()))
+        super().__init__(f"{len(self.errors)} part{'y' if len(self.errors) == 1 else 'ies'} refused:\n{lines}")
 
 
 class PartyUnavailable(RuntimeError):
@@ -72,32 +85,51 @@ class Transport(ABC):
         """Send one request and wait for its reply; raises :class:`PartyUnavailable` if the party is down."""
         return self.call_many({party: Request(kind, tensors or {}, meta)})[party]
 
-    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
+    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False,
+                  gather: bool = False) -> dict[int, Reply]:
         """Send several requests (concurrently where the transport can) within the current round.
 
+        The one admission path of every transport: each request is checked (a known party, a kind not yet sent to it
+        in this step and round) before any is sent, then stamped and logged as it goes; each reply is logged as it
+        comes back.  The party checks every message against its declaration and its policy (in process and behind
+        the gRPC server alike), whichever way the request is delivered (:meth:`_deliveries`).
+
         With ``tolerate=True`` a party that fails is left out of the result (and recorded in ``failures``) instead
-        of raising, so the caller can treat it as a missing block for this step.
+        of raising, so the caller can treat it as a missing block for this step.  With ``gather=True`` every party
+        gets its request even when one refuses, and the refusals are raised together (:class:`PartiesRefused`).
         """
-        out: dict[int, Reply] = {}
         for party, req in requests.items():
-            req = self._admit(party, req)
-            try:
-                reply = self._deliver(party, req)
-            except PartyUnavailable as e:
-                self._failed(party, e, tolerate)
+            self._check_new(party, req.kind)
+        out: dict[int, Reply] = {}
+        errors: dict[int, Exception] = {}
+        deliveries = self._deliveries(requests, tolerate=tolerate, gather=gather)
+        for party, req, outcome in deliveries:
+            if isinstance(outcome, Reply):
+                out[party] = self._answered(party, req, outcome)
                 continue
-            out[party] = self._answered(party, req, reply)
+            if isinstance(outcome, PartyUnavailable):
+                self.failures.append((self.step, party, outcome.reason))
+                if tolerate:
+                    continue
+            errors[party] = outcome
+            if not (self.gathers or gather):
+                deliveries.close()
+                break
+        self._raise(errors, gather)
         return out
 
-    def _admit(self, party: int, req: Request) -> Request:
-        """Check the party and that this kind is new in this (step, round); stamp the request and log it."""
+    def _check_new(self, party: int, kind: str) -> None:
+        """A known party, and a kind not yet sent to it in this (step, round)."""
         self._check_party(party)
-        if (party, req.kind) in self._sent:
+        if (party, kind) in self._sent:
             # A party serves each kind once per (step, round): the network servers refuse repeats as replays.
             raise RuntimeError(
-                f"party {party} already got a {req.kind!r} request in step {self.step} round {self.round}; "
+                f"party {party} already got a {kind!r} request in step {self.step} round {self.round}; "
                 "call transport.new_round() between rounds"
             )
+
+    def _admit(self, party: int, req: Request) -> Request:
+        """Record ``req`` as sent to ``party`` in this (step, round); stamp it and log it."""
         self._sent.add((party, req.kind))
         req = self._stamp(req)
         self.log.record(
@@ -106,17 +138,21 @@ class Transport(ABC):
         )
         return req
 
-    def _failed(self, party: int, error: PartyUnavailable, tolerate: bool) -> None:
-        self.failures.append((self.step, party, error.reason))
-        if not tolerate:
-            raise error
-
     def _answered(self, party: int, req: Request, reply: Reply) -> Reply:
         self.log.record(
             step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
             direction="reply", tensors=reply.tensors,
         )
         return reply
+
+    @staticmethod
+    def _raise(errors: Mapping[int, Exception], gather: bool) -> None:
+        """A refusal before an unavailable party; with ``gather``, every refusal at once."""
+        refused = {p: e for p, e in errors.items() if not isinstance(e, PartyUnavailable)}
+        if gather and refused:
+            raise PartiesRefused(refused)
+        for e in (*refused.values(), *errors.values()):
+            raise e
 
     def broadcast(
         self, parties: Sequence[int], kind: str, tensors: TensorDict | None = None, *, tolerate: bool = False,
@@ -125,9 +161,18 @@ class Transport(ABC):
         """The same request to several parties."""
         return self.call_many({p: Request(kind, dict(tensors or {}), dict(meta)) for p in parties}, tolerate=tolerate)
 
+    #: whether a failed delivery lets the other parties' deliveries of the round finish (the network transports:
+    #: the requests are already on their way) or stops the round at once (in process)
+    gathers: bool = False
+
     @abstractmethod
-    def _deliver(self, party: int, request: Request) -> Reply:
-        """Carry one stamped request to ``party`` and return its reply."""
+    def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
+                    gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
+        """Deliver ``requests`` (already checked), admitting each (:meth:`_admit`) as it is sent; yield
+        ``(party, admitted request, reply or the exception that stands for it)`` in party order.
+
+        A :class:`PartyUnavailable` is always yielded; another exception may be raised at once unless ``gather``.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (network transports)."""
@@ -166,37 +211,49 @@ class LocalTransport(Transport):
         reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)))
         return Reply(_detached(reply.tensors), dict(reply.meta))
 
-    def call_many(self, requests: Mapping[int, Request], *, tolerate: bool = False) -> dict[int, Reply]:
-        valid = all(0 <= p < self.n_parties and (p, r.kind) not in self._sent and (tolerate or p not in self.down)
-                    for p, r in requests.items())
-        groups = self._batch_groups(requests) if self.batched and valid else {}
-        if not groups:  # nothing to batch, or an error the per-party path raises where and as it always does
-            return super().call_many(requests, tolerate=tolerate)
+    def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
+                    gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
+        """Party by party, or the parties a program answers jointly as one batched computation first."""
+        answers = self._batch_answers(requests, tolerate) if self.batched and not gather else {}
+        for party, req in requests.items():
+            req = self._admit(party, req)
+            if party in answers:
+                stamped, answer = answers[party]
+                reply = Reply(_detached(answer.tensors), dict(answer.meta))
+                self.runtimes[party].check(stamped, reply)
+                yield party, req, reply
+                continue
+            try:
+                yield party, req, self._deliver(party, req)
+            except PartyUnavailable as e:
+                yield party, req, e
+            except Exception as e:  # noqa: BLE001 - a refusal, collected with the others' (gather only)
+                if not gather:
+                    raise
+                yield party, req, e
+
+    def _batch_answers(self, requests: Mapping[int, Request],
+                       tolerate: bool) -> dict[int, tuple[Request, Reply]]:
+        """The replies of the parties whose program answers this round jointly (with the stamped request each was
+        checked as); none where a request would fail, which the per-party path raises where and as it always does."""
+        if not tolerate and any(p in self.down for p in requests):
+            return {}
+        groups = self._batch_groups(requests)
+        if not groups:
+            return {}
         stamped = {p: self._stamp(Request(r.kind, _detached(r.tensors), dict(r.meta))) for p, r in requests.items()}
         try:
             for parties in groups.values():
                 for p in parties:
                     self.runtimes[p].check(stamped[p])
-        except (MessageError, PolicyViolation):  # the per-party path raises it where and as it always does
-            return super().call_many(requests, tolerate=tolerate)
-        answers: dict[int, Reply] = {}
+        except (MessageError, PolicyViolation):
+            return {}
+        answers: dict[int, tuple[Request, Reply]] = {}
         for cls, parties in groups.items():
             replies = cls.handle_batch([(self.runtimes[p].program, stamped[p]) for p in parties])
             if replies is not None:
-                answers.update(zip(parties, replies))
-        out: dict[int, Reply] = {}
-        for party, req in requests.items():
-            req = self._admit(party, req)
-            if party not in answers:
-                try:
-                    out[party] = self._answered(party, req, self._deliver(party, req))
-                except PartyUnavailable as e:
-                    self._failed(party, e, tolerate)
-                continue
-            reply = Reply(_detached(answers[party].tensors), dict(answers[party].meta))
-            self.runtimes[party].check(stamped[party], reply)
-            out[party] = self._answered(party, req, reply)
-        return out
+                answers.update((p, (stamped[p], r)) for p, r in zip(parties, replies))
+        return answers
 
     def _batch_groups(self, requests: Mapping[int, Request]) -> dict[type, list[int]]:
         """Parties whose program can answer this round jointly, by program class (in party order)."""

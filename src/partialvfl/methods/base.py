@@ -9,7 +9,9 @@ What subclasses implement:
 
 * ``name`` (registry key), ``party_program`` (the registered program name);
 * ``params``: the declared :class:`~partialvfl.methods.params.ParamSpace` (defaults, types, ranges, help, presets
-  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``);
+  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``); a fitted or
+  loaded model reads them typed as ``self.settings_.<name>`` (:mod:`partialvfl.methods.settings`), and keeps the
+  plain dict ``params_`` for model files and reports;
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
   build its modules, e.g. ``feature_dim``/``feature_shape`` from ``self.index_``);
 * ``_fit(view, handle, loop)``: training, with the training data attached at the parties under ``handle``; every
@@ -47,9 +49,10 @@ from partialvfl.federation.party import StateFileError
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
-from partialvfl.utils.progress import report_line
+from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,7 +102,7 @@ class IndexInfo:
                    None if names is None else tuple(tuple(f) for f in names))
 
 
-class VFLMethod(ABC):
+class VFLMethod(TypedParams, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -113,9 +116,13 @@ class VFLMethod(ABC):
         if cls.params is not None:
             cls.presets = cls.params.preset_names
 
-    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool = False, **params: Any) -> None:
+    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, **params: Any) -> None:
+        """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
+        not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
+        if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
+            raise ValueError(f"{self.name}: progress must be True, False or 'epochs', got {progress!r}")
         self.preset = preset
         self.seed = int(seed)
         self.progress = progress
@@ -217,7 +224,7 @@ class VFLMethod(ABC):
             row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
             self.history_.append(row)
             parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", self.progress)
+            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", progress_mode(self.progress)[1])
             if on_epoch is not None:
                 on_epoch(stage, epoch, dict(metrics))
 
@@ -265,7 +272,8 @@ class VFLMethod(ABC):
         loop = TrainingLoop(
             federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
             save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
-            checkpointer=checkpointer, fingerprint=self._fingerprint(view), show_progress=self.progress,
+            checkpointer=checkpointer, fingerprint=self._fingerprint(view),
+            show_progress=progress_mode(self.progress)[0],
         )
         t0 = time.perf_counter()
         self._fit(view, handle, loop)
@@ -278,7 +286,7 @@ class VFLMethod(ABC):
         """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
         data is already standardised by the paper's protocol); returns what was done, for ``model.json``."""
         already = self.data_info_.get("standardized")
-        on = bool(self.params_.get("standardize", False)) and not already
+        on = self.settings_.standardize and not already
         federation.preprocess(handle, standardize=on)
         how = ("each party, on its own training rows" if on else
                f"none here: the data was standardised already ({already})" if already else "none (standardize=false)")
@@ -351,6 +359,16 @@ class VFLMethod(ABC):
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """``(N, K)``: which parties' features the prediction of each row of ``view`` uses (its ``observed`` holds
+        which parties hold, or answered for, each row).  By default every party that holds the row; a method that
+        predicts some rows from fewer parties says so here.  A row with none is predicted by :meth:`fallback`."""
+        return np.array(view.observed, dtype=bool)
+
+    def fallback(self) -> str:
+        """What a row whose prediction uses no party's features (:meth:`parties_used`) is predicted from."""
+        return "the training label prior"
 
     def predict_proba(self, data: VerticalDataset) -> np.ndarray:
         """Class probabilities ``(N, C)``, columns in the order of :attr:`classes_`."""
@@ -436,7 +454,10 @@ class VFLMethod(ABC):
             obj.index_ = IndexInfo.from_dict(meta["index"])
             saved = space.renamed(meta["params"])
             # models saved before party standardisation existed were trained on features as they are
-            obj.params_ = {**space.defaults(), "standardize": False, **saved}
+            values = {**space.defaults(), "standardize": False, **saved}
+            declared = set(space.names)
+            obj._set_params({k: v for k, v in values.items() if k in declared},
+                            {k: v for k, v in values.items() if k not in declared})
             obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "

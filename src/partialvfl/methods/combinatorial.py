@@ -40,7 +40,7 @@ class Combinatorial(SplitNNMethod):
 
     def _subsets(self) -> list[tuple[int, ...]]:
         k = self.index_.n_parties
-        bound = int(self.params_["max_parties"])
+        bound = self.settings_.max_parties
         if k > bound:
             raise ValueError(
                 f"{self.name}: {k} parties would need {2 ** k - 1} predictors (cost exponential in K); the bound "
@@ -52,13 +52,11 @@ class Combinatorial(SplitNNMethod):
         return [subset_name(s) for s in self._subsets() if party in s]
 
     def _build_heads(self) -> nn.ModuleDict:
-        if self.params_["fusion"] not in ("concat", "mean"):
-            raise ValueError(f"{self.name}: fusion must be 'concat' or 'mean', got {self.params_['fusion']!r}")
         return nn.ModuleDict({subset_name(s): self._make_head(self._fusion_dim(len(s))) for s in self._subsets()})
 
     def _fused(self, subset: tuple[int, ...], embs: dict[tuple[int, str], torch.Tensor]) -> torch.Tensor:
         parts = [embs[(k, subset_name(subset))] for k in subset]
-        if self.params_["fusion"] == "concat":
+        if self.settings_.fusion == "concat":
             return torch.cat(parts, dim=1)
         return torch.stack(parts, dim=1).mean(dim=1)
 

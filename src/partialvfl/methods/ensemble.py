@@ -42,7 +42,7 @@ class Ensemble(SplitNNMethod):
     params = SPACES["ensemble"]
 
     def _build_heads(self) -> nn.ModuleDict:
-        d = int(self.params_["latent_dim"])
+        d = self.settings_.latent_dim
         return nn.ModuleDict({f"g{k}": self._make_head(d) for k in range(self.index_.n_parties)})
 
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,

@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.data.dataset import DataValidationError, VerticalDataset
+from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 
 __all__ = ["evaluate", "metrics_from_predictions"]
 
 
-def _true_in_model_classes(data: VerticalDataset, classes: Sequence[Any] | None) -> tuple[np.ndarray, list[Any]]:
+def _true_in_model_classes(data: VerticalDataset | CoordinatorView,
+                           classes: Sequence[Any] | None) -> tuple[np.ndarray, list[Any]]:
     """The data's labels as indices into the model's ``classes`` (-1: a class the model does not know), and the
     data's classes the model does not know."""
     if classes is None:
@@ -31,7 +32,7 @@ def _true_in_model_classes(data: VerticalDataset, classes: Sequence[Any] | None)
     return true, unseen
 
 
-def metrics_from_predictions(output: np.ndarray, data: VerticalDataset,
+def metrics_from_predictions(output: np.ndarray, data: VerticalDataset | CoordinatorView,
                              classes: Sequence[Any] | None = None) -> dict[str, Any]:
     """Accuracy (classification) or RMSE (regression) over labelled samples, overall and per observed-party count.
 
@@ -43,7 +44,7 @@ def metrics_from_predictions(output: np.ndarray, data: VerticalDataset,
     if data.task is None:
         raise DataValidationError("the data carries no labels to score (give the label column)")
     lab = data.labeled
-    counts = data.n_observed_parties()
+    counts = np.asarray(data.observed, dtype=bool).sum(axis=1)  # a dataset or a coordinator's view
     res: dict[str, Any] = {"n_samples": int(lab.sum()), "all_missing": int((counts[lab] == 0).sum())}
     by: dict[str, dict[str, float]] = {}
     if data.task.is_classification:

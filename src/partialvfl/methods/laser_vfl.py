@@ -187,18 +187,9 @@ class LaserVFL(SplitNNMethod):
     name = "laser-vfl"
     params = SPACES["laser-vfl"]
 
-    def _check_options(self) -> None:
-        if self.params_["heads"] not in ("single", "per-party"):
-            raise ValueError(f"{self.name}: heads must be 'single' or 'per-party', got {self.params_['heads']!r}")
-        if self.params_["batching"] not in ("pattern", "per-sample"):
-            raise ValueError(
-                f"{self.name}: batching must be 'pattern' or 'per-sample', got {self.params_['batching']!r}"
-            )
-
     def _build_heads(self) -> nn.ModuleDict:
-        self._check_options()
-        d = int(self.params_["latent_dim"])
-        if self.params_["heads"] == "single":
+        d = self.settings_.latent_dim
+        if self.settings_.heads == "single":
             return nn.ModuleDict({"g": self._make_head(d)})
         return nn.ModuleDict({f"g{k}": self._make_head(d) for k in range(self.index_.n_parties)})
 
@@ -206,10 +197,10 @@ class LaserVFL(SplitNNMethod):
         return self.heads_["g"] if "g" in self.heads_ else self.heads_[f"g{k}"]
 
     def _batches(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> Iterator[np.ndarray]:
-        if self.params_["batching"] == "per-sample":
+        if self.settings_.batching == "per-sample":
             yield from super()._batches(view, rows, rng)
             return
-        bs = int(self.params_["batch_size"])
+        bs = self.settings_.batch_size
         _, group = np.unique(view.observed[rows], axis=0, return_inverse=True)
         group = np.asarray(group).reshape(-1)
         batches: list[np.ndarray] = []
@@ -225,7 +216,7 @@ class LaserVFL(SplitNNMethod):
         wanted = {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()}
         embs = self._embed(handle, wanted, train=True)
         emb = self._stack(rows, obs, embs)
-        sets, weights = sample_task_sets(obs, rng, shared=self.params_["batching"] == "pattern")
+        sets, weights = sample_task_sets(obs, rng, shared=self.settings_.batching == "pattern")
         y = torch.as_tensor(view.y[rows], dtype=torch.long)
         loss = laser_estimate(emb, y, sets, weights, self._head)
         self._step_heads(loss, embs)

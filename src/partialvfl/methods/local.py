@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
@@ -34,7 +34,7 @@ class Local(SplitNNMethod):
         return ["f"] if party == self.index_.active_party else []
 
     def _build_heads(self) -> nn.ModuleDict:
-        return nn.ModuleDict({"g": self._make_head(int(self.params_["latent_dim"]))})
+        return nn.ModuleDict({"g": self._make_head(self.settings_.latent_dim)})
 
     def _training_rows(self, view: CoordinatorView) -> np.ndarray:
         return np.flatnonzero(view.labeled & view.observed[:, view.active_party])
@@ -49,6 +49,15 @@ class Local(SplitNNMethod):
         loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), torch.as_tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Only the active party's block, for the rows it holds; the others use no party (the label prior)."""
+        used = np.zeros_like(np.asarray(view.observed, dtype=bool))
+        used[:, view.active_party] = np.asarray(view.observed, dtype=bool)[:, view.active_party]
+        return used
+
+    def fallback(self) -> str:
+        return "the training label prior (local predicts from the active party alone, which does not hold them)"
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         a = view.active_party

@@ -148,12 +148,16 @@ class ParamSpace:
     """A method's parameters and presets.
 
     ``presets`` maps each preset name to a :data:`PresetFn` (overrides for a dataset key); ``dataset_presets``
-    names the presets whose values depend on the dataset (listed per dataset by ``partialvfl methods``).
+    names the presets whose values depend on the dataset (listed per dataset by ``partialvfl methods``);
+    ``groups`` names sets of parameters that travel together (group -> {field: parameter}, e.g. an optimiser's
+    ``name``/``lr``/``weight_decay``/``momentum``), read as one typed sub-object of the method's settings
+    (:mod:`partialvfl.methods.settings`).
     """
 
     params: tuple[Param, ...]
     presets: Mapping[str, PresetFn] = field(default_factory=dict)
     dataset_presets: tuple[str, ...] = ()
+    groups: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: dict[str, str] = {}
@@ -162,6 +166,12 @@ class ParamSpace:
                 if n in seen:
                     raise ValueError(f"parameter name {n!r} declared twice ({seen[n]} and {p.name})")
                 seen[n] = p.name
+        for group, members in self.groups.items():
+            if group in seen:
+                raise ValueError(f"group {group!r} has the name of a parameter")
+            for name in members.values():
+                if name not in self.names:
+                    raise ValueError(f"group {group!r} names {name!r}, which is not a declared parameter")
 
     # ------------------------------------------------------------------ lookups
     @property
@@ -186,13 +196,15 @@ class ParamSpace:
         return [p.name for p in self.params if p.epochs]
 
     def extend(self, *params: Param, replace: Mapping[str, Any] | None = None,
-               presets: Mapping[str, PresetFn] | None = None, dataset_presets: tuple[str, ...] | None = None
-               ) -> ParamSpace:
-        """A new space with ``params`` added, defaults in ``replace`` changed, and presets replaced."""
+               presets: Mapping[str, PresetFn] | None = None, dataset_presets: tuple[str, ...] | None = None,
+               groups: Mapping[str, Mapping[str, str]] | None = None) -> ParamSpace:
+        """A new space with ``params`` added, defaults in ``replace`` changed, presets replaced and ``groups``
+        added."""
         base = [p if not replace or p.name not in replace else
                 Param(**{**p.__dict__, "default": replace[p.name]}) for p in self.params]
         return ParamSpace(tuple(base) + params, dict(presets if presets is not None else self.presets),
-                          self.dataset_presets if dataset_presets is None else dataset_presets)
+                          self.dataset_presets if dataset_presets is None else dataset_presets,
+                          {**self.groups, **(groups or {})})
 
     # ------------------------------------------------------------------ names and values
     def canonical(self, name: str, owner: str = "") -> str:

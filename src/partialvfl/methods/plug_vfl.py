@@ -58,14 +58,14 @@ class PlugVFL(SplitNNMethod):
 
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:
-        obs = plug_dropout(view.observed[rows], view.active_party, float(self.params_["p_drop"]), rng,
-                           self.params_["dropout_unit"])
+        obs = plug_dropout(view.observed[rows], view.active_party, self.settings_.p_drop, rng,
+                           self.settings_.dropout_unit)
         keep = obs.any(axis=1)
         rows, obs = rows[keep], obs[keep]
         if rows.size == 0:
             return None
         embs = self._embed_observed(handle, rows, obs, train=True)
-        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.params_["fusion"]))
+        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
         loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
@@ -78,7 +78,7 @@ class PlugVFL(SplitNNMethod):
             self.transport.new_step()
             embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
-                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
+                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.settings_.fusion))
             out[start:start + len(chunk)] = torch.softmax(logits, dim=1).numpy()
             start += len(chunk)
         return out

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.data.dataset import CoordinatorView
+from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
@@ -36,8 +36,6 @@ class VanillaVFL(SplitNNMethod):
     params = SPACES["vanilla-vfl"]
 
     def _build_heads(self) -> nn.ModuleDict:
-        if self.params_["missing"] not in ("zero", "random"):
-            raise ValueError(f"{self.name}: missing must be 'zero' or 'random', got {self.params_['missing']!r}")
         return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})
 
     def _training_rows(self, view: CoordinatorView) -> np.ndarray:
@@ -50,28 +48,41 @@ class VanillaVFL(SplitNNMethod):
                     rng: np.random.Generator) -> torch.Tensor:
         obs = view.observed[rows]
         embs = self._embed(handle, {k: {"f": rows} for k in range(view.n_parties)}, train=True)
-        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.params_["fusion"]))
+        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
         loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
 
+    def fallback(self) -> str:
+        if self.settings_.missing == "random":
+            return ("a uniformly random class where some party does not hold the row (missing='random'), the "
+                    "training label prior where none does")
+        return super().fallback()
+
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Every holding party; with ``missing='random'`` none for a row some party lacks (a random class)."""
+        used = np.array(view.observed, dtype=bool)
+        if self.settings_.missing == "random":
+            used &= used.all(axis=1, keepdims=True)
+        return used
+
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.n_classes))
         full = view.observed[rows].all(axis=1)
-        if self.params_["missing"] == "random":
+        if self.settings_.missing == "random":
             guess = self._vote_rng().integers(0, self.n_classes, size=len(rows))
             out[np.flatnonzero(~full), guess[~full]] = 1.0
             ask = rows[full]
         else:
             ask = rows
         start = 0
-        pos = np.flatnonzero(full) if self.params_["missing"] == "random" else np.arange(len(rows))
+        pos = np.flatnonzero(full) if self.settings_.missing == "random" else np.arange(len(rows))
         for chunk in self._chunks(ask):
             obs = view.observed[chunk]
             self.transport.new_step()
             embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
-                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.params_["fusion"]))
+                logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.settings_.fusion))
             out[pos[start:start + len(chunk)]] = torch.softmax(logits, dim=1).numpy()
             start += len(chunk)
         return out

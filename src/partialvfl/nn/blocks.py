@@ -21,6 +21,8 @@ __all__ = [
     "TransposedCNNDecoder",
     "build_decoder",
     "build_encoder",
+    "decoder_arch",
+    "encoder_arch",
     "image_shape",
 ]
 
@@ -147,12 +149,25 @@ class ResNet18(nn.Module):
         return self.head(y.mean(dim=(2, 3)))
 
 
+def encoder_arch(arch: str, feature_shape: Sequence[int]) -> str:
+    """The encoder family :func:`build_encoder` builds for ``arch`` (``auto``: mlp for a vector, cnn otherwise)."""
+    if arch == "auto":
+        return "mlp" if len(feature_shape) == 1 else "cnn"
+    return arch
+
+
+def decoder_arch(arch: str, feature_shape: Sequence[int]) -> str:
+    """The decoder family :func:`build_decoder` builds for ``arch`` (``auto``: mlp for a vector, deconv otherwise)."""
+    if arch == "auto":
+        return "mlp" if len(feature_shape) == 1 else "deconv"
+    return arch
+
+
 def build_encoder(feature_shape: Sequence[int], out_dim: int, arch: str = "auto",
                   hidden: Sequence[int] = (256, 256), width: int = 64) -> nn.Module:
     """A party feature extractor: ``mlp`` (tabular), ``cnn`` (image pieces), ``resnet18``; ``auto`` picks by shape."""
     shape = tuple(int(s) for s in feature_shape)
-    if arch == "auto":
-        arch = "mlp" if len(shape) == 1 else "cnn"
+    arch = encoder_arch(arch, shape)
     d = math.prod(shape)
     if arch == "mlp":
         return MLP(d, hidden, out_dim)
@@ -167,8 +182,7 @@ def build_decoder(in_dim: int, feature_shape: Sequence[int], arch: str = "auto",
                   hidden: Sequence[int] = (256, 256)) -> nn.Module:
     """A party decoder from a latent to the (flattened) block: ``mlp`` or ``deconv`` (transposed CNN)."""
     shape = tuple(int(s) for s in feature_shape)
-    if arch == "auto":
-        arch = "mlp" if len(shape) == 1 else "deconv"
+    arch = decoder_arch(arch, shape)
     d = math.prod(shape)
     if arch == "mlp":
         return MLP(in_dim, hidden, d)

@@ -55,41 +55,36 @@ class _FalseVFL(VFLMethod):
     def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
         """FLOPs of one stage-1 step (forward and backward, every row held by every party: an upper bound), or
         ``None`` for convolutional party modules (for the thread policy, :mod:`partialvfl.utils.threads`)."""
-        p = {**cls.param_space().defaults(), **params}
-        d_h, d_z, s, b = int(p["d_h"]), int(p["d_z"]), int(p["importance_samples"]), int(p["pretrain_batch_size"])
+        p = cls.settings_of(params)
+        d_h, d_z, s, b = p.d_h, p.d_z, p.importance_samples, p.pretrain_batch_size
         total = 0.0
         for shape in feature_shapes:
-            if {p["encoder"], p["decoder"]} - {"mlp", "auto"} or (len(shape) != 1 and "auto" in (p["encoder"],
-                                                                                                 p["decoder"])):
+            if {p.encoder, p.decoder} - {"mlp", "auto"} or (len(shape) != 1 and "auto" in (p.encoder, p.decoder)):
                 return None
             d = math.prod(shape)
-            total += mlp_flops([d, *p["encoder_hidden"], 2 * d_h], b)
-            total += mlp_flops([d_h, *p["decoder_hidden"], d], s * b)
+            total += mlp_flops([d, *p.encoder_hidden, 2 * d_h], b)
+            total += mlp_flops([d_h, *p.decoder_hidden, d], s * b)
             if cls.variant == 2:
-                total += mlp_flops([d, *p["mask_hidden"], 1], s * b + b)
-        total += mlp_flops([d_h, *p["global_hidden"], 2 * d_z], s * b) + mlp_flops([d_z, *p["global_hidden"], 2 * d_h],
-                                                                                   s * b)
+                total += mlp_flops([d, *p.mask_hidden, 1], s * b + b)
+        total += mlp_flops([d_h, *p.global_hidden, 2 * d_z], s * b) + mlp_flops([d_z, *p.global_hidden, 2 * d_h], s * b)
         return 3.0 * total
 
     def _party_config(self, party: int) -> dict[str, Any]:
-        p = self.params_
-        keys = ("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
-                "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
-                "decoder_logvar_range", "wire", "wire_dtype")
-        cfg = {k: p[k] for k in keys}
+        cfg = self.settings_._pick("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
+                                   "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
+                                   "decoder_logvar_range", "wire", "wire_dtype")
         cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
                    feature_shape=[int(s) for s in self.index_.feature_shapes[party]])
         return cfg
 
     # ------------------------------------------------------------------ coordinator modules
     def _build_coordinator(self) -> None:
-        p = self.params_
-        d_h, d_z = int(p["d_h"]), int(p["d_z"])
+        p = self.settings_
         out = self.index_.task.n_classes if self.index_.task.is_classification else 2
         with torch_seeded(self.seed, "false-vfl", "coordinator"):
-            self.global_encoder_ = MLP(d_h, tuple(p["global_hidden"]), 2 * d_z)
-            self.global_decoder_ = MLP(d_z, tuple(p["global_hidden"]), 2 * d_h)
-            self.discriminator_ = MLP(d_h, tuple(p["discriminator_hidden"]), out)
+            self.global_encoder_ = MLP(p.d_h, p.global_hidden, 2 * p.d_z)
+            self.global_decoder_ = MLP(p.d_z, p.global_hidden, 2 * p.d_h)
+            self.discriminator_ = MLP(p.d_h, p.discriminator_hidden, out)
         if not hasattr(self, "y_mean_"):
             self.y_mean_, self.y_std_ = 0.0, 1.0
 
@@ -127,7 +122,7 @@ class _FalseVFL(VFLMethod):
 
         ``next_rows``: the next batch, whose encode rides with this step's ``update``.
         """
-        st = self._forward(view, handle, rows, int(self.params_["importance_samples"]), train=True,
+        st = self._forward(view, handle, rows, self.settings_.importance_samples, train=True,
                            noise_seed=noise_seed, new_step=False)
         keep = torch.as_tensor(st.keep)
         n_keep = int(keep.sum())
@@ -145,7 +140,7 @@ class _FalseVFL(VFLMethod):
         if self.index_.task.is_classification:
             logp = torch.log_softmax(out, dim=-1)
             return logp.gather(-1, y.view(1, -1, 1).expand(h.shape[0], -1, 1)).squeeze(-1)
-        mean, logvar = out[..., 0], out[..., 1].clamp(*(float(v) for v in self.params_["encoder_logvar_range"]))
+        mean, logvar = out[..., 0], out[..., 1].clamp(*self.settings_.encoder_logvar_range)
         return gaussian_log_prob(y.view(1, -1), mean, logvar)
 
     # ------------------------------------------------------------------ stages
@@ -181,10 +176,10 @@ class _FalseVFL(VFLMethod):
 
     def _pretrain_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 1: IWAE bound over every sample with an observed party, labelled or not (Theta_g, II: psi)."""
-        p = self.params_
+        p = self.settings_
         optimizer = make_optimizer(
             list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()), "adam",
-            float(p["pretrain_lr"]), float(p["pretrain_weight_decay"]))
+            p.pretrain_lr, p.pretrain_weight_decay)
         self._prefetch = None
 
         def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics:
@@ -193,18 +188,17 @@ class _FalseVFL(VFLMethod):
             s, n = self._pretrain_step(view, handle, item[0], item[1], optimizer, next_rows=item[2])
             return {"bound": (s, n), "loss": (-s, n)}
 
-        return Stage("pretrain", int(p["pretrain_epochs"]),
+        return Stage("pretrain", p.pretrain_epochs,
                      self._epoch_batches("pretrain", np.flatnonzero(view.observed.any(axis=1)),
-                                         int(p["pretrain_batch_size"]), int(p["pretrain_epochs"])),
+                                         p.pretrain_batch_size, p.pretrain_epochs),
                      step, numpy_rng(self.seed, "false-vfl", "pretrain"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
 
     def _train_stage(self, view: CoordinatorView, handle: str) -> Stage:
         """Stage 2: Theta_g and psi frozen; maximise the label bound L' over labelled samples, phi only."""
-        p = self.params_
-        optimizer = make_optimizer(self.discriminator_.parameters(), "adam", float(p["lr"]),
-                                   float(p["weight_decay"]))
+        p = self.settings_
+        optimizer = make_optimizer(self.discriminator_.parameters(), "adam", p.lr, p.weight_decay)
         y_all = self._target_tensor(view)
         self._prefetch = None
 
@@ -214,7 +208,7 @@ class _FalseVFL(VFLMethod):
             self.global_decoder_.eval()
             self.discriminator_.train()
             with torch.no_grad():
-                st = self._forward(view, handle, rows, int(p["importance_samples"]), train=False, noise_seed=noise_seed,
+                st = self._forward(view, handle, rows, p.importance_samples, train=False, noise_seed=noise_seed,
                                    new_step=False, next_rows=following)
             keep = torch.as_tensor(st.keep)
             if not keep.any():
@@ -229,9 +223,9 @@ class _FalseVFL(VFLMethod):
             n = int(keep.sum())
             return {"bound": (float(bound_y.detach().sum()), n), "loss": (float((bound_x - bound_y).detach().sum()), n)}
 
-        return Stage("train", int(p["epochs"]),
+        return Stage("train", p.epochs,
                      self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
-                                         int(p["batch_size"]), int(p["epochs"])),
+                                         p.batch_size, p.epochs),
                      step, numpy_rng(self.seed, "false-vfl", "train"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
                      load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
@@ -246,8 +240,7 @@ class _FalseVFL(VFLMethod):
     def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray
                             ) -> Iterator[tuple[Any, torch.Tensor]]:
         """The prediction forward pass, one batch at a time: its rounds' state and the discriminator's outputs."""
-        p = self.params_
-        n_samples, bs = int(p["predict_importance_samples"]), int(p["predict_batch_size"])
+        n_samples, bs = self.settings_.predict_importance_samples, self.settings_.predict_batch_size
         self.discriminator_.eval()
         self.global_encoder_.eval()
         self.global_decoder_.eval()

@@ -19,6 +19,8 @@ in a deployment, so a simulation and a federation with the same seeds compute th
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,10 +29,11 @@ from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
-from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec, tensor_names
+from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.spec import WIRES
-from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
+from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
@@ -71,7 +74,7 @@ class FalseVFLParty(PartyProgram):
         "encode": MessageSpec(
             request=[TensorSpec("rows", "int64", ("B",))],
             reply=[TensorSpec("mu", _WIDE, ("B", "d_h")), TensorSpec("logvar", _WIDE, ("B", "d_h"))],
-            meta=["data"], optional_meta=["train"]),
+            meta=["data"], optional_meta=["train"], role=INFERS, releases=["mu", "logvar"]),
         "decode": MessageSpec(
             request=[_wide("h", ("S", "B", "d_h"), _SAMPLES), _wide("h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                      _wide("mean", ("B", "d_h"), _LEAN), _wide("scale", ("B", "d_h"), _LEAN),
@@ -82,20 +85,36 @@ class FalseVFLParty(PartyProgram):
             reply=[TensorSpec("loglik", "float32", ("S", "B"), optional=True),
                    TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II),
                    _wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
-            optional_meta=["train", "noise_seed", "batch", "samples", "data"]),
+            optional_meta=["train", "noise_seed", "batch", "samples", "data"], role=INFERS,
+            releases=["loglik", "mask_loglik", "mu", "logvar"]),
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
                      TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II)],
             reply=[_wide("grad_h", ("S", "B", "d_h"), _SAMPLES), _wide("grad_h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                    _wide("grad_mean", ("B", "d_h"), _LEAN), _wide("grad_scale", ("B", "d_h"), _LEAN),
                    _wide("grad_mean_mis", ("M", "d_h"), _LEAN_II),
-                   _wide("grad_scale_mis", ("M", "d_h"), _LEAN_II)]),
+                   _wide("grad_scale_mis", ("M", "d_h"), _LEAN_II)],
+            releases=["grad_h", "grad_h_mis", "grad_mean", "grad_scale", "grad_mean_mis", "grad_scale_mis"]),
         "update": MessageSpec(
             request=[_wide("grad_mu", ("B", "d_h")), _wide("grad_logvar", ("B", "d_h")),
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
             reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
-            optional_meta=["data"]),
+            optional_meta=["data"], releases=["mu", "logvar"]),
     }
+
+    @classmethod
+    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+        """The encoder (sends ``2 d_h`` per row: mean and log-variance), the decoder (its log-likelihood and the
+        gradient through it, ``d_h`` per row, are sent) and, for II, the missing-indicator network."""
+        shape = feature_shape_of(config)
+        d_h, width = int(config["d_h"]), int(config["resnet_width"])
+        nets = [Network("encoder", encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"]),
+                        shape, 2 * d_h, 2 * d_h, resnet_width=width),
+                Network("decoder", decoder_arch(str(config["decoder"]), shape), widths(config["decoder_hidden"]),
+                        (d_h,), math.prod(shape), d_h)]
+        if int(config["variant"]) == 2:
+            nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
+        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape)
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -107,7 +107,7 @@ def encode_round(method: Any, handle: str, rows: np.ndarray, observed: np.ndarra
 def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Tensor]], train: bool) -> None:
     """The fused posterior of every batch row from the answering parties' posteriors (one scatter each)."""
     n_parties, b = st.observed.shape[1], len(st.rows)
-    d_h = int(method.params_["d_h"])
+    d_h = method.settings_.d_h
     parties = sorted(answers)
     for k in parties:
         mu, lv = answers[k][0].float(), answers[k][1].float()
@@ -120,7 +120,7 @@ def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Te
             full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
         stacked.append(full.view(n_parties, b, d_h))
     st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], torch.as_tensor(st.avail.T),
-                                             method.params_["fusion"])
+                                             method.settings_.fusion)
     if train:
         st.mean_leaf = st.mean_h.detach().requires_grad_()
         st.logvar_leaf = st.logvar_h.detach().requires_grad_()
@@ -136,11 +136,11 @@ def forward_rounds(method: Any, view: CoordinatorView, handle: str, rows: np.nda
     ``next_rows`` (prediction and stage 2, nothing trained): the next batch's encode rides with this ``decode``;
     the returned :class:`Prefetch` holds those posteriors for the next call.
     """
-    p = method.params_
-    wire, dtype = p["wire"], getattr(torch, p["wire_dtype"])
+    p = method.settings_
+    wire, dtype = p.wire, getattr(torch, p.wire_dtype)
     rows = np.asarray(rows, dtype=np.int64)
     observed = view.observed[rows]
-    b, d_h, d_z = len(rows), int(p["d_h"]), int(p["d_z"])
+    b, d_h, d_z = len(rows), p.d_h, p.d_z
     answers = encode_round(method, handle, rows, observed, train, prefetch)
     avail = observed.copy()
     avail[:, [k for k in range(observed.shape[1]) if k not in answers]] = False
@@ -171,13 +171,12 @@ def forward_rounds(method: Any, view: CoordinatorView, handle: str, rows: np.nda
 def _decode_requests(method: Any, st: Pass, answers: dict, train: bool, noise_seed: int,
                      dtype: torch.dtype) -> dict[int, Request]:
     """Each party's ``decode``: the latents (samples) or the fused posterior (lean) of its held / lacked rows."""
-    p = method.params_
     variant2 = method.variant == 2
     for k in range(st.observed.shape[1]):
         lacks = variant2 and (k in answers or not st.observed[:, k].any()) and st.missing[k].size > 0
         st.sent[k] = (k in answers, bool(lacks))
     requests: dict[int, Request] = {}
-    if p["wire"] == "samples":
+    if method.settings_.wire == "samples":
         h = st.h.detach().to(dtype)
         for k, (held, lacks) in st.sent.items():
             tensors = {"h": h[:, st.held[k]]} if held else {}
@@ -225,7 +224,6 @@ def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: s
 
 def _log_weights(method: Any, st: Pass, replies: dict, train: bool, eps_z: torch.Tensor) -> torch.Tensor:
     """``sum_k log p(x^k|h) (+ II mask terms) + latent terms``, the per-party terms summed with one scatter each."""
-    p = method.params_
     n_samples, b = st.eps.shape[0], len(st.rows)
     sums = []
     for name, store in (("loglik", st.loglik), ("mask_loglik", st.mask_loglik)):
@@ -242,7 +240,7 @@ def _log_weights(method: Any, st: Pass, replies: dict, train: bool, eps_z: torch
         sums.append(total.index_add(1, _cat_index(idx), torch.cat(vals, dim=1)) if vals else total)
     st.decoded = set(replies)
     latent = latent_log_weights(st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_,
-                                eps_z, p["encoder_logvar_range"])
+                                eps_z, method.settings_.encoder_logvar_range)
     return sums[0] + sums[1] + latent
 
 
@@ -250,8 +248,7 @@ def backward_rounds(method: Any, view: CoordinatorView, st: Pass, loss: torch.Te
                     next_rows: np.ndarray | None = None) -> Prefetch | None:
     """Training: back-propagate ``loss`` (one pass each side of the fused posterior), the parties' gradient rounds
     (``decode_grad``, ``update``), and the next batch's encode riding with ``update``."""
-    p = method.params_
-    dtype = getattr(torch, p["wire_dtype"])
+    dtype = getattr(torch, method.settings_.wire_dtype)
     transport = method.transport
     loss.backward()  # the coordinator's own terms: gamma_s, theta_s, the log-likelihood leaves, the posterior cut
     transport.new_round()

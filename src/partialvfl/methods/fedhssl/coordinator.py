@@ -62,36 +62,26 @@ class FedHSSL(VFLMethod):
     params = FEDHSSL_PARAMS
 
     def _party_config(self, party: int) -> dict[str, Any]:
-        p = self.params_
+        s = self.settings_
         return {
             "feature_dim": int(self.index_.feature_dims[party]),
             "feature_shape": list(self.index_.feature_shapes[party]),
-            "latent_dim": int(p["latent_dim"]),
-            "encoder": p["encoder"],
-            "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
-            "resnet_width": int(p["resnet_width"]),
-            "pool": p["pool"],
-            "pool_ratio": float(p["pool_ratio"]),
-            "simsiam": {"proj_dim": int(p["proj_dim"]), "proj_hidden": int(p["proj_hidden"]),
-                        "pred_hidden": int(p["pred_hidden"])},
-            "pretrain_optimizer": {"name": p["pretrain_optimizer"], "lr": float(p["pretrain_lr"]),
-                                   "weight_decay": float(p["pretrain_weight_decay"]),
-                                   "momentum": float(p["pretrain_momentum"])},
-            "finetune_optimizer": {"name": p["optimizer"], "lr": float(p["lr"]),
-                                   "weight_decay": float(p["weight_decay"]), "momentum": float(p["momentum"])},
+            **s._pick("latent_dim", "encoder", "encoder_hidden", "resnet_width", "pool", "pool_ratio"),
+            "simsiam": s.simsiam._asdict(),
+            "pretrain_optimizer": s.pretrain_optim._asdict(),
+            "finetune_optimizer": s.optim._asdict(),
             # what the party's top encoder is shared for (its policy decides whether it agrees); "none": never
-            "aggregate": p["aggregate"] if p["pretrain"] else "none",
+            "aggregate": s.aggregate if s.pretrain else "none",
         }
 
     @property
     def rep_dim(self) -> int:
-        d = int(self.params_["latent_dim"])
-        return 2 * d if self.params_["pool"] == "concat" else d
+        d = self.settings_.latent_dim
+        return 2 * d if self.settings_.pool == "concat" else d
 
     def _build_head(self) -> nn.Module:
         with torch_seeded(self.seed, "fedhssl", "classifier"):
-            return MLP(self.index_.n_parties * self.rep_dim, [int(h) for h in self.params_["head_hidden"]],
-                       self.index_.task.n_classes)
+            return MLP(self.index_.n_parties * self.rep_dim, self.settings_.head_hidden, self.index_.task.n_classes)
 
     # ------------------------------------------------------------------ training
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
@@ -106,7 +96,7 @@ class FedHSSL(VFLMethod):
             )
         self.head_ = self._build_head()
         rng = numpy_rng(self.seed, "fedhssl", "batches")  # one generator for both stages, as the batches run
-        if self.params_["pretrain"]:
+        if self.settings_.pretrain:
             loop.run(self._pretrain_stage(view, handle, np.flatnonzero(aligned), rng))
         loop.run(self._finetune_stage(view, handle, rows, rng))
         self.head_.eval()
@@ -114,10 +104,8 @@ class FedHSSL(VFLMethod):
     def _finetune_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                         rng: np.random.Generator) -> Stage:
         """Split learning of the pooled party representations and the classifier on aligned labelled samples."""
-        p = self.params_
-        opt = make_optimizer(self.head_.parameters(), p["optimizer"], float(p["lr"]), float(p["weight_decay"]),
-                             float(p["momentum"]))
-        bs = int(p["batch_size"])
+        opt = make_optimizer(self.head_.parameters(), **self.settings_.optim._asdict())
+        bs = self.settings_.batch_size
         y_all = torch.as_tensor(np.asarray(view.y), dtype=torch.long)
         K = view.n_parties
 
@@ -139,19 +127,18 @@ class FedHSSL(VFLMethod):
             self.transport.call_many({k: Request("grad_embedding", {"grad": embs[k].grad}) for k in range(K)})
             return {"loss": (float(loss.detach()) * len(batch), len(batch))}
 
-        return Stage("finetune", int(p["epochs"]), batches, step, rng,
+        return Stage("finetune", self.settings_.epochs, batches, step, rng,
                      state=lambda: {"optimizer": opt.state_dict()},
                      load_state=lambda st: opt.load_state_dict(st["optimizer"]))
 
     def _pretrain_stage(self, view: CoordinatorView, handle: str, aligned: np.ndarray,
                         rng: np.random.Generator) -> Stage:
         """Per epoch: cross-party SimSiam steps on aligned rows, then guided local SimSiam and aggregation."""
-        p = self.params_
+        p = self.settings_
         K = view.n_parties
-        bs = int(p["pretrain_batch_size"])
-        augment = {"corruption": float(p["pretrain_corruption"]), "noise": float(p["pretrain_noise"])}
-
-        local_epochs = int(p["local_epochs"])
+        bs = p.pretrain_batch_size
+        augment = p.augment._asdict()
+        local_epochs = p.local_epochs
 
         def items(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray | int]:
             if aligned.size >= 2:
@@ -169,15 +156,15 @@ class FedHSSL(VFLMethod):
             out: Metrics = {}
             if local_epochs > 0:
                 replies = self.transport.broadcast(
-                    range(K), "local_ssl", data=handle, batch_size=bs, local_weight=float(p["local_weight"]),
-                    guidance_weight=float(p["guidance_weight"]), augment=augment)
+                    range(K), "local_ssl", data=handle, batch_size=bs, local_weight=p.local_weight,
+                    guidance_weight=p.guidance_weight, augment=augment)
                 local = [r.meta["loss"] for r in replies.values() if r.meta.get("loss") is not None]
                 out = {"local_loss": (float(np.mean(local)), 1.0)} if local else {}  # no party had rows: no value
             if item == max(local_epochs, 1) - 1:
                 self.aggregate_tops(new_step=False)
             return out
 
-        return Stage("pretrain", int(p["pretrain_epochs"]), items, step, rng)
+        return Stage("pretrain", p.pretrain_epochs, items, step, rng)
 
     def _cross_step(self, handle: str, batch: np.ndarray, K: int, active: int) -> float:
         """One cross-party SimSiam step: projections in, each party's partners' projections out."""
@@ -185,7 +172,7 @@ class FedHSSL(VFLMethod):
         z = {k: replies[k].tensors["z"] for k in range(K)}
         reqs = {}
         for k in range(K):
-            if self.params_["cross_pairs"] == "all" or k == active:
+            if self.settings_.cross_pairs == "all" or k == active:
                 partners = [j for j in range(K) if j != k]
             else:
                 partners = [active]
@@ -197,7 +184,7 @@ class FedHSSL(VFLMethod):
     def aggregate_tops(self, *, new_step: bool = True) -> dict[str, torch.Tensor]:
         """Partial model aggregation: average the parties' local top encoders and send the average back."""
         K = self.index_.n_parties
-        agg = self.params_["aggregate"]
+        agg = self.settings_.aggregate
         if new_step:
             self.transport.new_step()
         else:
@@ -217,7 +204,7 @@ class FedHSSL(VFLMethod):
         need = [k for k in range(K) if not view.observed[rows, k].all()]
         zero = {k: r.tensors["emb"] for k, r in self.transport.broadcast(need, "zero_embedding").items()}
         out = np.zeros((len(rows), self.index_.task.n_classes))
-        bs = int(self.params_["predict_batch_size"])
+        bs = self.settings_.predict_batch_size
         for start in range(0, len(rows), bs):
             chunk = rows[start:start + bs]
             obs = view.observed[chunk]

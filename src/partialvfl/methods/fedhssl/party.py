@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,10 +12,11 @@ from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
+from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
-from partialvfl.nn.blocks import build_encoder
+from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
@@ -39,20 +41,38 @@ class FedHSSLParty(PartyProgram):
     # P: SimSiam projection width, J: partners, R: representation width (latent_dim, or twice it with pool=concat)
     messages: ClassVar[Messages] = {
         "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
-                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"]),
+                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"],
+                                     releases=["z"]),
         "cross_update": MessageSpec(request=[TensorSpec("targets", "float32", ("B", "J", "P"))]),
         "local_ssl": MessageSpec(meta=["data", "batch_size", "local_weight", "guidance_weight", "augment"]),
         "get_top": MessageSpec(reply=[TensorSpec("top.*", ("float32", "int64")),
                                       TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
-                               meta=["aggregate"]),
+                               meta=["aggregate"], role=SHARES_WEIGHTS),
         "set_top": MessageSpec(request=[TensorSpec("top.*", ("float32", "int64")),
                                         TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
                                meta=["aggregate"]),
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
-                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"]),
+                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"],
+                             role=INFERS, releases=["emb"]),
         "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))]),
-        "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))]),
+        "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))], role=INFERS),
     }
+
+    @classmethod
+    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+        """The cross-party and local encoders (``latent_dim`` per row each) and the SimSiam projection (its
+        ``proj_dim`` outputs are sent in cross-party pretraining); aggregation (unless ``none``) shares weights."""
+        shape = feature_shape_of(config)
+        family, hidden = encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"])
+        latent, width = int(config["latent_dim"]), int(config["resnet_width"])
+        proj = int(config["simsiam"]["proj_dim"])
+        nets = (Network("cross-party encoder", family, hidden, shape, latent, latent, resnet_width=width),
+                Network("local encoder", family, hidden, shape, latent, latent, resnet_width=width),
+                Network("SimSiam projection", "mlp", (int(config["simsiam"]["proj_hidden"]),), (latent,), proj, proj))
+        lrs = {"pretrain_optimizer.lr": float(config["pretrain_optimizer"]["lr"]),
+               "finetune_optimizer.lr": float(config["finetune_optimizer"]["lr"])}
+        return SetupShape(nets, lrs, shares_weights=str(config.get("aggregate", "top+head")) != "none",
+                          feature_shape=shape)
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

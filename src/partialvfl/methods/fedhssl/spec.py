@@ -81,7 +81,14 @@ FEDHSSL_PARAMS = ParamSpace((
     Param("epochs", 50, "int", "fine-tuning epochs", low=0, epochs=True),
     Param("batch_size", 64, "int", "fine-tuning batch size", low=1),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
-), presets={"fast": _fedhssl_fast, "paper": _fedhssl_paper}, dataset_presets=("paper",))
+), presets={"fast": _fedhssl_fast, "paper": _fedhssl_paper}, dataset_presets=("paper",), groups={
+    # the arguments of make_optimizer for each stage, the SimSiam heads and the local SSL augmentation
+    "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},
+    "pretrain_optim": {"name": "pretrain_optimizer", "lr": "pretrain_lr", "weight_decay": "pretrain_weight_decay",
+                       "momentum": "pretrain_momentum"},
+    "simsiam": {"proj_dim": "proj_dim", "proj_hidden": "proj_hidden", "pred_hidden": "pred_hidden"},
+    "augment": {"corruption": "pretrain_corruption", "noise": "pretrain_noise"},
+})
 
 register_spec(MethodSpec("fedhssl", "FedHSSL: cross-party and local SimSiam, aggregation of local top encoders, "
                          "fine-tuning on aligned labels", "partialvfl.methods.fedhssl.coordinator:FedHSSL",

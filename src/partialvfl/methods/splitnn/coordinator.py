@@ -65,7 +65,7 @@ class SplitNNMethod(VFLMethod):
 
     def _batches(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> Iterator[np.ndarray]:
         """One epoch of mini-batches (sorted row positions): a seeded shuffle cut into ``batch_size`` pieces."""
-        bs = int(self.params_["batch_size"])
+        bs = self.settings_.batch_size
         perm = rng.permutation(rows)
         for start in range(0, len(perm), bs):
             yield np.sort(perm[start:start + bs])
@@ -79,25 +79,20 @@ class SplitNNMethod(VFLMethod):
     def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
         """FLOPs of one supervised step of the parties' MLP encoders (forward and backward, every row at every
         party), or ``None`` for convolutional encoders (for the thread policy, :mod:`partialvfl.utils.threads`)."""
-        p = {**cls.param_space().defaults(), **params}
-        if p["encoder"] not in ("mlp", "auto") or any(len(s) != 1 for s in feature_shapes if p["encoder"] == "auto"):
+        p = cls.settings_of(params)
+        if p.encoder not in ("mlp", "auto") or any(len(s) != 1 for s in feature_shapes if p.encoder == "auto"):
             return None
-        hidden = [int(h) for h in p["encoder_hidden"]]
-        return 3.0 * sum(mlp_flops([math.prod(s), *hidden, int(p["latent_dim"])], int(p["batch_size"]))
+        return 3.0 * sum(mlp_flops([math.prod(s), *p.encoder_hidden, p.latent_dim], p.batch_size)
                          for s in feature_shapes)
 
     def _party_config(self, party: int) -> dict[str, Any]:
-        p = self.params_
+        s = self.settings_
         return {
             "feature_dim": int(self.index_.feature_dims[party]),
             "feature_shape": list(self.index_.feature_shapes[party]),
             "models": self._model_names(party),
-            "latent_dim": int(p["latent_dim"]),
-            "encoder": p["encoder"],
-            "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
-            "resnet_width": int(p["resnet_width"]),
-            "optimizer": {"name": p["optimizer"], "lr": float(p["lr"]), "weight_decay": float(p["weight_decay"]),
-                          "momentum": float(p["momentum"])},
+            **s._pick("latent_dim", "encoder", "encoder_hidden", "resnet_width"),
+            "optimizer": s.optim._asdict(),
         }
 
     @property
@@ -106,12 +101,12 @@ class SplitNNMethod(VFLMethod):
 
     def _fusion_dim(self, n_parts: int | None = None) -> int:
         """Input width of a fusion head over ``n_parts`` representations (all parties by default)."""
-        d = int(self.params_["latent_dim"])
+        d = self.settings_.latent_dim
         n = self.index_.n_parties if n_parts is None else n_parts
-        return d * n if self.params_["fusion"] == "concat" else d
+        return d * n if self.settings_.fusion == "concat" else d
 
     def _make_head(self, in_dim: int) -> nn.Module:
-        return MLP(in_dim, [int(h) for h in self.params_["head_hidden"]], self.n_classes)
+        return MLP(in_dim, self.settings_.head_hidden, self.n_classes)
 
     def _init_heads(self) -> None:
         with torch_seeded(self.seed, "heads", self.name):
@@ -120,14 +115,10 @@ class SplitNNMethod(VFLMethod):
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
-        p = self.params_
-        if p["lr_schedule"] not in ("none", "cosine"):
-            raise ValueError(f"{self.name}: lr_schedule must be 'none' or 'cosine', got {p['lr_schedule']!r}")
         self._init_heads()
         head_params = list(self.heads_.parameters())
-        self.head_optimizer_ = (make_optimizer(head_params, p["optimizer"], float(p["lr"]), float(p["weight_decay"]),
-                                               float(p["momentum"])) if head_params else None)
-        self.pretrained_ = bool(p["pretrain"])
+        self.head_optimizer_ = make_optimizer(head_params, **self.settings_.optim._asdict()) if head_params else None
+        self.pretrained_ = self.settings_.pretrain
         if self.pretrained_:
             loop.run(self._pretrain_stage(handle))
         rows = self._training_rows(view)
@@ -138,11 +129,10 @@ class SplitNNMethod(VFLMethod):
 
     def _train_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Stage:
         """Supervised split learning: batches from one seeded generator, which the steps also draw from."""
-        p = self.params_
-        epochs = int(p["epochs"])
+        epochs = self.settings_.epochs
 
         def start(epoch: int) -> None:
-            if p["lr_schedule"] == "cosine":
+            if self.settings_.lr_schedule == "cosine":
                 self._set_lr(self._cosine_lr(epoch, epochs))
 
         def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics | None:
@@ -160,8 +150,8 @@ class SplitNNMethod(VFLMethod):
         return "labelled samples with at least one observed party"
 
     def _cosine_lr(self, epoch: int, epochs: int) -> float:
-        lr = float(self.params_["lr"])
-        lo = lr * float(self.params_["eta_min_ratio"])
+        lr = self.settings_.lr
+        lo = lr * self.settings_.eta_min_ratio
         return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * epoch / max(epochs, 1)))
 
     def _set_lr(self, lr: float) -> None:
@@ -173,11 +163,7 @@ class SplitNNMethod(VFLMethod):
 
     def _pretrain_stage(self, handle: str) -> Stage:
         """SimSiam at every party on all its own rows (labelled or not), one epoch per step; only losses return."""
-        p = self.params_
-        cfg = SimSiamConfig(epochs=int(p["pretrain_epochs"]), batch_size=int(p["pretrain_batch_size"]),
-                            lr=float(p["pretrain_lr"]), weight_decay=float(p["pretrain_weight_decay"]),
-                            momentum=float(p["pretrain_momentum"]), optimizer=p["pretrain_optimizer"],
-                            corruption=float(p["pretrain_corruption"]), noise=float(p["pretrain_noise"]))
+        cfg = SimSiamConfig(**self.settings_.simsiam._asdict())
         parties = [k for k in range(self.index_.n_parties) if self._model_names(k)]
         epochs = cfg.epochs
 
@@ -247,7 +233,7 @@ class SplitNNMethod(VFLMethod):
         Party k's representations are of ``batch_rows[observed[:, k]]``; all parties land with one scatter.
         """
         n_parties, b = self.index_.n_parties, len(batch_rows)
-        d = int(self.params_["latent_dim"])
+        d = self.settings_.latent_dim
         sent = [(k, e) for k in range(n_parties) if (e := embs.get((k, model))) is not None]
         out = torch.zeros(b * n_parties, d)
         if sent:
@@ -256,7 +242,7 @@ class SplitNNMethod(VFLMethod):
         return out.view(b, n_parties, d)
 
     def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
-        bs = int(self.params_["predict_batch_size"])
+        bs = self.settings_.predict_batch_size
         for start in range(0, len(rows), bs):
             yield rows[start:start + bs]
 

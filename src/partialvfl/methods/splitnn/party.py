@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,10 +11,11 @@ from torch import nn
 
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
+from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
-from partialvfl.nn.blocks import build_encoder
+from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
@@ -37,11 +38,23 @@ class SplitParty(PartyProgram):
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
-                             meta=["data"], optional_meta=["train"]),
+                             meta=["data"], optional_meta=["train"], role=INFERS, releases=["emb:{model}"]),
         "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
-        "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"]),
-        "set_lr": MessageSpec(meta=["lr"]),
+        "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"],
+                                learning_rates=["simsiam.lr"]),
+        "set_lr": MessageSpec(meta=["lr"], learning_rates=["lr"]),
     }
+
+    @classmethod
+    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+        """One encoder per model name, each sending ``latent_dim`` values per row (and their gradients back)."""
+        shape = feature_shape_of(config)
+        family = encoder_arch(str(config.get("encoder", "auto")), shape)
+        hidden = widths(config.get("encoder_hidden", (256, 256)))
+        latent = int(config["latent_dim"])
+        nets = tuple(Network(f"model {name!r}", family, hidden, shape, latent, latent,
+                             resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
+        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

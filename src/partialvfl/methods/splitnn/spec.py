@@ -80,7 +80,13 @@ SPLIT_PARAMS = ParamSpace((
           "party's own marginals", low=0, high=1),
     Param("pretrain_noise", 0.05, "float", "SimSiam augmentation: Gaussian noise scale", low=0),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
-))
+), groups={
+    # the arguments of make_optimizer, and the SimSiam pretraining each party runs (SimSiamConfig's fields)
+    "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},
+    "simsiam": {"epochs": "pretrain_epochs", "batch_size": "pretrain_batch_size", "lr": "pretrain_lr",
+                "weight_decay": "pretrain_weight_decay", "momentum": "pretrain_momentum",
+                "optimizer": "pretrain_optimizer", "corruption": "pretrain_corruption", "noise": "pretrain_noise"},
+})
 
 
 def _fast(dataset: str) -> dict[str, Any]:

@@ -107,26 +107,21 @@ class XVFL(VFLMethod):
 
     # ------------------------------------------------------------------ parameters
     def _batch_size(self) -> int:
-        bs = self.params_["batch_size"]
+        bs = self.settings_.batch_size
         if bs is None:  # the paper: 50 with two parties, 100 with four (and more)
             bs = 50 if self.index_.n_parties <= 2 else 100
-            self.params_["batch_size"] = bs
-        return int(bs)
+            self.params_ = {**self.params_, "batch_size": bs}
+        return bs
 
     def _party_config(self, party: int) -> dict[str, Any]:
-        p = self.params_
+        s = self.settings_
         return {
             "feature_dim": int(self.index_.feature_dims[party]),
             "feature_shape": list(self.index_.feature_shapes[party]),
-            "embed_dim": int(p["latent_dim"]),
-            "encoder": p["encoder"],
-            "encoder_hidden": [int(h) for h in p["encoder_hidden"]],
-            "resnet_width": int(p["resnet_width"]),
-            "xcom": p["xcom"],
-            "xcom_hidden": [int(h) for h in p["xcom_hidden"]],
-            "optimizer": {"name": p["optimizer"], "lr": float(p["lr"]), "weight_decay": float(p["weight_decay"]),
-                          "momentum": float(p["momentum"])},
-            "estimator": p["estimator"],
+            "embed_dim": s.latent_dim,
+            **s._pick("encoder", "encoder_hidden", "resnet_width", "xcom", "xcom_hidden"),
+            "optimizer": s.optim._asdict(),
+            "estimator": s.estimator,
         }
 
     @property
@@ -135,7 +130,7 @@ class XVFL(VFLMethod):
 
     def _build_top(self) -> nn.Module:
         with torch_seeded(self.seed, "x-vfl", "top"):
-            return MLP(int(self.params_["latent_dim"]), [int(h) for h in self.params_["top_hidden"]], self.n_classes)
+            return MLP(self.settings_.latent_dim, self.settings_.top_hidden, self.n_classes)
 
     # ------------------------------------------------------------------ fitting
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
@@ -143,22 +138,22 @@ class XVFL(VFLMethod):
             raise ValueError(f"{self.name}: only classification tasks are supported (got {view.task.kind})")
         if view.n_parties < 2:
             raise ValueError(f"{self.name}: cross completion needs at least 2 parties, got {view.n_parties}")
-        p = self.params_
+        p = self.settings_
         info = self.data_info_
         ctx = _TrainContext(view, handle, incomplete_matrix(view.ids, view.n_parties, info),
                             wire_setting(setting_of(info)), torch.as_tensor(np.asarray(view.y), dtype=torch.long))
         if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
             info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
         self.top_ = self._build_top()
-        self.top_updater_ = _Updater(self.top_, self._party_config(0)["optimizer"], page=p["estimator"] == "page")
+        self.top_updater_ = _Updater(self.top_, p.optim._asdict(), page=p.estimator == "page")
         complete = view.observed & ~ctx.incomplete
         usable = view.labeled & complete.any(axis=1)
-        if not p["use_unaligned"]:
+        if not p.use_unaligned:
             usable &= complete.all(axis=1)
         rows = np.flatnonzero(usable)
         if rows.size == 0:
             raise ValueError(f"{self.name}: no labelled training sample has a complete block")
-        loop.run(self._page_stage(ctx, rows) if p["estimator"] == "page" else self._sgd_stage(ctx, rows))
+        loop.run(self._page_stage(ctx, rows) if p.estimator == "page" else self._sgd_stage(ctx, rows))
         self.top_.eval()
         self._share_top()
 
@@ -182,15 +177,15 @@ class XVFL(VFLMethod):
             self._step("sgd")
             return {"loss": (loss * len(batch), len(batch))}
 
-        return self._stage(int(self.params_["epochs"]), batches, step)
+        return self._stage(self.settings_.epochs, batches, step)
 
     def _page_stage(self, ctx: _TrainContext, rows: np.ndarray) -> Stage:
         """X-VFL's PAGE-type algorithm (Eq. 10): a fresh batch with probability p, else a small correction batch."""
-        p = self.params_
+        p = self.settings_
         b = min(self._batch_size(), len(rows))
-        b_small = int(p["page_small_batch"]) if p["page_small_batch"] is not None else max(1, math.isqrt(b))
+        b_small = p.page_small_batch if p.page_small_batch is not None else max(1, math.isqrt(b))
         b_small = min(b_small, len(rows))
-        prob = float(p["page_prob"]) if p["page_prob"] is not None else b_small / (b + b_small)
+        prob = p.page_prob if p.page_prob is not None else b_small / (b + b_small)
         steps = max(1, math.ceil(len(rows) / b))
 
         def items(epoch: int, rng: np.random.Generator) -> Iterator[tuple[bool, np.ndarray]]:
@@ -209,7 +204,7 @@ class XVFL(VFLMethod):
                 self._step("page-correct")
             return {"loss": (loss * len(batch), len(batch)), "fresh_steps": (1.0 if fresh else 0.0, 0.0)}
 
-        return self._stage(int(p["epochs"]), items, step)
+        return self._stage(p.epochs, items, step)
 
     def _step(self, mode: str) -> None:
         self.transport.new_round()
@@ -222,7 +217,7 @@ class XVFL(VFLMethod):
         tensors["label_prior"] = torch.as_tensor(self.label_prior_, dtype=torch.float64)
         self.transport.new_step()
         self.transport.broadcast(range(self.index_.n_parties), "share_top", tensors,
-                                 top_hidden=[int(h) for h in self.params_["top_hidden"]], n_classes=self.n_classes)
+                                 **self.settings_._pick("top_hidden"), n_classes=self.n_classes)
 
     @staticmethod
     def _place(n: int, idx: np.ndarray, values: torch.Tensor) -> torch.Tensor:
@@ -233,7 +228,7 @@ class XVFL(VFLMethod):
                version: str, wb: dict[str, Any] | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Round: E_k from every party k for the rows flagged in ``use[:, k]``; returns (B, K, D) and the leaves."""
         n, k_parties = use.shape
-        d = int(self.params_["latent_dim"])
+        d = self.settings_.latent_dim
         reqs = {}
         for k in range(k_parties):
             sel = use[:, k]
@@ -282,7 +277,7 @@ class XVFL(VFLMethod):
             reqs[k] = Request("complete", {"rows": torch.as_tensor(rows[idx]), "inputs": inp,
                                            "partial": torch.as_tensor(obs[idx, k] & inc[idx, k])},
                               {"data": handle, "train": True, "version": version, "wb": wb,
-                               "input_grad": bool(self.params_["xcom_input_grad"])})
+                               "input_grad": self.settings_.xcom_input_grad})
         self.transport.new_round()
         replies = self.transport.call_many(reqs)
         tilde = {k: rep.tensors["emb_tilde"].requires_grad_() for k, rep in replies.items()}
@@ -292,12 +287,12 @@ class XVFL(VFLMethod):
         loss = self._objective(top, E, comp, tilde, plan, ctx.labels[torch.as_tensor(rows)])
         if not torch.isfinite(loss):
             raise FloatingPointError(
-                f"{self.name}: the training loss is not finite (lr {self.params_['lr']}, optimizer "
-                f"{self.params_['optimizer']}, estimator {self.params_['estimator']}); lower the learning rate "
+                f"{self.name}: the training loss is not finite (lr {self.settings_.lr}, optimizer "
+                f"{self.settings_.optimizer}, estimator {self.settings_.estimator}); lower the learning rate "
                 "(PAGE is meant for plain SGD: optimizer='sgd', momentum=0)"
             )
         # the XCom inputs share E's graph: keep it for their gradients, which arrive after this backward
-        loss.backward(retain_graph=bool(self.params_["xcom_input_grad"]))
+        loss.backward(retain_graph=self.settings_.xcom_input_grad)
 
         # gradients back: completions first (they return the gradient of their inputs), then the embeddings
         self.transport.new_round()
@@ -322,9 +317,9 @@ class XVFL(VFLMethod):
         """L_decision + lambda1 L_DSAlign1 + lambda2 L_DSAlign2 (Eqs. 26-31), averaged over the batch."""
         terms = self.loss_terms(top, E, comp, tilde, plan, y)
         n = E.shape[0]
-        p = self.params_
-        return (terms["decision"].sum() + float(p["lambda1"]) * terms["ds_align1"].sum()
-                + float(p["lambda2"]) * terms["ds_align2"].sum()) / n
+        p = self.settings_
+        return (terms["decision"].sum() + p.lambda1 * terms["ds_align1"].sum()
+                + p.lambda2 * terms["ds_align2"].sum()) / n
 
     def loss_terms(self, top: nn.Module, E: torch.Tensor, comp: np.ndarray, tilde: dict[int, torch.Tensor],
                    plan: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]],
@@ -352,7 +347,7 @@ class XVFL(VFLMethod):
         tilde_sum = torch.zeros_like(esum)
         ds1 = torch.zeros(n)
         space = self._align_space
-        target = (lambda t: t.detach()) if self.params_["ds_align_detach"] else (lambda t: t)
+        target = (lambda t: t.detach()) if self.settings_.ds_align_detach else (lambda t: t)
         for k, et in tilde.items():
             al_idx, na_idx, _ = plan[k]
             n_al = len(al_idx)
@@ -380,11 +375,20 @@ class XVFL(VFLMethod):
 
     @property
     def _align_space(self):  # noqa: ANN202 - a tensor map
-        if self.params_["ds_align_space"] == "probs":
+        if self.settings_.ds_align_space == "probs":
             return lambda t: torch.softmax(t, dim=-1)
         return lambda t: t
 
     # ------------------------------------------------------------------ collaborative prediction
+    def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
+        """Every holding party; with ``inference='available'`` a block with features missing inside it is left out
+        of a row that has a complete block (as :meth:`_predict` does)."""
+        used = np.array(view.observed, dtype=bool)
+        if self.settings_.inference == "complete":
+            return used
+        comp = used & ~incomplete_matrix(np.asarray(view.ids), used.shape[1], view.info)
+        return np.where(comp.any(axis=1, keepdims=True), comp, used)
+
     @torch.no_grad()
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         inc_all = incomplete_matrix(np.asarray(view.ids), view.n_parties, view.info)
@@ -392,8 +396,9 @@ class XVFL(VFLMethod):
         K = view.n_parties
         self.top_.eval()
         out = np.zeros((len(rows), self.n_classes))
-        bs = int(self.params_["predict_batch_size"])
+        bs = self.settings_.predict_batch_size
         for start in range(0, len(rows), bs):
+            self.transport.new_step()  # a prediction batch is a step of its own (a second predict is not a replay)
             chunk = rows[start:start + bs]
             obs = view.observed[chunk]
             inc = inc_all[chunk]
@@ -404,7 +409,7 @@ class XVFL(VFLMethod):
             af = torch.as_tensor(anchor, dtype=torch.float32)
             esum = (E * af[..., None]).sum(1)
             ma = af.sum(1, keepdim=True)
-            if self.params_["inference"] == "complete":
+            if self.settings_.inference == "complete":
                 reqs, idxs = {}, {}
                 for k in range(K):
                     idx = np.flatnonzero(~anchor[:, k])
@@ -442,7 +447,7 @@ class XVFL(VFLMethod):
             self.transport.new_step()
             reply = self.transport.call(party, "predict_local", {"rows": torch.as_tensor(rows),
                                                                  "partial": torch.as_tensor(partial)},
-                                        data=handle, completion=self.params_["local_completion"],
+                                        data=handle, completion=self.settings_.local_completion,
                                         wb=wire_setting(setting_of(data.info)))
         out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))
         out[rows] = reply.tensors["probs"].double().numpy()

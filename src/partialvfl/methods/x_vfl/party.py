@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,9 +16,10 @@ from partialvfl.data.within_block import (
 )
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import Messages, MessageSpec, TensorSpec
+from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.x_vfl.updater import _Updater
-from partialvfl.nn.blocks import MLP, build_decoder, build_encoder
+from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.utils.seeding import torch_seeded
 
 __all__ = ["XVFLParty"]
@@ -37,16 +40,18 @@ class XVFLParty(PartyProgram):
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
                                       TensorSpec("partial", "bool", ("B",), optional=True)],
                              reply=[TensorSpec("emb", "float32", ("B", "embed_dim"))],
-                             meta=["data"], optional_meta=["train", "version", "wb"]),
+                             meta=["data"], optional_meta=["train", "version", "wb"], role=INFERS,
+                             releases=["emb"]),
         "complete": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
                                          TensorSpec("partial", "bool", ("B",), optional=True),
                                          TensorSpec("inputs", "float32", ("B", "embed_dim"))],
                                 reply=[TensorSpec("emb_tilde", "float32", ("B", "embed_dim"))],
-                                meta=["data"], optional_meta=["train", "version", "wb", "input_grad"]),
+                                meta=["data"], optional_meta=["train", "version", "wb", "input_grad"], role=INFERS,
+                                releases=["emb_tilde"]),
         "backward_complete": MessageSpec(
             request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
             reply=[TensorSpec("grad_inputs", "float32", ("B", "embed_dim"), optional=True)],
-            optional_meta=["version"]),
+            optional_meta=["version"], releases=["grad_inputs"]),
         "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
                                 optional_meta=["version"]),
         "step": MessageSpec(meta=["mode"]),
@@ -56,8 +61,21 @@ class XVFLParty(PartyProgram):
         "predict_local": MessageSpec(request=[TensorSpec("rows", "int64", ("N",)),
                                               TensorSpec("partial", "bool", ("N",))],
                                      reply=[TensorSpec("probs", "float64", ("N", "C"))],
-                                     meta=["data", "completion"], optional_meta=["wb"]),
+                                     meta=["data", "completion"], optional_meta=["wb"], role=INFERS,
+                                     releases=["probs"]),
     }
+
+    @classmethod
+    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+        """The bottom model (sends ``embed_dim`` per row) and the completer, which works on averaged embeddings and
+        whose output is re-encoded by the bottom model (nothing of its own is sent)."""
+        shape = feature_shape_of(config)
+        e = int(config["embed_dim"])
+        nets = (Network("bottom", encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"]),
+                        shape, e, e, resnet_width=int(config["resnet_width"])),
+                Network("xcom", decoder_arch(str(config["xcom"]), shape), widths(config["xcom_hidden"]), (e,),
+                        math.prod(shape)))
+        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -71,7 +71,10 @@ XVFL_PARAMS = ParamSpace((
     Param("local_completion", "self", "str", "a party predicting alone completes features missing inside its "
           "block from its own embedding, or not", choices=("self", "none")),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
-), presets={"fast": _xvfl_fast, "paper": _xvfl_paper}, dataset_presets=("paper",))
+), presets={"fast": _xvfl_fast, "paper": _xvfl_paper}, dataset_presets=("paper",), groups={
+    # the arguments of make_optimizer (every holder's optimiser)
+    "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},
+})
 
 register_spec(MethodSpec("x-vfl", "X-VFL: cross completion of missing blocks, decision-subspace alignment, "
                          "locally independent inference", "partialvfl.methods.x_vfl.coordinator:XVFL", XVFL_PARAMS))

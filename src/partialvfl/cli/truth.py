@@ -1,0 +1,102 @@
+"""``evaluate --truth FILE``: score a model's predictions against outcomes keyed by ID, kept anywhere.
+
+The outcomes of users to score often arrive later and elsewhere than the tables the model predicted from (a table
+of new users has no label column).  ``--truth FILE`` is a CSV/Parquet table with the ID column (``--id``, default
+the model's) and the outcome column (``--label``, default the model's label column); any other column is ignored.
+In process the users of the ``--table`` files and the IDs of the truth file must be the same set (either side's
+extra IDs are refused, with their count and the first of them, so a mismatch of ID formats never scores a silent
+subset); across a federation the truth file's IDs are the users predicted.  Classes are matched by value: an
+outcome the model never saw in training counts as an error and is named.  An empty outcome cell is not scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Truth", "metric_lines", "read_truth", "score_against_truth"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Truth:
+    """The outcomes of a ``--truth`` file: normalised IDs (file order) and their raw values."""
+
+    path: str
+    ids: list[str]
+    values: np.ndarray
+    label_column: str
+
+    def aligned(self, ids: Any, what: str) -> np.ndarray:
+        """The outcomes of ``ids`` (in their order); refuses users without an outcome and outcomes of users not in
+        ``ids``, with counts and the first examples (``what`` names where ``ids`` come from)."""
+        from partialvfl.data.ids import normalize_ids
+
+        keys = normalize_ids(np.asarray(ids, dtype=object), what)
+        index = {k: i for i, k in enumerate(self.ids)}
+        lacking = sorted(k for k in keys if k not in index)
+        if lacking:
+            raise ValueError(f"{len(lacking)} of {len(keys)} users of {what} have no outcome in --truth {self.path} "
+                             f"(first: {lacking[:3]}); give an outcome for every user (an empty cell is not scored) "
+                             "or tables of only the users to score")
+        held = set(keys)
+        extra = [k for k in self.ids if k not in held]
+        if extra:
+            raise ValueError(f"{len(extra)} of {len(self.ids)} IDs of --truth {self.path} are not among the users of "
+                             f"{what} (first: {extra[:3]}); check that both use the same IDs (--id COLUMN)")
+        return self.values[[index[k] for k in keys]]
+
+
+def read_truth(path: str | Path, id_column: str, label_column: str) -> Truth:
+    """The ID and outcome columns of a CSV/Parquet file (IDs normalised by the one ID rule, duplicates refused)."""
+    from partialvfl.data.tables import columns_hint, read_table, table_ids
+
+    where = f"--truth {path}"
+    df, _ = read_table(where, path, id_column)
+    if label_column not in df.columns:
+        raise ValueError(f"{where}: outcome column {label_column!r} not found; {columns_hint(df)}; name it with "
+                         "--label COLUMN")
+    ids, _ = table_ids(where, df, id_column)
+    return Truth(str(path), ids, df[label_column].to_numpy(dtype=object), label_column)
+
+
+def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.ndarray, truth: Truth
+                        ) -> dict[str, Any]:
+    """Accuracy (or RMSE) of ``output`` (rows of ``view``, which says which parties hold each row) against
+    ``values``, by observed-party count; classes matched by value (an unseen one is an error, named)."""
+    from partialvfl.data.dataset import Task
+    from partialvfl.data.labels import encode_labels, is_missing_label, plain_labels
+    from partialvfl.methods.evaluation import metrics_from_predictions
+
+    task = model.index_.task
+    where = f"--truth {truth.path}, column {truth.label_column!r}"
+    ids = np.asarray(view.ids)
+    if task.is_classification:
+        present = np.array([not is_missing_label(v) for v in values], dtype=bool)
+        labels = plain_labels(values, present)
+        known = list(task.classes)
+        unseen = [v for v in dict.fromkeys(labels[present].tolist()) if v not in known]
+        out_task, y, labeled = encode_labels(labels, None, known + unseen, ids, where)
+    else:
+        out_task, y, labeled = encode_labels(values, Task.regression(), None, ids, where)
+    scored = dataclasses.replace(view, task=out_task, y=y, labeled=labeled)
+    res = metrics_from_predictions(output, scored, task.classes if task.is_classification else None)
+    res["unscored_empty_outcomes"] = int((~labeled).sum())
+    return res
+
+
+def metric_lines(title: str, res: dict[str, Any]) -> list[str]:
+    """The text of an evaluation: the title's metric line, then one line per observed-party count and notes."""
+    metric = "accuracy" if "accuracy" in res else "rmse"
+    lines = [f"{title}: {metric} {res[metric]:.4f} over {res['n_samples']} labelled samples"]
+    for k, v in res["by_observed_parties"].items():
+        lines.append(f"  {k} observed parties: {metric} {v[metric]:.4f} (n={v['n']})")
+    if res.get("unseen_classes"):
+        lines.append(f"  classes never seen in training (counted as errors): {res['unseen_classes']}")
+    if res.get("all_missing"):
+        lines.append(f"  ({res['all_missing']} samples no party holds were predicted from the label prior)")
+    if res.get("unscored_empty_outcomes"):
+        lines.append(f"  ({res['unscored_empty_outcomes']} users with an empty outcome were not scored)")
+    return lines

@@ -1,0 +1,386 @@
+"""Keyless alignment: a private set union of the parties' IDs in the ristretto255 group (the default).
+
+**Group.**  ristretto255 (a prime-order group built on Curve25519) from libsodium, through the ``rbcl`` package
+(PyNaCl 1.6 exposes no ristretto255 functions; ``rbcl`` ships libsodium with exactly these bindings).  No curve
+arithmetic is written here.  An ID, normalised by :mod:`partialvfl.data.ids`, is mapped into the group as
+``H(id) = ristretto255_from_hash(SHA-512(DOMAIN || id))`` (libsodium's hash-to-group, with our domain separation).
+
+**Keys.**  The *passive* parties (every party but the label holder's own block) share a long-term alignment secret
+``S`` (a file, ``alignment_key_file``; ``partialvfl certs init`` writes one), which the coordinator and the label
+holder's own party process never hold.  At the start of every coordinator session each keyed party draws a fresh
+nonce; the session key is ``a = reduce(HMAC-SHA512(S, KEY_DOMAIN || sorted nonces))``, so tokens of two sessions
+are unlinkable unless a party chooses to reuse its nonce (``persist_alignment``, to resume a fit).
+
+**Tokens.**  A keyed party reports ``T(y) = H(y)^a`` for its rows.  Everyone else (the label holder's party process,
+the coordinator's label table and the IDs it predicts) gets tokens through an oblivious evaluation by one keyed party:
+blind ``H(x)^r`` with a fresh secret scalar ``r``, have it raised to ``a`` (``psu_eval``), unblind with ``1/r``.
+The evaluating party sees only uniformly random group elements; it counts them against its ``max_lookups`` per
+session and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
+but cannot compute ``T`` for a guessed ID without a keyed party's online answer.  The security argument is in
+``docs/deployment.md`` ("Alignment").
+
+This module holds the group operations and the party's side (:class:`PartyAligner`); the coordinator's side is
+:mod:`partialvfl.federation.psu_session`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partialvfl.data.ids import normalize_ids, read_key
+from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.policy import PolicyViolation
+from partialvfl.federation.schema import MessageSpec, TensorSpec
+
+__all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "PartyAligner", "evaluate",
+           "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key", "session_order",
+           "validate_points", "write_alignment_key"]
+
+#: domain separation of the hash into the group and of the session key (version 1 of the protocol)
+DOMAIN = b"partialvfl/psu/v1/id->ristretto255\x00"
+KEY_DOMAIN = b"partialvfl/psu/v1/session-key\x00"
+CHECK_DOMAIN = b"partialvfl/psu/v1/key-check\x00"
+POINT_BYTES = 32
+NONCE_BYTES = 32
+
+#: the party server's alignment messages (built-in kinds, beside ``hello``/``ids``/``attach``/``release``)
+PSU_MESSAGES: dict[str, MessageSpec] = {
+    "psu_open": MessageSpec(optional_meta=["alignment_id"],
+                            doc="Start this session's alignment: a keyed party replies a fresh nonce (or, for "
+                                "`alignment_id`, the one it kept for it, if its policy persists alignment keys)."),
+    "psu_tokens": MessageSpec(reply=[TensorSpec("tokens", "uint8", ("N", 32))], meta=["salt"],
+                              optional_meta=["table"],
+                              doc="A keyed party's tokens H(id)^a of its table's rows, sorted; `salt` is every keyed "
+                                  "party's nonce."),
+    "psu_blind": MessageSpec(reply=[TensorSpec("points", "uint8", ("N", 32))], optional_meta=["table"],
+                             doc="A party without the alignment key: its rows blinded, H(id)^r, sorted."),
+    "psu_unblind": MessageSpec(request=[TensorSpec("points", "uint8", ("N", 32))],
+                               reply=[TensorSpec("tokens", "uint8", ("N", 32))], optional_meta=["table"],
+                               doc="Its blinded rows raised to the session key, in psu_blind's order: the party "
+                                   "removes r and replies its tokens, sorted."),
+    "psu_eval": MessageSpec(request=[TensorSpec("points", "uint8", ("N", 32))],
+                            reply=[TensorSpec("points", "uint8", ("N", 32))], meta=["salt"],
+                            doc="Raise blinded points to the session key (an oblivious lookup; counted against "
+                                "max_lookups and logged)."),
+}
+
+
+class AlignmentError(ValueError):
+    """Bad alignment input (an invalid group element, a wrong count, a replayed set...), naming who sent it."""
+
+
+# ---------------------------------------------------------------------- the group (libsodium, through rbcl)
+_SODIUM: Any = None
+
+
+def _sodium() -> Any:
+    """The ``rbcl`` module (imported once; its temporary copy of libsodium is removed once loaded)."""
+    global _SODIUM
+    if _SODIUM is None:
+        try:
+            import rbcl
+            from rbcl import _sodium as loaded
+        except ImportError as e:  # pragma: no cover - a dependency of the grpc extra
+            raise ImportError("keyless alignment needs the 'rbcl' package (libsodium's ristretto255): "
+                              "pip install 'partialvfl[grpc]'") from e
+        with contextlib.suppress(AttributeError, OSError):  # rbcl leaves a temporary copy of libsodium behind
+            os.unlink(loaded.lib_path)
+        _SODIUM = rbcl
+    return _SODIUM
+
+
+def random_scalar() -> bytes:
+    """A uniformly random non-zero scalar (libsodium's ``crypto_core_ristretto255_scalar_random``)."""
+    return _sodium().crypto_core_ristretto255_scalar_random()
+
+
+def invert(scalar: bytes) -> bytes:
+    return _sodium().crypto_core_ristretto255_scalar_invert(scalar)
+
+
+def hash_to_group(texts: Sequence[str]) -> list[bytes]:
+    """``H(id)`` for normalised ID texts: SHA-512 of the domain and the UTF-8 text, mapped into ristretto255."""
+    from_hash = _sodium().crypto_core_ristretto255_from_hash
+    return [from_hash(hashlib.sha512(DOMAIN + t.encode("utf-8")).digest()) for t in texts]
+
+
+def _mul_chunk(scalar: bytes, points: Sequence[bytes], offset: int, where: str) -> list[bytes]:
+    mul = _sodium().crypto_scalarmult_ristretto255
+    out = []
+    for i, p in enumerate(points):
+        try:
+            out.append(mul(scalar, p))
+        except (RuntimeError, ValueError, TypeError):
+            raise AlignmentError(f"{where}: element {offset + i} is not a valid ristretto255 group element") from None
+    return out
+
+
+def evaluate(points: Sequence[bytes], scalar: bytes, where: str, threads: int = 1) -> list[bytes]:
+    """Every point raised to ``scalar``; an invalid encoding is an :class:`AlignmentError` naming ``where`` and the
+    element (libsodium refuses non-canonical encodings, points off the group and the identity).  ``threads`` > 1
+    splits the work (libsodium runs without the GIL)."""
+    n = len(points)
+    if threads <= 1 or n < 4096:
+        return _mul_chunk(scalar, points, 0, where)
+    step = -(-n // threads)
+    with ThreadPoolExecutor(threads) as pool:
+        parts = pool.map(lambda s: _mul_chunk(scalar, points[s:s + step], s, where), range(0, n, step))
+        return [p for part in parts for p in part]
+
+
+def validate_points(points: Sequence[bytes], where: str) -> None:
+    """Refuse an encoding that is not a ristretto255 group element (or is the identity), naming ``where``."""
+    valid = _sodium().crypto_core_ristretto255_is_valid_point
+    for i, p in enumerate(points):
+        if not valid(p):
+            raise AlignmentError(f"{where}: element {i} is not a valid ristretto255 group element")
+
+
+def points_array(points: Sequence[bytes]) -> np.ndarray:
+    """``(n, 32)`` uint8 array of encoded points."""
+    if not points:
+        return np.zeros((0, POINT_BYTES), dtype=np.uint8)
+    return np.frombuffer(b"".join(points), dtype=np.uint8).reshape(len(points), POINT_BYTES).copy()
+
+
+def points_list(arr: Any, where: str) -> list[bytes]:
+    """The rows of an ``(n, 32)`` uint8 array (or tensor) as bytes; anything else names ``where``."""
+    a = np.asarray(arr.numpy() if hasattr(arr, "numpy") else arr)
+    if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] != POINT_BYTES:
+        raise AlignmentError(f"{where}: expected an (n, {POINT_BYTES}) uint8 array of points, got {a.dtype} {a.shape}")
+    raw = np.ascontiguousarray(a).tobytes()
+    return [raw[i:i + POINT_BYTES] for i in range(0, len(raw), POINT_BYTES)]
+
+
+def check_distinct(points: Sequence[bytes], where: str) -> None:
+    if len(set(points)) != len(points):
+        raise AlignmentError(f"{where}: the set holds the same element twice (a duplicated or replayed set)")
+
+
+# ---------------------------------------------------------------------- keys
+def _salt_bytes(salt: Sequence[str]) -> bytes:
+    return b"".join(bytes.fromhex(n) for n in sorted(salt))
+
+
+def check_salt(salt: Any, where: str) -> list[str]:
+    """A salt is a non-empty list of distinct 32-byte hex nonces."""
+    ok = isinstance(salt, list) and salt and all(isinstance(n, str) and len(n) == 2 * NONCE_BYTES for n in salt)
+    if ok:
+        try:
+            _salt_bytes(salt)
+        except ValueError:
+            ok = False
+    if not ok or len(set(salt)) != len(salt):
+        raise AlignmentError(f"{where}: 'salt' must be a list of distinct {NONCE_BYTES}-byte hex nonces")
+    return sorted(salt)
+
+
+def session_key(secret: bytes, salt: Sequence[str]) -> bytes:
+    """The session's scalar ``a``: HMAC-SHA512 of the sorted nonces under the shared secret, reduced mod the order."""
+    wide = hmac.new(secret, KEY_DOMAIN + _salt_bytes(salt), hashlib.sha512).digest()
+    return _sodium().crypto_core_ristretto255_scalar_reduce(wide)
+
+
+def key_check(secret: bytes, salt: Sequence[str]) -> str:
+    """A value that tells whether two parties hold the same secret (a PRF of this session's salt: reveals nothing)."""
+    return hmac.new(secret, CHECK_DOMAIN + _salt_bytes(salt), hashlib.sha256).hexdigest()[:16]
+
+
+def write_alignment_key(path: str | Path) -> Path:
+    """A fresh 32-byte alignment secret as hex text, readable by its owner only (for the passive parties)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(secrets.token_hex(32) + "\n")
+    p.chmod(0o600)
+    return p
+
+
+def read_alignment_key(path: str | Path) -> bytes:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"alignment key file not found: {p} (make one with `partialvfl certs init`; only "
+                                "the passive parties hold it)")
+    return read_key(p)
+
+
+def session_order(ids: Sequence[str], secret: bytes, salt: Sequence[str]) -> np.ndarray:
+    """Positions that put normalised ``ids`` in the order a federation aligned with ``secret`` and ``salt`` built
+    (sorted by token): for comparing an in-process fit with a federated one, by whoever holds every key."""
+    texts = normalize_ids(ids, "IDs", unique=False)
+    tokens = evaluate(hash_to_group(texts), session_key(secret, check_salt(list(salt), "salt")), "IDs")
+    return np.array(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=np.int64)
+
+
+class Blinding:
+    """One set of the holder's own IDs, blinded with a fresh secret scalar ``r`` and unblinded after evaluation."""
+
+    def __init__(self, texts: Sequence[str], threads: int = 1) -> None:
+        self.r = random_scalar()
+        self.threads = threads
+        self.points = evaluate(hash_to_group(texts), self.r, "own IDs", threads)
+
+    def unblind(self, evaluated: Sequence[bytes], where: str) -> list[bytes]:
+        """``H(x)^a`` from ``H(x)^(r a)``; a wrong count or an invalid element names ``where``."""
+        if len(evaluated) != len(self.points):
+            raise AlignmentError(f"{where}: {len(evaluated)} evaluated elements for {len(self.points)} sent")
+        return evaluate(evaluated, invert(self.r), where, self.threads)
+
+
+# ---------------------------------------------------------------------- a party's side
+class PartyAligner:
+    """A party's alignment state for the current coordinator session.
+
+    ``secret``: the passive parties' shared alignment secret (``None``: a party without it, e.g. the label holder's
+    own block, which gets its tokens through a keyed party).  ``texts(table)`` gives a table's normalised IDs.
+    """
+
+    def __init__(self, name: str, secret: bytes | None, texts: Callable[[str], Sequence[str]], state_dir: Path, *,
+                 persist: bool = True, max_lookups: int | None = None, threads: int = 1) -> None:
+        self.name, self.secret, self.texts = name, secret, texts
+        self.state_dir, self.persist, self.max_lookups, self.threads = state_dir, persist, max_lookups, threads
+        self.new_session()
+
+    @property
+    def keyed(self) -> bool:
+        return self.secret is not None
+
+    def new_session(self) -> None:
+        """Forget every key, blinding and token of the previous session."""
+        self.nonce: str | None = None
+        self.salt: list[str] | None = None
+        self.key: bytes | None = None
+        self.rows: dict[str, dict[bytes, int]] = {}
+        self.blinded: dict[str, tuple[Blinding, list[int]]] = {}
+        self.evaluated: set[bytes] = set()
+        self.lookups = 0
+
+    def _where(self, what: str) -> str:
+        return f"party {self.name!r}, {what}"
+
+    # -- psu_open
+    def open(self, alignment_id: Any = None) -> dict[str, Any]:
+        if self.nonce is not None:
+            raise AlignmentError(self._where("psu_open: this session's alignment is already open"))
+        if not self.keyed:
+            self.nonce = ""
+            return {"keyed": False}
+        kept = self._kept_nonce(alignment_id) if alignment_id is not None else None
+        self.nonce = kept or secrets.token_hex(NONCE_BYTES)
+        persisted = kept is not None
+        if alignment_id is not None and kept is None and self.persist:
+            path = self._nonce_file(alignment_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"nonce": self.nonce}))
+            path.chmod(0o600)
+            persisted = True
+        return {"keyed": True, "nonce": self.nonce, "persisted": persisted}
+
+    def _nonce_file(self, alignment_id: Any) -> Path:
+        digest = hashlib.sha256(str(alignment_id).encode()).hexdigest()[:32]
+        return self.state_dir / "alignment" / f"{digest}.json"
+
+    def _kept_nonce(self, alignment_id: Any) -> str | None:
+        path = self._nonce_file(alignment_id)
+        if not self.persist or not path.is_file():
+            return None
+        return str(json.loads(path.read_text())["nonce"])
+
+    def _session_key(self, salt: Any, kind: str) -> bytes:
+        if not self.keyed:
+            raise AlignmentError(self._where(f"{kind}: this party holds no alignment key (it is not a passive "
+                                             "party); ask a party with alignment_key_file"))
+        if not self.nonce:
+            raise AlignmentError(self._where(f"{kind}: open the session's alignment first (psu_open)"))
+        salt = check_salt(salt, self._where(kind))
+        if self.nonce not in salt:
+            raise AlignmentError(self._where(f"{kind}: the salt does not hold this party's nonce of this session"))
+        if self.salt is not None and salt != self.salt:
+            raise AlignmentError(self._where(f"{kind}: the salt changed within the session"))
+        if self.key is None:
+            assert self.secret is not None
+            self.salt, self.key = salt, session_key(self.secret, salt)
+        return self.key
+
+    def _index(self, table: str, tokens: Sequence[bytes], rows: Sequence[int], kind: str) -> np.ndarray:
+        check_distinct(tokens, self._where(f"{kind} of table {table!r}"))
+        self.rows[table] = dict(zip(tokens, rows, strict=True))
+        return points_array(sorted(tokens))
+
+    # -- psu_tokens (keyed)
+    def tokens(self, table: str, salt: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        key = self._session_key(salt, "psu_tokens")
+        texts = self.texts(table)
+        tokens = evaluate(hash_to_group(texts), key, self._where("tokens"), self.threads)
+        assert self.secret is not None and self.salt is not None
+        return self._index(table, tokens, range(len(texts)), "psu_tokens"), {"key_check": key_check(self.secret,
+                                                                                                     self.salt)}
+
+    # -- psu_blind / psu_unblind (no key)
+    def blind(self, table: str) -> np.ndarray:
+        if self.keyed:
+            raise AlignmentError(self._where("psu_blind: a keyed party reports its tokens (psu_tokens)"))
+        blinding = Blinding(self.texts(table), self.threads)
+        order = sorted(range(len(blinding.points)), key=blinding.points.__getitem__)
+        blinding.points = [blinding.points[i] for i in order]
+        self.blinded[table] = (blinding, order)
+        return points_array(blinding.points)
+
+    def unblind(self, table: str, points: Any) -> np.ndarray:
+        if table not in self.blinded:
+            raise AlignmentError(self._where(f"psu_unblind: table {table!r} was not blinded in this session"))
+        blinding, order = self.blinded.pop(table)
+        tokens = blinding.unblind(points_list(points, self._where("psu_unblind")), self._where("psu_unblind"))
+        return self._index(table, tokens, order, "psu_unblind")
+
+    # -- psu_eval (keyed): the oblivious lookup
+    def evaluate(self, points: Any, salt: Any) -> np.ndarray:
+        key = self._session_key(salt, "psu_eval")
+        pts = points_list(points, self._where("psu_eval"))
+        check_distinct(pts, self._where("psu_eval"))
+        if self.evaluated.intersection(pts):
+            raise AlignmentError(self._where("psu_eval: elements already evaluated in this session (a replayed set)"))
+        if self.max_lookups is not None and self.lookups + len(pts) > self.max_lookups:
+            raise PolicyViolation("max_lookups", f"evaluating {len(pts)} more IDs would make {self.lookups + len(pts)} "
+                                  f"in this session; at most {self.max_lookups}", self.lookups + len(pts))
+        out = evaluate(pts, key, self._where("psu_eval"), self.threads)
+        self.lookups += len(pts)
+        self.evaluated.update(pts)
+        return points_array(out)
+
+    def handlers(self, table_name: Callable[[Request], str]) -> dict[str, tuple[MessageSpec, Callable[..., Reply]]]:
+        """The party server's alignment kinds (``table_name(request)``: the table a request names, checked)."""
+        import torch
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a)
+
+        def tokens(req: Request) -> Reply:
+            arr, meta = self.tokens(table_name(req), req.meta.get("salt"))
+            return Reply({"tokens": t(arr)}, meta)
+
+        fns: dict[str, Callable[[Request], Reply]] = {
+            "psu_open": lambda req: Reply(meta=self.open(req.meta.get("alignment_id"))),
+            "psu_tokens": tokens,
+            "psu_blind": lambda req: Reply({"points": t(self.blind(table_name(req)))}),
+            "psu_unblind": lambda req: Reply({"tokens": t(self.unblind(table_name(req), req.tensors["points"]))}),
+            "psu_eval": lambda req: Reply({"points": t(self.evaluate(req.tensors["points"], req.meta.get("salt")))}),
+        }
+        return {k: (PSU_MESSAGES[k], fn) for k, fn in fns.items()}
+
+    def row_index(self, table: str) -> dict[bytes, int]:
+        """Token -> row of ``table`` in this session (``attach`` names rows by token)."""
+        if table not in self.rows:
+            raise AlignmentError(self._where(f"table {table!r} is not aligned in this session (psu_tokens or "
+                                             "psu_unblind first)"))
+        return self.rows[table]
