@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         tables = write_tables(Path(tmp) / "example", a.table_seed, a.train)
         raw = from_tables(tables, **KEYS)  # each party standardises its own columns on both sides
         with LocalDeployment(Path(tmp) / "fed", raw, deadline=600.0, start_timeout=600.0,
-                             policy={"seed": a.seed, "max_width_ratio": 16}, alignment="hmac") as dep:
+                             policy={"seed": a.seed, "max_width_ratio": 16, "allow_weight_sharing": True},
+                             alignment="hmac") as dep:
             dep.start()
             local = from_tables(tables, order_key=dep.key_file, **KEYS)  # the federation's sample order
             for method in a.methods:
