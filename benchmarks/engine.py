@@ -6,7 +6,8 @@ Prints, with the hardware, torch threads and load average beside every section:
 * ``fvl-step``: FALSE-VFL-I stage 1 on the cpu-grid configuration (FashionMNIST, 8 parties of 14 x 7 pixels, MLP
   width 128, batch 256, kappa 10, d_h 196, d_z 32): FLOPs per step (``FlopCounterMode``: matmuls only), time per
   step on the code's default path (repeats, min and median; every FALSE-VFL party answers by its own handler, as
-  deployed: issue 21 removed the batched path, which was no faster), achieved GFLOP/s and % of the peak, per epoch;
+  deployed: issue 21 removed the batched path, which was not measurably
+  faster: docs/false-vfl.md), achieved GFLOP/s and % of the peak, per epoch;
 * ``laser``: LASER-VFL at the official code's hyperparameters (4 parties of 196 pixels, per-party
   Linear(d,128)-ReLU-Linear(128,128)-ReLU-Linear(128,128), mean fusion, K linear heads, SGD lr 0.03 momentum 0.8
   weight decay 1e-4, batch 128): time per epoch batched and per party, FLOPs and GFLOP/s; with

@@ -13,7 +13,9 @@ differs (relative 1e-6), if any.
     python benchmarks/federated_vs_in_process.py --per-party           # in process without batched parties
 
 Issue 21 (item 4) reported FALSE-VFL-I at 393 of 400 classes equal and a largest difference of 0.47; this command
-gives the figure on the doc's example before and after its fix (``docs/false-vfl.md``, "Batched parties").
+gives the figure on the doc's example before and after its fix (``docs/false-vfl.md``, "In process, each party
+answers alone").  The parties align by HMAC (``alignment = "hmac"``), whose sample order ``from_tables(...,
+order_key=...)`` reproduces in process; the default private set union orders by its session's tokens instead.
 """
 
 from __future__ import annotations
