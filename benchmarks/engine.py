@@ -88,6 +88,9 @@ from partialvfl.data.protocol import ProtocolConfig, make_protocol  # noqa: E402
 from partialvfl.federation import LocalFederation, MessageLog  # noqa: E402
 from partialvfl.methods import get_method  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_paper import paper_step_section  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 WIDTH = 128
 CPU_GRID = dict(encoder="mlp", decoder="mlp", encoder_hidden=[WIDTH, WIDTH], decoder_hidden=[WIDTH, WIDTH],
@@ -98,22 +101,42 @@ LASER_OFFICIAL = dict(encoder="mlp", encoder_hidden=[128, 128], latent_dim=128, 
 
 
 # ---------------------------------------------------------------------- machine and timing helpers
+#: where the sections compute (``--device``; the CPU by default)
+DEVICE = torch.device("cpu")
+#: how methods run besides the device (``--compile``, ``--precision``): only what differs from the default
+RUN: dict[str, Any] = {}
+
+
 def machine() -> dict[str, Any]:
-    """CPU, cores, torch threads, OpenMP wait policy and load: printed with every section."""
+    """CPU, cores, torch threads, OpenMP wait policy, load (and the GPU with ``--device cuda``): printed with every
+    section."""
     model = platform.processor()
     with contextlib.suppress(OSError, StopIteration):
         model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                      if ln.startswith("model name"))
-    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"), "torch": torch.__version__,
-            "load_average": [round(v, 2) for v in os.getloadavg()]}
+    out = {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"), "torch": torch.__version__,
+           "load_average": [round(v, 2) for v in os.getloadavg()], "device": str(DEVICE)}
+    if DEVICE.type == "cuda":
+        props = torch.cuda.get_device_properties(DEVICE)
+        out.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                   tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+    return out
+
+
+def sync() -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously: timings must include it)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def timed(fn: Any, repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         out.append(time.perf_counter() - t0)
     return out
 
@@ -123,10 +146,12 @@ def summary(times: list[float]) -> dict[str, float]:
 
 
 def matmul_peak(repeats: int, shapes: list[tuple[int, int, int]] | None = None) -> dict[str, float]:
-    """Best fp32 GFLOP/s of square matmuls and of the given (M, K, N) shapes, in this process and thread count."""
+    """Best fp32 GFLOP/s of square matmuls and of the given (M, K, N) shapes, in this process and thread count (on
+    ``--device``; a GPU also gets 8192^3, which it needs to approach its peak)."""
     out = {}
-    for m, k, n in [(1024, 1024, 1024), (2048, 2048, 2048), *(shapes or [])]:
-        a, b = torch.randn(m, k), torch.randn(k, n)
+    big = [(8192, 8192, 8192)] if DEVICE.type == "cuda" else []
+    for m, k, n in [(1024, 1024, 1024), (2048, 2048, 2048), *big, *(shapes or [])]:
+        a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
         torch.mm(a, b)
         best = min(timed(lambda a=a, b=b: torch.mm(a, b), repeats))
         out[f"{m}x{k}x{n}"] = round(2 * m * k * n / best / 1e9, 1)
@@ -149,11 +174,17 @@ def fvl_data(quick: bool) -> Any:
                                         train_missing="mcar:0.2", seed=0, max_train=4000, max_test=100))[0]
 
 
+def on_device() -> dict[str, Any]:
+    """``device=`` (and ``compile``/``precision``) for a method or a federation: only what differs from the default
+    (a baseline checkout predates the options)."""
+    return ({} if DEVICE.type == "cpu" else {"device": DEVICE}) | RUN
+
+
 def federation(train: Any, batched: bool | None, log: MessageLog | None = None) -> Any:
     """In-process parties, batched or per party (``None``: the code's default, also in a baseline checkout)."""
     if batched is None:
-        return LocalFederation.for_dataset(train, log=log)
-    return LocalFederation.for_dataset(train, log=log, batched=batched)
+        return LocalFederation.for_dataset(train, log=log, **on_device())
+    return LocalFederation.for_dataset(train, log=log, batched=batched, **on_device())
 
 
 _DROPPED: set[tuple[str, str]] = set()
@@ -167,7 +198,7 @@ def method(name: str, preset: str, **params: Any) -> Any:
         if (name, k) not in _DROPPED:
             _DROPPED.add((name, k))
             print(f"note: {name} in this code has no parameter {k!r}; running without it", file=sys.stderr)
-    return cls(preset, seed=0, **{k: v for k, v in params.items() if k in known})
+    return cls(preset, seed=0, **on_device(), **{k: v for k, v in params.items() if k in known})
 
 
 def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], variant: int = 1, wire: str = "lean",
@@ -359,7 +390,7 @@ def run_official_driver(spec: dict[str, Any], epochs: int) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE / "laser_official.py"), "--checkout", spec["path"], "--data", spec["data"],
            "--epochs", str(epochs), "--threads", str(torch.get_num_threads()), "--lr", str(p["lr"]),
            "--momentum", str(p["momentum"]), "--weight-decay", str(p["weight_decay"]),
-           "--batch-size", str(p["batch_size"])]
+           "--batch-size", str(p["batch_size"])] + (["--device", str(DEVICE)] if DEVICE.type != "cpu" else [])
     res = subprocess.run(cmd, env=_official_env(), capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"laser_official.py failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -479,7 +510,9 @@ def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- main
-SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline")
+SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline", "paper-step")
+#: sections run only when asked for (--only)
+ON_REQUEST = ("baseline", "paper-step")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -487,6 +520,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small configurations, few repeats: a smoke run")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--device", default="cpu",
+                    help="where peak, fvl-step, laser and paper-step compute: cpu (default), cuda, cuda:N")
+    ap.add_argument("--compile", action="store_true", help="fvl-step, laser, paper-step: methods with --compile")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="fvl-step, laser, paper-step: methods at this precision")
+    ap.add_argument("--paper-steps", type=int, default=3,
+                    help="paper-step: timed steps per stage (after one warm-up step)")
+    ap.add_argument("--paper-batch", type=int, default=None,
+                    help="paper-step: both stages' batch size instead of the paper's (a dry run of the code path)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
     ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
     ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
@@ -501,9 +543,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-print", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--compat", action="store_true", help=argparse.SUPPRESS)  # running a baseline checkout
     a = ap.parse_args(argv)
+    global DEVICE
+    if a.device != "cpu":  # a baseline checkout (--compat) predates partialvfl.utils.devices
+        from partialvfl.utils.devices import resolve_device
+
+        DEVICE = resolve_device(a.device, what="--device")
     torch.set_num_threads(a.threads)
     repeats = a.repeats or (2 if a.quick else 10)
-    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick) and (s != "baseline" or a.baseline_src)]
+    wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick)
+                        and (s not in ON_REQUEST or (s == "baseline" and a.baseline_src))]
+    if a.compile:
+        RUN["compile"] = True
+    if a.precision != "fp32":
+        RUN["precision"] = a.precision
     if a.laser_official_cmd and not a.laser_official:
         ap.error("--laser-official-cmd needs --laser-official PATH (the directory it runs in)")
     if a.laser_official and not a.laser_official_cmd and not Path(a.laser_official, "methods", "laser.py").is_file():
@@ -523,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": lambda: threads_section(a.quick, repeats, a.contention),
         "federated": lambda: federated_section(a.quick, max(1, repeats // 3)),
         "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
+        "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed,
+                                                         a.paper_batch),
     }
     for name in wanted:
         if name in runners:
@@ -530,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
             res[name] = {**runners[name](), "load_average_before_after": [round(load, 2),
                                                                           round(os.getloadavg()[0], 2)]}
             if not a.no_print:
-                print(f"== {name} ({res['machine']['cpu']}, {torch.get_num_threads()} thread(s))")
+                where = res["machine"].get("gpu", res["machine"]["cpu"])
+                print(f"== {name} ({where}, {torch.get_num_threads()} thread(s), {DEVICE})")
                 print(json.dumps(res[name], indent=2))
     if not a.no_print:
         print("== machine", json.dumps(res["machine"]), "\n== peak", json.dumps(peak))

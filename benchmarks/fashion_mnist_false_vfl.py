@@ -65,6 +65,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="hidden width of every MLP (the paper gives none; the paper preset says 256)")
     ap.add_argument("--fusion", default="mean-precision", choices=["mean-precision", "poe"])
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, auto")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--compile", action="store_true", help="compiled steps (torch.compile)")
     ap.add_argument("--progress", action="store_true", help="print every epoch's bound and loss")
     ap.add_argument("--json", default=None, help="write the results as one JSON object to this file")
     return ap.parse_args(argv)
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"train: {s['n_samples']} samples, {s['n_labeled']} labelled, observed fraction per party "
           f"{np.round(s['observed_fraction'], 3).tolist()}, all-missing {s['all_missing']}")
     params = _params(a)
-    method = get_method(a.method)(a.preset, seed=a.seed, progress="epochs" if a.progress else False, **params)
+    method = get_method(a.method)(a.preset, seed=a.seed, progress="epochs" if a.progress else False,
+                                  device=a.device, precision=a.precision, compile=a.compile, **params)
     t0 = time.perf_counter()
     method.fit(train)
     fit_s = time.perf_counter() - t0
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gaps = [r["accuracy"] - r["paper"] for r in rows]
     print(f"\nmean gap to the paper {np.mean(gaps):+.1f} points; worst {min(gaps):+.1f}; "
           f"within 3 points on {sum(g >= -3 for g in gaps)}/{len(gaps)}")
-    out = {"method": a.method, "preset": a.preset, "seed": a.seed, "params": method.params_,
+    out = {"method": a.method, "preset": a.preset, "seed": a.seed, "params": method.params_, "device": str(a.device),
+           "precision": a.precision, "compile": a.compile,
            "fit_seconds": fit_s, "stage_seconds": stages, "max_train": a.max_train, "max_test": a.max_test,
            "results": rows}
     if a.json:

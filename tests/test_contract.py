@@ -58,6 +58,10 @@ TINY: dict[str, dict[str, Any]] = {
                 "pool": "concat"},  # concat: the classifier's width depends on a parameter (a harder load)
 }
 METHODS = method_names()
+#: the devices the contract runs on: the CPU always; the first CUDA GPU where torch sees one (skipped otherwise)
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                    reason="no CUDA GPU visible to torch"))]
 
 
 def tiny(name: str) -> dict[str, Any]:
@@ -275,6 +279,28 @@ def test_same_seed_same_model_other_seed_other_model(name: str, references, trai
     assert_same(saved_states(tmp_path / "again"), saved_states(tmp_path / "ref"))
     assert not np.array_equal(other.predict_proba(test_data), ref.proba)
     assert differs(saved_states(tmp_path / "other"), saved_states(tmp_path / "ref"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", METHODS)
+def test_on_each_device_same_seed_same_model_and_it_predicts_on_the_cpu(name: str, device: str, references, train,  # noqa: ANN001
+                                                                        test_data, tmp_path) -> None:  # noqa: ANN001
+    """A fit with an explicit ``device``: the same seed gives the same model there (bitwise on the CPU, where it is
+    the default's fit; to float tolerance on a GPU, whose kernels are not bitwise reproducible without
+    deterministic algorithms), close to the CPU's; saved there, it loads and predicts on the CPU as it did."""
+    def make() -> VFLMethod:
+        return get_method(name)("fast", seed=SEED, device=device, **tiny(name)).fit(train)
+
+    a, b = make(), make()
+    pa = a.predict_proba(test_data)
+    exact = device == "cpu"
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-5}
+    np.testing.assert_allclose(b.predict_proba(test_data), pa, **tol)
+    np.testing.assert_allclose(pa, references(name).proba, **(tol if exact else {"rtol": 0, "atol": 1e-3}))
+    assert {str(p.device.type) for m in a._coordinator_modules().values() for p in m.parameters()} <= {device}
+    a.save(tmp_path / "m")
+    loaded = VFLMethod.load(tmp_path / "m", device="cpu")
+    np.testing.assert_allclose(loaded.predict_proba(test_data), pa, **tol)
 
 
 def bad_values(p: Param) -> list[Any]:

@@ -82,7 +82,7 @@ def _source(spec: DatasetSpec) -> Any:
 
 
 def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify | None,
-                      threads: int | str = "auto") -> list[dict[str, Any]]:
+                      threads: int | str = "auto", run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     import torch
 
     from partialvfl.data.holdout import hold_out_labels
@@ -99,7 +99,7 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
     train, first_test = make_protocol(config, source)
     fit_data, val = (train, None) if cell.role == "test" else hold_out_labels(train, cell.validation_fraction,
                                                                              cell.seed)
-    model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **cell.overrides)
+    model = get_method(cell.method.name)(cell.method.preset, seed=cell.seed, **(run or {}), **cell.overrides)
 
     def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
         if notify is not None:
@@ -115,6 +115,7 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
     params = dict(getattr(model, "params_", {}))
     base = {**_row_identity(cell, grid_name, version), "params": params, "variant": variant_of(params),
             "fit_seconds": fit_seconds, "bytes_communicated": log.total_bytes(), "started_at": started,
+            "device": run_description(model),
             "status": "done", "data_stats": data_stats(fit_data, params)}
     rows = []
     for mech in cell.test_mechanisms:
@@ -133,6 +134,18 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
             "n_test": res.get("n_samples"), "predict_seconds": res.get("predict_seconds"), "finished_at": now_utc(),
         })
     return rows
+
+
+def run_description(model: Any) -> str:
+    """How a fit ran, for the store's ``device`` column: ``cpu``, ``cuda:0 (NVIDIA H100 80GB HBM3) bf16 compiled``."""
+    from partialvfl.utils.devices import describe
+
+    parts = [describe(model.device_)]
+    if model.precision != "fp32":
+        parts.append(model.precision)
+    if model.compile:
+        parts.append("compiled")
+    return " ".join(parts)
 
 
 def data_stats(train: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -174,10 +187,12 @@ def failed_rows(cell: Cell, grid_name: str, version: str, error: str, started: s
 
 
 def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = (),
-             notify: Notify | None = None, *, threads: int | str = "auto") -> CellResult:
+             notify: Notify | None = None, *, threads: int | str = "auto",
+             run: dict[str, Any] | None = None) -> CellResult:
     """Fit one cell and evaluate it on every test mechanism; an exception becomes ``failed`` rows, never a raise.
 
-    ``threads``: torch threads for the fit (``auto``: the thread policy, within this process's current number).
+    ``threads``: torch threads for the fit (``auto``: the thread policy, within this process's current number);
+    ``run``: how the method runs (``device``, ``precision``, ``compile``: not part of the cell's key).
     """
     t0 = time.perf_counter()
     started = now_utc()
@@ -186,7 +201,7 @@ def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = 
     try:
         check_source()
         import_modules(imports)
-        rows = _fit_and_evaluate(cell, grid_name, version, notify, threads)
+        rows = _fit_and_evaluate(cell, grid_name, version, notify, threads, run)
         check_source()  # an edit during the fit: its lazily imported modules may be the new code
         error = None
     except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error

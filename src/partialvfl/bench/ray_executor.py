@@ -1,6 +1,7 @@
 """Run a grid's cells on a Ray cluster (optional: ``pip install 'partialvfl[ray]'``).
 
-Each cell is one Ray task (``num_cpus=threads``, torch threads set to match) running the same
+Each cell is one Ray task (``num_cpus=threads``, torch threads set to match; with ``--device cuda`` also
+``num_gpus = 1 / fits-per-gpu``, a fractional GPU: :func:`~partialvfl.bench.gpus.ray_resources`) running the same
 :func:`~partialvfl.bench.cell.run_cell` as the local executors; results come back to this process, which alone
 writes the store.  ``address`` is the cluster to join (``ray://host:10001`` or ``host:6379``); ``None`` starts or
 joins a local instance.  Every node needs partialvfl, the grid's ``imports`` and the datasets (``data_dir``) at the
@@ -30,11 +31,12 @@ def _ray() -> Any:
     return ray
 
 
-def _remote_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int) -> Any:
+def _remote_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int,
+                 run: dict[str, Any] | None = None) -> Any:
     import torch
 
     torch.set_num_threads(threads)
-    return run_cell(cell, grid_name, version, imports)
+    return run_cell(cell, grid_name, version, imports, run=run)
 
 
 def run_on_ray(
@@ -46,8 +48,14 @@ def run_on_ray(
     threads: int = 1,
     status: Callable[[str, str], None] | None = None,  # noqa: ARG001 - Ray tasks report no epochs back
     shutdown: bool | None = None,
+    run: dict[str, Any] | None = None,
+    resources: dict[str, float] | None = None,
 ) -> Iterator[Any]:
-    """Submit every cell as a Ray task and yield each :class:`~partialvfl.bench.cell.CellResult` as it lands."""
+    """Submit every cell as a Ray task and yield each :class:`~partialvfl.bench.cell.CellResult` as it lands.
+
+    ``resources``: what each task asks for (:func:`~partialvfl.bench.gpus.ray_resources`; default ``threads``
+    CPUs); a task given a GPU runs its fit on ``cuda`` (the GPU Ray picked), else on the CPU.
+    """
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -55,9 +63,11 @@ def run_on_ray(
             ray.init(address=address)
         else:  # a local instance on this machine
             ray.init(include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(num_cpus=threads, max_retries=0)(_remote_cell)
+    asks = dict(resources or {"num_cpus": float(threads)})
+    run = {**(run or {}), "device": "cuda" if asks.get("num_gpus") else "cpu"}
+    remote = ray.remote(max_retries=0, **asks)(_remote_cell)
     try:
-        refs = {remote.remote(c, grid.name, version, tuple(grid.imports), threads): c for c in cells}
+        refs = {remote.remote(c, grid.name, version, tuple(grid.imports), threads, run): c for c in cells}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)

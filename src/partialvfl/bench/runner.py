@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
+from partialvfl.bench.gpus import plan_workers, ray_resources
 from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid
 from partialvfl.bench.store import ResultStore, code_version
 from partialvfl.utils.threads import available_cores, configure_openmp, resolve_threads, thread_budget
@@ -67,6 +68,7 @@ class RunSummary:
 
 # ---------------------------------------------------------------------- local executors
 _QUEUE: Any = None
+_DEVICE: str | None = None  # this worker's device (a GPU worker's own GPU)
 
 
 def _queue_notify(key: str, text: str) -> None:
@@ -75,9 +77,10 @@ def _queue_notify(key: str, text: str) -> None:
             _QUEUE.put_nowait((key, text, time.time()))
 
 
-def _init_worker(threads: int, imports: Sequence[str], queue: Any) -> None:
-    """Process-pool initializer: split the cores, import the grid's plugin modules, keep the progress queue."""
-    global _QUEUE
+def _init_worker(threads: int, imports: Sequence[str], queue: Any, devices: Any = None) -> None:
+    """Process-pool initializer: split the cores, import the grid's plugin modules, keep the progress queue, take
+    a device from ``devices`` (a queue holding one per worker)."""
+    global _QUEUE, _DEVICE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
@@ -88,32 +91,44 @@ def _init_worker(threads: int, imports: Sequence[str], queue: Any) -> None:
     with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(1)
     _QUEUE = queue
+    if devices is not None:
+        _DEVICE = devices.get()
+        if _DEVICE.startswith("cuda:"):
+            torch.cuda.set_device(torch.device(_DEVICE))
     import_modules(imports)
 
 
-def _worker_run(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int | str) -> CellResult:
-    return run_cell(cell, grid_name, version, imports, _queue_notify, threads=threads)
+def _worker_run(cell: Cell, grid_name: str, version: str, imports: Sequence[str], threads: int | str,
+                run: dict[str, Any]) -> CellResult:
+    if _DEVICE is not None:
+        run = {**run, "device": _DEVICE}
+    return run_cell(cell, grid_name, version, imports, _queue_notify, threads=threads, run=run)
 
 
 def _run_serial(cells: Sequence[Cell], grid: Grid, version: str, status: Notify,
-                threads: int | str) -> Iterator[CellResult]:
+                threads: int | str, run: dict[str, Any]) -> Iterator[CellResult]:
     for cell in cells:
-        yield run_cell(cell, grid.name, version, grid.imports, status, threads=threads)
+        yield run_cell(cell, grid.name, version, grid.imports, status, threads=threads, run=run)
 
 
 def _run_pool(cells: Sequence[Cell], grid: Grid, version: str, workers: int, status: Notify,
-              tick: Callable[[], None], threads: int | str) -> Iterator[CellResult]:
+              tick: Callable[[], None], threads: int | str, run: dict[str, Any],
+              devices: Sequence[str]) -> Iterator[CellResult]:
     import multiprocessing as mp
     import queue as queue_mod
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    dq = ctx.Queue()
+    for d in devices:  # one per worker: each takes its own when it starts
+        dq.put(d)
     budget = thread_budget(workers) if threads == "auto" else int(threads)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(budget, tuple(grid.imports), q))
+                               initargs=(budget, tuple(grid.imports), q, dq))
     completed = False
     try:
-        futures = {pool.submit(_worker_run, c, grid.name, version, tuple(grid.imports), threads): c for c in cells}
+        futures = {pool.submit(_worker_run, c, grid.name, version, tuple(grid.imports), threads, run): c
+                   for c in cells}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -139,6 +154,23 @@ def _run_pool(cells: Sequence[Cell], grid: Grid, version: str, workers: int, sta
             pool.shutdown(wait=False, cancel_futures=True)
             for proc in procs:
                 proc.terminate()
+
+
+def _run_options(device: str, fits_per_gpu: int | None, precision: str, compile: bool,  # noqa: A002
+                 executor: str) -> dict[str, Any]:
+    """``device``/``precision``/``compile`` checked before any fit (a device this machine lacks, for the local
+    executor; Ray's nodes have their own)."""
+    from partialvfl.utils.devices import check_precision, resolve_device
+
+    check_precision(precision, what="--precision")
+    if executor == "local":
+        resolve_device(device, what="--device")
+    elif fits_per_gpu is None and device.strip().lower().startswith("cuda:"):
+        ray_resources(device, fits_per_gpu, 1)  # refused: Ray picks the GPUs
+    out: dict[str, Any] = {"device": device, "precision": precision}
+    if compile:
+        out["compile"] = True
+    return out
 
 
 # ---------------------------------------------------------------------- the grid
@@ -182,11 +214,16 @@ def run_grid(
     force: bool = False,
     progress: bool = True,
     threads: int | str = "auto",
+    device: str = "cpu",
+    fits_per_gpu: int | None = None,
+    precision: str = "fp32",
+    compile: bool = False,  # noqa: A002 - torch's word
 ) -> RunSummary:
     """Run every unfinished cell of ``grid`` and write its rows to the store in ``store`` (a directory).
 
     ``threads``: torch threads per fit, ``auto`` (the thread policy within each worker's share of the cores) or a
-    number.
+    number.  ``device``, ``fits_per_gpu``, ``precision``, ``compile``: where and how the fits run
+    (:mod:`partialvfl.bench.gpus`); they are not part of a cell's key, and the ``device`` column records them.
     """
     if not isinstance(grid, Grid):
         grid = load_grid(grid)
@@ -195,6 +232,7 @@ def run_grid(
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     resolve_threads(threads, None, 1)  # a bad value fails before any fit
+    run = _run_options(device, fits_per_gpu, precision, compile, executor)
     configure_openmp()  # the workers inherit it; this process too if it has not loaded torch yet
     check_methods(grid)
     t_start = time.perf_counter()
@@ -209,7 +247,13 @@ def run_grid(
         else:
             todo.append(c)
     version = code_version()
-    workers = min(workers or available_cores(), max(1, len(todo)))
+    devices = [device]
+    if executor == "local":
+        from partialvfl.utils.devices import gpu_count  # torch: after configure_openmp
+
+        workers, devices = plan_workers(device, fits_per_gpu, workers, gpus=gpu_count(),
+                                        cpu_workers=available_cores())
+        workers = min(workers, max(1, len(todo)))
 
     from tqdm.auto import tqdm
 
@@ -220,11 +264,12 @@ def run_grid(
     if executor == "ray":
         from partialvfl.bench.ray_executor import run_on_ray
 
-        stream = run_on_ray(todo, grid, version, address=address, status=status)
+        stream = run_on_ray(todo, grid, version, address=address, status=status, run=run,
+                            resources=ray_resources(device, fits_per_gpu, 1))  # one torch thread per task
     elif workers == 1:
-        stream = _run_serial(todo, grid, version, status, threads)
+        stream = _run_serial(todo, grid, version, status, threads, {**run, "device": devices[0]})
     else:
-        stream = _run_pool(todo, grid, version, workers, status, status.render, threads)
+        stream = _run_pool(todo, grid, version, workers, status, status.render, threads, run, devices)
     try:
         for result in stream:
             if result.rows:

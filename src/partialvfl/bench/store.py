@@ -63,6 +63,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "predict_seconds": ("REAL", "prediction time on this test set"),
     "bytes_communicated": ("INTEGER", "bytes that crossed between parties during the fit"),
     "hostname": ("TEXT", "machine that ran the fit"),
+    "device": ("TEXT", "how the fit ran: its device (a GPU with its name), and 'bf16' / 'compiled' when so"),
     "started_at": ("TEXT", "UTC time the fit started"),
     "finished_at": ("TEXT", "UTC time the row was written"),
     "status": ("TEXT NOT NULL", "'done' or 'failed'"),

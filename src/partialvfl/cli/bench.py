@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from partialvfl.cli.common import add_device_options
+
 __all__ = ["add_commands"]
 
 
@@ -16,7 +18,8 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         summary = run_grid(
             args.config, args.store, workers=args.workers, executor=args.executor, address=args.address,
-            force=args.force, progress=not args.quiet, threads=args.threads,
+            force=args.force, progress=not args.quiet, threads=args.threads, device=args.device,
+            fits_per_gpu=args.fits_per_gpu, precision=args.precision, compile=args.compile,
         )
     except GridError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -52,7 +55,8 @@ def add_commands(subparsers: Any) -> None:
                    help="grid file (TOML, or YAML with PyYAML) or the name of a shipped grid: smoke, cpu, paper")
     p.add_argument("--store", required=True, help="results directory (holds results.sqlite)")
     p.add_argument("--workers", type=int, default=None,
-                   help="parallel fits (default: the number of cores; 1 runs in this process)")
+                   help="parallel fits (default: the number of cores, or with --device cuda --fits-per-gpu x GPUs; "
+                        "1 runs in this process)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local process pool (default) or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
@@ -62,6 +66,10 @@ def add_commands(subparsers: Any) -> None:
                         "threads at most, and a fit uses one thread when its estimated work per step is small "
                         "(under 2 GFLOP); OpenMP's idle threads sleep instead of spinning")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_options(p)
+    p.add_argument("--fits-per-gpu", type=int, default=None, metavar="N",
+                   help="with --device cuda: N fits side by side on each GPU (N x GPUs workers unless --workers; "
+                        "with --executor ray, tasks asking for 1/N GPU each)")
     p.set_defaults(func=_bench)
 
     r = subparsers.add_parser(

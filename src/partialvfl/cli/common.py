@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 __all__ = ["DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS", "SPLITTER_FORMS",
-           "THREADS_HELP", "add_protocol_options", "add_table_options", "add_threads_option", "emit", "non_negative",
-           "parse_tables", "protocol_config", "refuse_protocol_options", "threads_for"]
+           "THREADS_HELP", "add_device_options", "add_protocol_options", "add_table_options", "add_threads_option",
+           "device_form", "device_options", "emit", "non_negative", "parse_tables", "protocol_config",
+           "refuse_protocol_options", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
 #: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
@@ -75,6 +77,45 @@ THREADS_HELP = ("torch threads for the fit: a number, or auto (default): one thr
 def add_threads_option(p: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
     """``--threads N|auto``."""
     p.add_argument("--threads", default="auto", metavar="N|auto", help=help_text)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps)$")
+
+
+def device_form(text: str) -> str:
+    """An argparse ``type`` for ``--device`` (its form; whether the machine has it is checked when it runs)."""
+    value = text.strip().lower()
+    if not _DEVICE.match(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of auto, cpu, cuda, cuda:N, mps")
+    return value
+
+
+def add_device_options(p: argparse.ArgumentParser, *, compile_option: bool = True) -> None:
+    """``--device``, ``--precision`` (and ``--compile``): where and how the fit or prediction computes."""
+    g = p.add_argument_group("devices (docs/benchmarks.md, Devices)")
+    g.add_argument("--device", default="auto", type=device_form, metavar="auto|cpu|cuda|cuda:N|mps",
+                   help="where the coordinator and the in-process parties compute: auto (default) is the first CUDA "
+                        "GPU if torch sees one, else the CPU; a federation's parties choose their own (party.toml)")
+    g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32 (default), or bf16: autocast of the modules' matmuls and convolutions to bfloat16 "
+                        "(likelihoods, losses and predicted probabilities stay float32)")
+    if compile_option:
+        g.add_argument("--compile", action="store_true",
+                       help="compile FALSE-VFL's and the split-network methods' hot steps with torch.compile "
+                            "(inductor, on-disk cache; needs a C++ compiler, falls back to eager with a message)")
+
+
+def device_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``device``, ``precision`` (and ``compile``) for a method or a loaded model; a device this machine lacks is
+    refused here, naming ``--device``."""
+    from partialvfl.utils.devices import resolve_device
+
+    device = getattr(args, "device", "cpu")
+    resolve_device(device, what="--device")
+    out = {"device": device, "precision": getattr(args, "precision", "fp32")}
+    if getattr(args, "compile", False):
+        out["compile"] = True
+    return out
 
 
 def threads_for(args: argparse.Namespace, model: Any, data: Any) -> int:

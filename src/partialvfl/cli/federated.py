@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.cli.checkpoints import report_checkpoints
-from partialvfl.cli.common import threads_for
+from partialvfl.cli.common import device_options, threads_for
 from partialvfl.cli.params import method_from_args, report_last_epochs
 
 __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
@@ -235,7 +235,7 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         if fed.absent:
             print(f"parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: predicting without "
                   "them", file=sys.stderr)
-        model = VFLMethod.load(args.model, federation=fed)
+        model = VFLMethod.load(args.model, federation=fed, **device_options(args))
         idx = model.index_
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))

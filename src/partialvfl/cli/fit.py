@@ -16,9 +16,11 @@ from typing import Any
 from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
     DEFAULT_PRESET,
+    add_device_options,
     add_protocol_options,
     add_table_options,
     add_threads_option,
+    device_options,
     emit,
     non_negative,
     protocol_config,
@@ -60,6 +62,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
     add_threads_option(p)
+    add_device_options(p)
     p.set_defaults(func=cmd_fit, parser=p)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model under a test mechanism, on labelled tables, or "
@@ -89,6 +92,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
     add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -113,6 +117,7 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
 
 
@@ -188,7 +193,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.truth:
         raise ValueError("evaluate --truth needs the users' features: --table PARTY=FILE for every party (in process) "
                          "or --federation FILE")
-    model = VFLMethod.load(args.model)
+    model = VFLMethod.load(args.model, **device_options(args))
     info = model.data_info_.get("protocol")
     if not info:
         raise ValueError(f"the model in {args.model} was not fitted under the protocol: evaluate it on labelled "

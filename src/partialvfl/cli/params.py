@@ -46,14 +46,17 @@ def epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:
 
 def method_from_args(args: argparse.Namespace) -> Any:
     """The method ``fit`` trains: ``--method``, ``--preset``, ``--seed``, ``--param`` and ``--epochs`` (which wins
-    over a ``--param`` of the same name), with the progress :func:`progress_setting` gives."""
+    over a ``--param`` of the same name), on ``--device`` at ``--precision`` (``--compile``), with the progress
+    :func:`progress_setting` gives."""
+    from partialvfl.cli.common import device_options
     from partialvfl.methods import get_method
 
     method_cls = get_method(args.method)
     params = parse_params(args.param)
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
-    return method_cls(args.preset, seed=args.seed, progress=progress_setting(args), **params)
+    return method_cls(args.preset, seed=args.seed, progress=progress_setting(args), **device_options(args),
+                      **params)
 
 
 def progress_setting(args: argparse.Namespace) -> bool | str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import emit, parse_tables, threads_for
+from partialvfl.cli.common import device_options, emit, parse_tables, threads_for
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
            "used_parties", "write_predictions"]
@@ -184,7 +184,7 @@ def predict_tables(args: argparse.Namespace) -> int:
     """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
     from partialvfl.methods import VFLMethod
 
-    model = VFLMethod.load(args.model)
+    model = VFLMethod.load(args.model, **device_options(args))
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output = model.predict_output(data)
@@ -204,7 +204,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     from partialvfl.methods.evaluation import evaluate
     from partialvfl.utils.threads import use_threads
 
-    model = VFLMethod.load(args.model)
+    model = VFLMethod.load(args.model, **device_options(args))
     if args.truth:
         data, tables, id_column = _model_tables(args, model, labels=False)
         truth = read_truth(args.truth, id_column, _label_column(args, model))

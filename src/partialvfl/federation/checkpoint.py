@@ -215,7 +215,7 @@ class Checkpointer:
             return None
         info = json.loads(marker.read_text())
         d = self.directory / info["dir"]
-        saved = torch.load(d / "coordinator.pt", weights_only=True)
+        saved = torch.load(d / "coordinator.pt", map_location="cpu", weights_only=True)
         return Checkpoint(int(saved["step"]), saved["state"], d)
 
     def restore(self) -> Checkpoint | None:

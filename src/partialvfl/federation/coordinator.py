@@ -130,7 +130,8 @@ class LocalFederation(Federation):
 
     ``batched`` (default): a round whose parties run the same program is answered as one batched computation where
     the program supports it (:class:`~partialvfl.federation.transport.LocalTransport`); ``False`` forces the
-    per-party path.
+    per-party path.  ``device``, ``precision`` and ``compile``: where and how every party computes (a list or tuple
+    of devices gives each party its own).
     """
 
     def __init__(
@@ -140,15 +141,25 @@ class LocalFederation(Federation):
         *,
         log: MessageLog | None = None,
         batched: bool = True,
+        device: Any = "cpu",
+        precision: str = "fp32",
+        compile: bool = False,  # noqa: A002 - torch's word
     ) -> None:
-        self.runtimes = [PartyRuntime(k, n) for k, n in enumerate(party_names)]
+        devices = list(device) if isinstance(device, list | tuple) else [device] * len(party_names)
+        if len(devices) != len(party_names):
+            raise ValueError(f"{len(devices)} devices for {len(party_names)} parties")
+        self.runtimes = [PartyRuntime(k, n, device=d, precision=precision, compile=compile)
+                         for k, (n, d) in enumerate(zip(party_names, devices))]
         super().__init__(LocalTransport(self.runtimes, active_party, log, batched=batched), party_names, active_party)
 
     @classmethod
-    def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None,
-                    batched: bool = True) -> LocalFederation:
-        """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport)."""
-        return cls(data.party_names, data.active_party, log=log, batched=batched)
+    def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None, batched: bool = True,
+                    device: Any = "cpu", precision: str = "fp32",
+                    compile: bool = False) -> LocalFederation:  # noqa: A002 - torch's word
+        """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport);
+        ``device``/``precision``/``compile``: where and how the parties compute."""
+        return cls(data.party_names, data.active_party, log=log, batched=batched, device=device, precision=precision,
+                   compile=compile)
 
     def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
         if data.n_parties != self.n_parties:

@@ -26,7 +26,6 @@ import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.alignment import write_key
-from partialvfl.federation.certs import init_dev_pki
 from partialvfl.federation.psu import write_alignment_key
 
 __all__ = ["LocalDeployment", "write_party_tables"]
@@ -142,6 +141,8 @@ class LocalDeployment:
         self._prepare()
 
     def _prepare(self) -> None:
+        from partialvfl.federation.certs import init_dev_pki  # cryptography: only where a deployment is made
+
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
         if self.alignment == "hmac":

@@ -206,7 +206,8 @@ class PartyServer:
         if cfg.alignment == "psu":
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
-                                    policy=cfg.policy, feature_shape=self.table.feature_shape)
+                                    policy=cfg.policy, feature_shape=self.table.feature_shape,
+                                    device=cfg.device, precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
         self.sessions = SessionGuard()

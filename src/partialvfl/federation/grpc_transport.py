@@ -34,6 +34,7 @@ from safetensors.torch import save as st_save
 
 from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
 from partialvfl.federation.transport import PartyUnavailable, Transport
+from partialvfl.utils.devices import host
 from partialvfl.utils.jsonable import json_default
 
 __all__ = [
@@ -78,7 +79,7 @@ def _frame(tensors: Mapping[str, torch.Tensor], header: dict[str, Any]) -> bytes
             raise TypeError(f"message tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
         if t.is_sparse:
             raise TypeError(f"message tensor {name!r} is sparse; send it dense")
-        clean[name] = t.detach().contiguous()
+        clean[name] = host(t).contiguous()  # the wire carries CPU tensors, whatever device a side computes on
     return st_save(clean, metadata={"partialvfl": json.dumps(header, default=json_default)})
 
 

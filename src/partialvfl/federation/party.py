@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from partialvfl.data.dataset import PartyView
@@ -39,6 +40,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy
 from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
 from partialvfl.federation.setup_shape import SetupShape
+from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
 
 __all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
            "register_program", "state_file"]
@@ -139,8 +141,19 @@ class PartyProgram:
     def party(self) -> int:
         return self.runtime.index
 
+    @property
+    def device(self) -> torch.device:
+        """Where this party computes (its own choice: ``device`` in its party.toml, or the simulation's)."""
+        return self.runtime.device
+
     def data(self, handle: str) -> PartyView:
         return self.runtime.data(handle)
+
+    def rows_features(self, handle: str, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Its own features (float32, on its device) of ``rows``, shared-order positions, in the data attached as
+        ``handle``: gathered from the table the party moved to its device once."""
+        pos = self.data(handle).position_of_rows(np.asarray(rows))
+        return self.runtime.table(handle)[torch.as_tensor(pos, device=self.device)]
 
     def handle(self, request: Request) -> Reply:
         fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
@@ -173,13 +186,21 @@ class PartyRuntime:
     ``dir`` of ``save``/``load``/``forget`` to a path (a server keeps states inside its own state directory).
     ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
     simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).
+    ``device`` and ``precision`` (``fp32`` or ``bf16`` autocast) are where and how its programs compute: requests'
+    floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`);
+    ``compile``: whether its programs run their hot steps through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
     """
 
     def __init__(self, index: int, name: str, *, builtins: Mapping[str, tuple[MessageSpec, Handler]] | None = None,
                  resolve_dir: Callable[[Any], str | Path] = Path, policy: PartyPolicy | None = None,
-                 feature_shape: tuple[int, ...] | None = None) -> None:
+                 feature_shape: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
+                 precision: str = "fp32", compile: bool = False) -> None:  # noqa: A002 - torch's word
         self.index = index
         self.name = name
+        self.device = resolve_device(device, what=f"party {index} ({name!r}) device")
+        self.precision = check_precision(precision, what=f"party {index} ({name!r}) precision")
+        self.compile = bool(compile)  # compiled hot steps (nn.compiled), where a program has them
+        self._tables: dict[str, torch.Tensor] = {}  # handle -> its (preprocessed) features on the device
         self.policy = policy if policy is not None else PartyPolicy.research()
         self.feature_shape = feature_shape
         self._data: dict[str, PartyView] = {}
@@ -201,10 +222,12 @@ class PartyRuntime:
             raise ValueError(f"party {self.index} ({self.name!r}) was handed the view of party {view.party}")
         self._data[handle] = view
         self._scaled.pop(handle, None)
+        self._tables.pop(handle, None)
 
     def release(self, handle: str) -> None:
         self._data.pop(handle, None)
         self._scaled.pop(handle, None)
+        self._tables.pop(handle, None)
 
     @property
     def handles(self) -> frozenset[str]:
@@ -231,9 +254,38 @@ class PartyRuntime:
             self._scaled[handle] = dataclasses.replace(view, features=feats)
         return self._scaled[handle]
 
+    def table(self, handle: str) -> torch.Tensor:
+        """The rows attached under ``handle``, preprocessed, as one float32 tensor on the party's device: moved
+        there once per dataset, not per step."""
+        if handle not in self._tables:
+            self._tables[handle] = table_tensor(self.data(handle).features, self.device)
+        return self._tables[handle]
+
     def _set_scaler(self, scaler: ColumnScaler | None) -> None:
         self.scaler = scaler
         self._scaled.clear()
+        self._tables.clear()
+
+    # ------------------------------------------------------------------ devices
+    def arrive(self, request: Request) -> Request:
+        """``request`` as the party's program gets it: floating-point tensors on its device, the rest on the CPU."""
+        return Request(request.kind, move_message(request.tensors, self.device), request.meta)
+
+    def depart(self, spec: MessageSpec, reply: Reply, device: torch.device | None = None) -> Reply:
+        """``reply`` on its way out: floating-point tensors to ``device`` (``None``: the CPU, the wire's), a bfloat16
+        tensor computed under bf16 autocast as float32 where the declaration does not admit bfloat16."""
+        tensors = dict(reply.tensors)
+        if self.precision == "bf16":
+            for name, t in tensors.items():
+                if t.dtype == torch.bfloat16:
+                    decl = next((d for d in spec.reply if d.match(name) is not None), None)
+                    if decl is None or "bfloat16" not in decl.dtype:
+                        tensors[name] = t.float()
+        return Reply(move_message(tensors, device or torch.device("cpu")), reply.meta)
+
+    def computing(self) -> contextlib.AbstractContextManager[None]:
+        """The context the party's programs compute in (bf16 autocast with ``precision='bf16'``)."""
+        return autocast(self.device, self.precision)
 
     # ------------------------------------------------------------------ dispatch
     def _declaration(self, kind: str) -> tuple[MessageSpec, Handler, str, dict[str, Any]]:
@@ -252,18 +304,23 @@ class PartyRuntime:
                                    f"{', '.join(sorted(program.messages))}")
         return spec, program.handle, where, program.config
 
-    def handle(self, request: Request, accepted: Callable[[], None] | None = None) -> Reply:
+    def handle(self, request: Request, accepted: Callable[[], None] | None = None,
+               reply_device: torch.device | None = None) -> Reply:
         """Check ``request`` against its kind's declaration, answer it, check the reply; the transports' one path.
 
         ``accepted`` is called once the request passed its checks, before the handler runs (a server records the
         message as served then).  Raises :class:`~partialvfl.federation.schema.MessageError` for a message that
         does not match (``UnknownKindError`` for an undeclared kind) and :class:`NotSetUp` before ``setup``.
+        The handler gets the request's floating-point tensors on the party's device; the reply's leave on
+        ``reply_device`` (the CPU, the wire's, unless an in-process transport asks for the coordinator's).
         """
         spec, fn, where, config = self._declaration(request.kind)
         self._check_request(request, spec, where, config)
         if accepted is not None:
             accepted()
-        reply = fn(request)
+        with self.computing():
+            reply = fn(self.arrive(request))
+        reply = self.depart(spec, reply, reply_device)
         check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
         return reply
 
@@ -346,7 +403,7 @@ class PartyRuntime:
         if not path.exists():
             raise StateFileError(f"{who}: no state file at {path}")
         try:
-            saved = torch.load(path, weights_only=True)
+            saved = torch.load(path, map_location="cpu", weights_only=True)  # saved on any device; moved on load
         except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
             raise StateFileError(f"{who}: {path} is not a readable partialvfl party state (corrupted, truncated or "
                                  f"foreign: {type(e).__name__})") from None

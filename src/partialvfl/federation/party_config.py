@@ -13,6 +13,7 @@ from typing import Any
 from partialvfl.federation.access_log import AccessLogConfig
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
 from partialvfl.federation.policy import PartyPolicy
+from partialvfl.utils.devices import check_precision, resolve_device
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
 __all__ = ["PARTY_KEYS", "TRAINING_TABLE", "PartyConfig", "PredictTable", "load_party_config"]
@@ -50,6 +51,8 @@ class PartyConfig:
     port_file: Path | None = None
     plugins: tuple[str, ...] = ()
     threads: int = 1
+    device: str = "cpu"  # where the party's programs compute (its own choice): cpu, cuda, cuda:N, mps, auto
+    precision: str = "fp32"  # or bf16 (autocast)
     extra: dict[str, Any] = field(default_factory=dict)
     policy: PartyPolicy = field(default_factory=PartyPolicy.default)
     predict_tables: tuple[PredictTable, ...] = ()
@@ -64,7 +67,7 @@ class PartyConfig:
 PARTY_KEYS: dict[str, tuple[str, ...]] = {
     "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
               "alignment_key_file", "allowed_peers",
-              "max_message_mb", "plugins", "threads", "max_concurrent_rpcs"),
+              "max_message_mb", "plugins", "threads", "max_concurrent_rpcs", "device", "precision"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
     "policy": PartyPolicy.keys(),
@@ -99,6 +102,13 @@ def _message_bytes(party: dict[str, Any], policy_table: dict[str, Any], policy: 
         raise ValueError(f"{p}: give the request size limit once, as [policy] max_request_mb")
     mb = float(party.get("max_message_mb", policy.max_request_mb))
     return int(mb * 2**20)
+
+
+def _device(party: dict[str, Any], p: Path) -> str:
+    """``[party] device`` (default ``cpu``), refused if this machine lacks it."""
+    device = str(party.get("device", "cpu"))
+    resolve_device(device, what=f"{p}: [party] device")
+    return device
 
 
 def _alignment(party: dict[str, Any], p: Path) -> str:
@@ -151,6 +161,8 @@ def load_party_config(path: str | Path) -> PartyConfig:
         port_file=rel(party["port_file"]) if "port_file" in party else None,
         plugins=tuple(party.get("plugins", [])),
         threads=int(party.get("threads", 1)),
+        device=_device(party, p),
+        precision=check_precision(str(party.get("precision", "fp32")), what=f"{p}: [party] precision"),
         extra=raw,
         policy=policy,
         predict_tables=_predict_tables(data, p, rel),

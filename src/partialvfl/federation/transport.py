@@ -12,6 +12,11 @@ Every transport admits requests the same way (:meth:`Transport.call_many`: a kno
 and round, stamped, logged, replies logged, failures recorded) and differs only in delivery
 (:meth:`Transport._deliveries`): in process party by party or as one batched computation, over gRPC concurrently.
 A check added to the admission path holds for all of them.
+
+Devices: a transport's ``device`` is the coordinator's (the method sets it when it fits or loads).  Replies arrive
+with their floating-point tensors there and their integer and boolean tensors on the CPU; over a network the wire
+carries CPU tensors both ways, in process a tensor goes straight to the receiver's device
+(:mod:`partialvfl.utils.devices`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDic
 from partialvfl.federation.party import PartyProgram
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageError
+from partialvfl.utils.devices import move_message
 
 __all__ = ["LocalTransport", "PartiesRefused", "PartyUnavailable", "Transport"]
 
@@ -61,6 +67,7 @@ class Transport(ABC):
         self.round = 0
         self.failures: list[tuple[int, int, str]] = []  # (step, party, reason)
         self._sent: set[tuple[int, str]] = set()  # (party, kind) already sent in this step and round
+        self.device = torch.device("cpu")  # the coordinator's: where replies' floating-point tensors arrive
 
     def new_step(self) -> int:
         """Start a new step (one mini-batch of training or prediction); rounds restart at 0."""
@@ -143,7 +150,7 @@ class Transport(ABC):
             step=self.step, round=self.round, sender=party, receiver=self.coordinator, kind=req.kind,
             direction="reply", tensors=reply.tensors,
         )
-        return reply
+        return Reply(move_message(reply.tensors, self.device), reply.meta)
 
     @staticmethod
     def _raise(errors: Mapping[int, Exception], gather: bool) -> None:
@@ -208,7 +215,8 @@ class LocalTransport(Transport):
     def _deliver(self, party: int, request: Request) -> Reply:
         if party in self.down:
             raise PartyUnavailable(party, "marked down")
-        reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)))
+        reply = self.runtimes[party].handle(Request(request.kind, _detached(request.tensors), dict(request.meta)),
+                                            reply_device=self.device)
         return Reply(_detached(reply.tensors), dict(reply.meta))
 
     def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
@@ -249,15 +257,19 @@ class LocalTransport(Transport):
         except (MessageError, PolicyViolation):
             return {}
         answers: dict[int, tuple[Request, Reply]] = {}
-        for cls, parties in groups.items():
-            replies = cls.handle_batch([(self.runtimes[p].program, stamped[p]) for p in parties])
+        for (cls, _, _), parties in groups.items():
+            runtimes = [self.runtimes[p] for p in parties]
+            with runtimes[0].computing():  # one device and precision per group
+                replies = cls.handle_batch([(rt.program, rt.arrive(stamped[p])) for rt, p in zip(runtimes, parties)])
             if replies is not None:
-                answers.update((p, (stamped[p], r)) for p, r in zip(parties, replies))
+                answers.update((p, (stamped[p], rt.depart(rt.program.messages[stamped[p].kind], r, self.device)))
+                               for rt, p, r in zip(runtimes, parties, replies))
         return answers
 
-    def _batch_groups(self, requests: Mapping[int, Request]) -> dict[type, list[int]]:
-        """Parties whose program can answer this round jointly, by program class (in party order)."""
-        groups: dict[type, list[int]] = {}
+    def _batch_groups(self, requests: Mapping[int, Request]) -> dict[tuple[type, Any, str], list[int]]:
+        """Parties whose program can answer this round jointly, by program class, device and precision (in party
+        order)."""
+        groups: dict[tuple[type, Any, str], list[int]] = {}
         for party, req in sorted(requests.items()):
             if party in self.down:
                 continue
@@ -266,5 +278,6 @@ class LocalTransport(Transport):
                 continue
             cls = type(program)
             if cls.handle_batch.__func__ is not PartyProgram.handle_batch.__func__:  # type: ignore[attr-defined]
-                groups.setdefault(cls, []).append(party)
+                rt = self.runtimes[party]
+                groups.setdefault((cls, rt.device, rt.precision), []).append(party)
         return groups

@@ -116,9 +116,12 @@ class VFLMethod(TypedParams, ABC):
         if cls.params is not None:
             cls.presets = cls.params.preset_names
 
-    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, **params: Any) -> None:
+    def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
+                 precision: str = "fp32", compile: bool = False, **params: Any) -> None:  # noqa: A002 - torch's word
         """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
         not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
+        from partialvfl.utils.devices import check_precision, resolve_device
+
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
         if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
@@ -126,6 +129,11 @@ class VFLMethod(TypedParams, ABC):
         self.preset = preset
         self.seed = int(seed)
         self.progress = progress
+        # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
+        self.device = device
+        self.device_ = resolve_device(device, what="device")
+        self.precision = check_precision(precision, what="precision")
+        self.compile = bool(compile)
         self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
 
@@ -217,6 +225,22 @@ class VFLMethod(TypedParams, ABC):
     def transport(self):  # noqa: ANN201 - Transport
         return self.federation_.transport
 
+    def _tensor(self, data: Any, dtype: Any = None) -> Any:
+        """``data`` (an array, e.g. row indices or labels) as a tensor on the coordinator's device."""
+        import torch
+
+        return torch.as_tensor(data, dtype=dtype, device=self.device_)
+
+    def _on_device(self, module: nn.Module) -> nn.Module:
+        """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
+        return module.to(self.device_)
+
+    def _computing(self) -> contextlib.AbstractContextManager[None]:
+        """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
+        from partialvfl.utils.devices import autocast
+
+        return autocast(self.device_, self.precision)
+
     def _recorder(self, on_epoch: EpochCallback | None) -> EpochCallback:
         """The loop's epoch report: a history row, a progress line (with ``progress``), then ``on_epoch``."""
 
@@ -237,8 +261,10 @@ class VFLMethod(TypedParams, ABC):
 
         ``checkpointer`` checkpoints every N steps and resumes from its last checkpoint; ``on_epoch(stage, epoch,
         metrics)`` is called after every epoch.
+        Without ``federation`` the parties run in this process on the model's ``device`` and ``precision``.
         """
-        fed = federation or LocalFederation.for_dataset(train, log=log)
+        fed = federation or LocalFederation.for_dataset(train, log=log, device=self.device_, precision=self.precision,
+                                                        compile=self.compile)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -260,6 +286,7 @@ class VFLMethod(TypedParams, ABC):
         if not view.labeled.any():
             raise ValueError(f"{self.name}: the training data has no labelled sample")
         self.federation_ = federation
+        federation.transport.device = self.device_  # replies arrive on the coordinator's device
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
         self.data_info_ = dict(data_info or {})
@@ -276,7 +303,8 @@ class VFLMethod(TypedParams, ABC):
             show_progress=progress_mode(self.progress)[0],
         )
         t0 = time.perf_counter()
-        self._fit(view, handle, loop)
+        with self._computing():
+            self._fit(view, handle, loop)
         loop.finish()
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
@@ -355,7 +383,7 @@ class VFLMethod(TypedParams, ABC):
         rows = np.flatnonzero(some)
         if rows.size:
             t0 = time.perf_counter()
-            out[rows] = self._predict(view, handle, rows)
+            out[rows] = self._predict(view, handle, rows)  # float32 here (heads, softmax); bf16 at the parties
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out
@@ -418,20 +446,30 @@ class VFLMethod(TypedParams, ABC):
 
     @classmethod
     def load(cls, directory: str | Path, *, federation: Federation | None = None,
-             log: MessageLog | None = None) -> VFLMethod:
+             log: MessageLog | None = None, device: Any = "cpu", precision: str = "fp32",
+             compile: bool = False) -> VFLMethod:  # noqa: A002 - torch's word
         """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states.
+
+        The model runs on ``device`` whatever device it was fitted on (states are read to the CPU, then moved);
+        without ``federation`` its parties run in this process on that device too.
 
         Raises :class:`~partialvfl.methods.model_files.ModelFileError` (one line naming the file) for a missing,
         corrupted, truncated or foreign file, and when a party's file belongs to another model.
         """
+        from partialvfl.utils.devices import check_precision, resolve_device
+
+        resolve_device(device, what="device")  # a bad device is the caller's error, not the file's
+        check_precision(precision, what="precision")
         d = Path(directory)
         meta = read_model_meta(d)
         klass = get_method(meta["method"]) if cls is VFLMethod or not cls.name else cls
         if klass.name != meta["method"]:
             raise ModelFileError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
-        obj = klass._from_meta(meta, d)
+        obj = klass._from_meta(meta, d, device=device, precision=precision, compile=compile)
         state = read_coordinator_state(d, meta)
-        fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log)
+        fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log,
+                                            device=obj.device_, precision=obj.precision, compile=obj.compile)
+        fed.transport.device = obj.device_
         obj.federation_ = fed
         fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)
         try:
@@ -446,11 +484,12 @@ class VFLMethod(TypedParams, ABC):
         return obj
 
     @classmethod
-    def _from_meta(cls, meta: dict[str, Any], d: Path) -> VFLMethod:
-        """The estimator ``model.json`` describes, before any state is loaded."""
+    def _from_meta(cls, meta: dict[str, Any], d: Path, **run: Any) -> VFLMethod:
+        """The estimator ``model.json`` describes, before any state is loaded (``run``: device, precision,
+        compile)."""
         space = cls.param_space()
         try:
-            obj = cls(meta["preset"], seed=meta["seed"], **space.renamed(meta["overrides"]))
+            obj = cls(meta["preset"], seed=meta["seed"], **run, **space.renamed(meta["overrides"]))
             obj.index_ = IndexInfo.from_dict(meta["index"])
             saved = space.renamed(meta["params"])
             # models saved before party standardisation existed were trained on features as they are

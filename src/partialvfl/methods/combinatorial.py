@@ -20,6 +20,7 @@ from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["Combinatorial", "subset_name"]
 
@@ -75,10 +76,11 @@ class Combinatorial(SplitNNMethod):
         if not used:
             return None
         embs = self._embed(handle, wanted, train=True)
-        y = torch.as_tensor(view.y[rows], dtype=torch.long)
-        loss = torch.zeros(())
+        y = self._tensor(view.y[rows], dtype=torch.long)
+        loss = torch.zeros((), device=self.device_)
         for s, mask in used:
-            loss = loss + F.cross_entropy(self.heads_[subset_name(s)](self._fused(s, embs)), y[mask])
+            loss = loss + F.cross_entropy(self.heads_[subset_name(s)](self._fused(s, embs)),
+                                          y[self._tensor(np.flatnonzero(mask))])
         self._step_heads(loss, embs)
         return loss.detach()
 
@@ -100,5 +102,5 @@ class Combinatorial(SplitNNMethod):
                 for g, pat in enumerate(patterns):
                     s = tuple(int(k) for k in np.flatnonzero(pat))
                     logits = self.heads_[subset_name(s)](self._fused(s, embs))
-                    out[chunk_pos[group == g]] = torch.softmax(logits, dim=1).numpy()
+                    out[chunk_pos[group == g]] = to_numpy(torch.softmax(logits, dim=1))
         return out

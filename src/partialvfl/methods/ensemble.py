@@ -22,6 +22,7 @@ from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["Ensemble", "majority_vote"]
 
@@ -48,11 +49,11 @@ class Ensemble(SplitNNMethod):
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor:
         obs = view.observed[rows]
-        y = torch.as_tensor(view.y[rows], dtype=torch.long)
+        y = self._tensor(view.y[rows], dtype=torch.long)
         embs = self._embed_observed(handle, rows, obs, train=True)
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=self.device_)
         for (k, _), e in embs.items():
-            loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[obs[:, k]])
+            loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[self._tensor(np.flatnonzero(obs[:, k]))])
         self._step_heads(loss, embs)
         return loss.detach()
 
@@ -65,7 +66,7 @@ class Ensemble(SplitNNMethod):
             embs = self._embed_observed(handle, chunk, obs, train=False)
             for (k, _), e in embs.items():
                 with torch.no_grad():
-                    pred = self.heads_[f"g{k}"](e).argmax(dim=1).numpy()
+                    pred = to_numpy(self.heads_[f"g{k}"](e).argmax(dim=1))
                 where = start + np.flatnonzero(obs[:, k])
                 np.add.at(votes, (where, pred), 1.0)
             start += len(chunk)

@@ -51,6 +51,7 @@ from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = [
     "LaserVFL",
@@ -122,12 +123,13 @@ def laser_estimate(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights
     k_idx, i_idx, n_idx = np.nonzero(weights > 0)  # in (head, size, sample) order
     if k_idx.size == 0:
         return emb.new_zeros(())
-    members = torch.as_tensor(sets, dtype=emb.dtype)  # (K, K, B, K): every task's subset, live or not
+    dev = emb.device
+    members = torch.as_tensor(sets, dtype=emb.dtype, device=dev)  # (K, K, B, K): every task's subset, live or not
     means = torch.einsum("kibj,bjd->kibd", members, emb) / members.sum(-1).clamp(min=1.0).unsqueeze(-1)
-    n_t = torch.as_tensor(n_idx)
-    agg = means[torch.as_tensor(k_idx), torch.as_tensor(i_idx), n_t]  # (L, d): the live tasks
+    n_t = torch.as_tensor(n_idx, device=dev)
+    agg = means[torch.as_tensor(k_idx, device=dev), torch.as_tensor(i_idx, device=dev), n_t]  # (L, d): live tasks
     ce = F.cross_entropy(_per_head(agg, k_idx, head), y[n_t], reduction="none")
-    return (ce * torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype)).sum() / max(b, 1)
+    return (ce * torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype, device=dev)).sum() / max(b, 1)
 
 
 def _shared_tasks_loss(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights: np.ndarray,
@@ -137,12 +139,12 @@ def _shared_tasks_loss(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, wei
     k_idx, i_idx = np.nonzero(weights > 0)
     if k_idx.size == 0:
         return emb.new_zeros(())
-    members = torch.as_tensor(sets[k_idx, i_idx], dtype=emb.dtype)  # (T, K)
+    members = torch.as_tensor(sets[k_idx, i_idx], dtype=emb.dtype, device=emb.device)  # (T, K)
     agg = torch.einsum("tj,bjd->tbd", members / members.sum(1, keepdim=True), emb)  # (T, B, d)
     rows = np.repeat(k_idx, b)  # the head of every (task, row)
     ce = F.cross_entropy(_per_head(agg.reshape(-1, agg.shape[-1]), rows, head), y.repeat(len(k_idx)),
                          reduction="none").view(len(k_idx), b)
-    return (ce.sum(1) * torch.as_tensor(weights[k_idx, i_idx], dtype=ce.dtype)).sum() / b
+    return (ce.sum(1) * torch.as_tensor(weights[k_idx, i_idx], dtype=ce.dtype, device=ce.device)).sum() / b
 
 
 def _per_head(agg: torch.Tensor, heads_of_rows: np.ndarray, head: Callable[[int], nn.Module]) -> torch.Tensor:
@@ -156,9 +158,9 @@ def _per_head(agg: torch.Tensor, heads_of_rows: np.ndarray, head: Callable[[int]
     parts, order = [], []
     for module, ks in modules.values():
         rows = np.flatnonzero(np.isin(heads_of_rows, ks))
-        parts.append(module(agg[torch.as_tensor(rows)]))
+        parts.append(module(agg[torch.as_tensor(rows, device=agg.device)]))
         order.append(rows)
-    return torch.cat(parts)[torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))]
+    return torch.cat(parts)[torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"), device=agg.device)]
 
 
 def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,
@@ -217,7 +219,7 @@ class LaserVFL(SplitNNMethod):
         embs = self._embed(handle, wanted, train=True)
         emb = self._stack(rows, obs, embs)
         sets, weights = sample_task_sets(obs, rng, shared=self.settings_.batching == "pattern")
-        y = torch.as_tensor(view.y[rows], dtype=torch.long)
+        y = self._tensor(view.y[rows], dtype=torch.long)
         loss = laser_estimate(emb, y, sets, weights, self._head)
         self._step_heads(loss, embs)
         return loss.detach()
@@ -233,9 +235,9 @@ class LaserVFL(SplitNNMethod):
             embs = self._embed_observed(handle, chunk, obs, train=False)
             emb = self._stack(chunk, obs, embs)
             with torch.no_grad():
-                agg = _mean_over(torch.as_tensor(obs), emb)
+                agg = _mean_over(self._tensor(obs), emb)
                 for h in range(n_heads):
-                    probs = torch.softmax(self._head(h)(agg), dim=1).numpy()
+                    probs = to_numpy(torch.softmax(self._head(h)(agg), dim=1))
                     if n_heads > 1:
                         probs = np.where(obs[:, h:h + 1], probs, np.nan)
                     out[start:start + len(chunk), h] = probs

@@ -19,6 +19,7 @@ from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["Local"]
 
@@ -46,7 +47,7 @@ class Local(SplitNNMethod):
                     rng: np.random.Generator) -> torch.Tensor:
         a = view.active_party
         embs = self._embed(handle, {a: {"f": rows}}, train=True)
-        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), torch.as_tensor(view.y[rows], dtype=torch.long))
+        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
 
@@ -67,5 +68,5 @@ class Local(SplitNNMethod):
             self.transport.new_step()
             embs = self._embed(handle, {a: {"f": rows[chunk]}}, train=False)
             with torch.no_grad():
-                out[chunk] = torch.softmax(self.heads_["g"](embs[(a, "f")]), dim=1).numpy()
+                out[chunk] = to_numpy(torch.softmax(self.heads_["g"](embs[(a, "f")]), dim=1))
         return out

@@ -125,7 +125,7 @@ def read_coordinator_state(directory: Path, meta: dict[str, Any]) -> dict[str, A
         raise ModelFileError(f"{path} does not match {directory / 'model.json'}: the file is corrupted, truncated or "
                              "from another model")
     try:
-        state = torch.load(io.BytesIO(blob), weights_only=True)
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)  # any device it was saved on
     except Exception as e:  # noqa: BLE001 - whatever torch says, the file is unusable
         raise ModelFileError(f"{path} is not a readable coordinator state (corrupted, truncated or foreign: "
                              f"{type(e).__name__})") from None

@@ -22,6 +22,7 @@ from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["PlugVFL", "plug_dropout"]
 
@@ -66,7 +67,7 @@ class PlugVFL(SplitNNMethod):
             return None
         embs = self._embed_observed(handle, rows, obs, train=True)
         logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
-        loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
+        loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
 
@@ -79,6 +80,6 @@ class PlugVFL(SplitNNMethod):
             embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
                 logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.settings_.fusion))
-            out[start:start + len(chunk)] = torch.softmax(logits, dim=1).numpy()
+            out[start:start + len(chunk)] = to_numpy(torch.softmax(logits, dim=1))
             start += len(chunk)
         return out

@@ -24,6 +24,7 @@ from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
+from partialvfl.utils.devices import to_numpy
 
 __all__ = ["VanillaVFL"]
 
@@ -49,7 +50,7 @@ class VanillaVFL(SplitNNMethod):
         obs = view.observed[rows]
         embs = self._embed(handle, {k: {"f": rows} for k in range(view.n_parties)}, train=True)
         logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
-        loss = F.cross_entropy(logits, torch.as_tensor(view.y[rows], dtype=torch.long))
+        loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
 
@@ -83,6 +84,6 @@ class VanillaVFL(SplitNNMethod):
             embs = self._embed_observed(handle, chunk, obs, train=False)
             with torch.no_grad():
                 logits = self.heads_["g"](fuse(self._stack(chunk, obs, embs), obs, how=self.settings_.fusion))
-            out[pos[start:start + len(chunk)]] = torch.softmax(logits, dim=1).numpy()
+            out[pos[start:start + len(chunk)]] = to_numpy(torch.softmax(logits, dim=1))
             start += len(chunk)
         return out

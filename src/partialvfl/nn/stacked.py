@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from partialvfl.nn.compiled import compiled
+
 __all__ = ["mlp_signature", "pad_rows", "stacked_mlp"]
 
 
@@ -39,22 +41,36 @@ def mlp_signature(module: nn.Module) -> tuple[tuple[str, int, int], ...] | None:
     return tuple(sig) if sig else None
 
 
-def stacked_mlp(modules: Sequence[nn.Sequential], x: torch.Tensor) -> torch.Tensor:
-    """``(K, N, in) -> (K, N, out)``: party k's rows through party k's MLP, all parties in one batched pass.
-
-    ``modules`` must share one :func:`mlp_signature`; ``x[k]`` are party k's inputs (padded rows are computed too
-    and must be ignored by the caller).
-    """
-    if x.dim() != 3 or x.shape[0] != len(modules):
-        raise ValueError(f"stacked_mlp needs inputs (K={len(modules)}, N, in), got shape {tuple(x.shape)}")
-    for i, layer in enumerate(modules[0]):
-        if isinstance(layer, nn.Linear):
-            weight = torch.stack([m[i].weight for m in modules])  # (K, out, in)
-            bias = torch.stack([m[i].bias for m in modules]).unsqueeze(1)  # (K, 1, out)
+def _stacked(params: list[torch.Tensor], x: torch.Tensor, layout: tuple[bool, ...], k: int) -> torch.Tensor:
+    """The pass of :func:`stacked_mlp` on plain tensors: per layer of ``layout`` (``True``: linear, ``False``: ReLU)
+    the K weights, then the K biases, of each linear layer in ``params``."""
+    i = 0
+    for linear in layout:
+        if linear:
+            weight = torch.stack(params[i:i + k])  # (K, out, in)
+            bias = torch.stack(params[i + k:i + 2 * k]).unsqueeze(1)  # (K, 1, out)
             x = torch.baddbmm(bias, x, weight.transpose(1, 2))
+            i += 2 * k
         else:
             x = torch.relu(x)
     return x
+
+
+_COMPILED = compiled(_stacked, True, "the stacked party MLPs")
+
+
+def stacked_mlp(modules: Sequence[nn.Sequential], x: torch.Tensor, *, compile: bool = False) -> torch.Tensor:  # noqa: A002
+    """``(K, N, in) -> (K, N, out)``: party k's rows through party k's MLP, all parties in one batched pass.
+
+    ``modules`` must share one :func:`mlp_signature`; ``x[k]`` are party k's inputs (padded rows are computed too
+    and must be ignored by the caller).  ``compile``: through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
+    """
+    if x.dim() != 3 or x.shape[0] != len(modules):
+        raise ValueError(f"stacked_mlp needs inputs (K={len(modules)}, N, in), got shape {tuple(x.shape)}")
+    layout = tuple(isinstance(layer, nn.Linear) for layer in modules[0])
+    params = [p for i, linear in enumerate(layout) if linear
+              for p in [m[i].weight for m in modules] + [m[i].bias for m in modules]]
+    return (_COMPILED if compile else _stacked)(params, x, layout, len(modules))
 
 
 def pad_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["bernoulli_log_prob", "feature_gaussian_log_density", "gaussian_log_prob", "log_mean_exp",
+__all__ = ["bernoulli_log_prob", "feature_gaussian_log_density", "float32", "gaussian_log_prob", "log_mean_exp",
            "normalized_weights", "standard_normal_log_prob"]
 
 LOG_2PI = math.log(2 * math.pi)
@@ -23,8 +25,20 @@ def normalized_weights(log_w: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return torch.softmax(log_w, dim=dim)
 
 
+@contextlib.contextmanager
+def float32(t: torch.Tensor) -> Iterator[None]:
+    """Compute in float32 even under bf16 autocast (the log-densities: a bfloat16 sum of squares keeps 3 digits)."""
+    kind = t.device.type
+    if kind != "meta" and torch.is_autocast_enabled(kind):
+        with torch.autocast(device_type=kind, enabled=False):
+            yield
+    else:
+        yield
+
+
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """Elementwise log N(x; mean, exp(logvar)) (sum over the last axis yourself)."""
+    """Elementwise log N(x; mean, exp(logvar)) (sum over the last axis yourself), in float32 at least."""
+    x, mean, logvar = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for t in (x, mean, logvar))
     return -0.5 * (LOG_2PI + logvar + (x - mean) ** 2 * torch.exp(-logvar))
 
 
@@ -71,12 +85,15 @@ def feature_gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: to
     anything else (image-shaped features, a differentiable ``x``) is ``gaussian_log_prob(...).sum(-1)`` with the
     usual broadcasting, which is the same value.
     """
-    if not x.requires_grad and mean.dim() == 3 and x.shape == mean.shape[1:] and logvar.shape == mean.shape[-1:]:
-        return _FeatureGaussian.apply(x.unsqueeze(0), mean.unsqueeze(0), logvar.unsqueeze(0)).squeeze(0)
-    if (not x.requires_grad and mean.dim() == 4 and x.shape == (mean.shape[0], *mean.shape[2:])
-            and logvar.shape == (mean.shape[0], mean.shape[-1])):
-        return _FeatureGaussian.apply(x, mean, logvar)
-    return gaussian_log_prob(x, mean, logvar).sum(-1)
+    with float32(mean):  # bf16 autocast: the decoder ran in bfloat16, its likelihood runs in float32
+        x, mean, logvar = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for t in (x, mean, logvar))
+        if (not x.requires_grad and mean.dim() == 3 and x.shape == mean.shape[1:]
+                and logvar.shape == mean.shape[-1:]):
+            return _FeatureGaussian.apply(x.unsqueeze(0), mean.unsqueeze(0), logvar.unsqueeze(0)).squeeze(0)
+        if (not x.requires_grad and mean.dim() == 4 and x.shape == (mean.shape[0], *mean.shape[2:])
+                and logvar.shape == (mean.shape[0], mean.shape[-1])):
+            return _FeatureGaussian.apply(x, mean, logvar)
+        return gaussian_log_prob(x, mean, logvar).sum(-1)
 
 
 def standard_normal_log_prob(x: torch.Tensor) -> torch.Tensor:

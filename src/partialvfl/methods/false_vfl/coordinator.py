@@ -38,6 +38,7 @@ from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
+from partialvfl.utils.devices import scalar, to_numpy
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
 from partialvfl.utils.threads import mlp_flops
 
@@ -82,9 +83,9 @@ class _FalseVFL(VFLMethod):
         p = self.settings_
         out = self.index_.task.n_classes if self.index_.task.is_classification else 2
         with torch_seeded(self.seed, "false-vfl", "coordinator"):
-            self.global_encoder_ = MLP(p.d_h, p.global_hidden, 2 * p.d_z)
-            self.global_decoder_ = MLP(p.d_z, p.global_hidden, 2 * p.d_h)
-            self.discriminator_ = MLP(p.d_h, p.discriminator_hidden, out)
+            self.global_encoder_ = self._on_device(MLP(p.d_h, p.global_hidden, 2 * p.d_z))
+            self.global_decoder_ = self._on_device(MLP(p.d_z, p.global_hidden, 2 * p.d_h))
+            self.discriminator_ = self._on_device(MLP(p.d_h, p.discriminator_hidden, out))
         if not hasattr(self, "y_mean_"):
             self.y_mean_, self.y_std_ = 0.0, 1.0
 
@@ -100,7 +101,8 @@ class _FalseVFL(VFLMethod):
 
     # ------------------------------------------------------------------ one batch
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randn(shape, generator=gen)
+        """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the coordinator's device."""
+        return torch.randn(shape, generator=gen).to(self.device_)
 
     def _forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
                  noise_seed: int, new_step: bool = True, next_rows: np.ndarray | None = None) -> Pass:
@@ -124,15 +126,14 @@ class _FalseVFL(VFLMethod):
         """
         st = self._forward(view, handle, rows, self.settings_.importance_samples, train=True,
                            noise_seed=noise_seed, new_step=False)
-        keep = torch.as_tensor(st.keep)
-        n_keep = int(keep.sum())
+        n_keep = int(st.keep.sum())
         if n_keep == 0:
             return 0.0, 0
-        bound = log_mean_exp(st.log_w, dim=0)[keep]
+        bound = log_mean_exp(st.log_w, dim=0)[self._tensor(np.flatnonzero(st.keep))]
         optimizer.zero_grad(set_to_none=True)
         self._prefetch = backward_rounds(self, view, st, -bound.mean(), handle, next_rows)
         optimizer.step()
-        return float(bound.detach().sum()), n_keep
+        return scalar(bound.detach().sum()), n_keep
 
     def _label_log_probs(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """log p(y|h) for samples ``h`` (S, B, d_h) and labels ``y`` (B,) (regression: standardised targets)."""
@@ -210,18 +211,19 @@ class _FalseVFL(VFLMethod):
             with torch.no_grad():
                 st = self._forward(view, handle, rows, p.importance_samples, train=False, noise_seed=noise_seed,
                                    new_step=False, next_rows=following)
-            keep = torch.as_tensor(st.keep)
-            if not keep.any():
+            if not st.keep.any():
                 return None
-            log_py = self._label_log_probs(st.h, y_all[torch.as_tensor(rows)])
+            keep = self._tensor(np.flatnonzero(st.keep))
+            log_py = self._label_log_probs(st.h, y_all[self._tensor(rows)])
             bound_y = log_mean_exp(log_py + st.log_w, dim=0)[keep]
             bound_x = log_mean_exp(st.log_w, dim=0)[keep]
             loss = -bound_y.mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            n = int(keep.sum())
-            return {"bound": (float(bound_y.detach().sum()), n), "loss": (float((bound_x - bound_y).detach().sum()), n)}
+            n = int(st.keep.sum())
+            return {"bound": (scalar(bound_y.detach().sum()), n),
+                    "loss": (scalar((bound_x - bound_y).detach().sum()), n)}
 
         return Stage("train", p.epochs,
                      self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
@@ -232,9 +234,9 @@ class _FalseVFL(VFLMethod):
 
     def _target_tensor(self, view: CoordinatorView) -> torch.Tensor:
         if self.index_.task.is_classification:
-            return torch.as_tensor(np.where(view.labeled, view.y, 0).astype(np.int64))
+            return self._tensor(np.where(view.labeled, view.y, 0).astype(np.int64))
         y = np.where(view.labeled, view.y, self.y_mean_).astype(np.float64)
-        return torch.as_tensor((y - self.y_mean_) / self.y_std_, dtype=torch.float32)
+        return self._tensor((y - self.y_mean_) / self.y_std_, dtype=torch.float32)
 
     # ------------------------------------------------------------------ prediction
     def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray
@@ -259,12 +261,12 @@ class _FalseVFL(VFLMethod):
         for st, disc in self._predictive_batches(view, handle, rows):
             keep = st.keep
             if classification:
-                probs = predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1)).exp().double().numpy()
+                probs = to_numpy(predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1)).exp().double())
                 probs /= probs.sum(axis=1, keepdims=True)
                 probs[~keep] = self.label_prior_
             else:
                 w = snis_weights(st.log_w)
-                probs = ((w * disc[..., 0]).sum(0).double().numpy() * self.y_std_ + self.y_mean_)
+                probs = (to_numpy((w * disc[..., 0]).sum(0).double()) * self.y_std_ + self.y_mean_)
                 probs[~keep] = self.label_prior_[0]
             out.append(probs)
         return np.concatenate(out, axis=0)
@@ -281,7 +283,7 @@ class _FalseVFL(VFLMethod):
             parts = []
             for st, _ in self._predictive_batches(view, handle, rows):
                 w = snis_weights(st.log_w).double()  # (L, B), columns sum to 1
-                part = (1.0 / (w * w).sum(0)).numpy()
+                part = to_numpy(1.0 / (w * w).sum(0))
                 part[~st.keep] = np.nan
                 parts.append(part)
         ess = np.full(view.n_samples, np.nan)

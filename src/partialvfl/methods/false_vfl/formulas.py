@@ -27,7 +27,8 @@ __all__ = ["fuse_posteriors", "gaussian_log_density", "latent_log_weights", "lat
 
 
 def fuse_posteriors(
-    mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision"
+    mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision", *,
+    any_unobserved: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
 
     """Fuse K local Gaussian posteriors over ``h`` into ``q(h | x_obs)``.
@@ -36,13 +37,14 @@ def fuse_posteriors(
     ``mean-precision`` is eq. 1 of the paper: mean = average of the observed means, precision = sum of the observed
     precisions (an absent party counts as infinite variance, Appendix B).  ``poe`` is the product of experts: the
     same precision, mean weighted by precision.  A sample with no observed party gets N(0, I) (callers skip it).
-    Returns ``(mean, logvar)`` of shape ``(B, d)``.
+    Returns ``(mean, logvar)`` of shape ``(B, d)``.  ``any_unobserved``: whether some sample has no observed party,
+    if the caller knows (it saves reading a device tensor back); ``None``: looked up.
     """
     if rule not in FUSION_RULES:
         raise ValueError(f"unknown fusion rule {rule!r}; choose one of {', '.join(FUSION_RULES)}")
     observed = observed.to(torch.bool)
     none = ~observed.any(0)
-    if none.any():
+    if any_unobserved if any_unobserved is not None else bool(none.any()):
         observed = observed.clone()
         observed[0, none] = True
         mu = torch.where(none[None, :, None], torch.zeros_like(mu), mu)

@@ -124,7 +124,7 @@ class FalseVFLParty(PartyProgram):
             raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
-            self.net = _PartyModules(config)
+            self.net = _PartyModules(config).to(self.device)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
@@ -134,7 +134,8 @@ class FalseVFLParty(PartyProgram):
 
     # -------------------------------------------------------------- helpers
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randn(shape, generator=gen)
+        """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
+        return torch.randn(shape, generator=gen).to(self.device)
 
     def decoder_logvar(self) -> torch.Tensor:
         lo, hi = self.decoder_logvar_range
@@ -148,8 +149,7 @@ class FalseVFLParty(PartyProgram):
 
     def features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
         """Its own features of ``rows`` (shared-order positions) in the dataset attached as ``handle``."""
-        view = self.data(handle)
-        return torch.as_tensor(view.features[view.position_of_rows(rows.numpy())])
+        return self.rows_features(handle, rows)
 
     def to_wire(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.wire_dtype)

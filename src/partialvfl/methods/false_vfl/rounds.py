@@ -31,12 +31,16 @@ from partialvfl.methods.false_vfl.formulas import (
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
+from partialvfl.nn.compiled import compiled
 from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
 
 __all__ = ["Pass", "Prefetch", "backward_rounds", "forward_rounds"]
+
+#: the coordinator's share of a step, compiled with ``compile=True`` (:mod:`partialvfl.nn.compiled`)
+_LATENT = compiled(latent_log_weights, True, "FALSE-VFL's latent log-weights")
 
 
 @dataclass
@@ -87,8 +91,8 @@ def _straight_through(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t + (t.detach().to(dtype).float() - t.detach())
 
 
-def _cat_index(parts: list[np.ndarray]) -> torch.Tensor:
-    return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+def _cat_index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64), device=device)
 
 
 def encode_round(method: Any, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool,
@@ -112,15 +116,15 @@ def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Te
     for k in parties:
         mu, lv = answers[k][0].float(), answers[k][1].float()
         st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
-    flat = _cat_index([k * b + st.held[k] for k in parties])
+    flat = _cat_index([k * b + st.held[k] for k in parties], method.device_)
     stacked = []
     for parts in (st.mu, st.logvar):
-        full = torch.zeros(n_parties * b, d_h)
+        full = torch.zeros(n_parties * b, d_h, device=method.device_)
         if parties:
             full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
         stacked.append(full.view(n_parties, b, d_h))
-    st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], torch.as_tensor(st.avail.T),
-                                             method.settings_.fusion)
+    st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], method._tensor(st.avail.T),
+                                             method.settings_.fusion, any_unobserved=not st.keep.all())
     if train:
         st.mean_leaf = st.mean_h.detach().requires_grad_()
         st.logvar_leaf = st.logvar_h.detach().requires_grad_()
@@ -188,7 +192,7 @@ def _decode_requests(method: Any, st: Pass, answers: dict, train: bool, noise_se
         return requests
     pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
               for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
-    index = _cat_index([idx for _, _, idx in pieces])
+    index = _cat_index([idx for _, _, idx in pieces], method.device_)
     mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
     scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
     meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows), "samples": int(st.eps.shape[0])}
@@ -236,11 +240,12 @@ def _log_weights(method: Any, st: Pass, replies: dict, train: bool, eps_z: torch
             held, lacks = st.sent[k]
             idx += ([st.held[k]] if held else []) + ([st.missing[k]] if lacks and name == "mask_loglik" else [])
             vals.append(t)
-        total = torch.zeros(n_samples, b)
-        sums.append(total.index_add(1, _cat_index(idx), torch.cat(vals, dim=1)) if vals else total)
+        total = torch.zeros(n_samples, b, device=method.device_)
+        sums.append(total.index_add(1, _cat_index(idx, method.device_), torch.cat(vals, dim=1)) if vals else total)
     st.decoded = set(replies)
-    latent = latent_log_weights(st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_,
-                                eps_z, method.settings_.encoder_logvar_range)
+    latent = (_LATENT if method.compile else latent_log_weights)(
+        st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_, eps_z,
+        tuple(method.settings_.encoder_logvar_range))
     return sums[0] + sums[1] + latent
 
 
@@ -301,10 +306,10 @@ def _latent_gradients(method: Any, st: Pass, replies: dict) -> tuple[torch.Tenso
             else:
                 continue
             idx.append(rows)
-    index = _cat_index(idx)
+    index = _cat_index(idx, method.device_)
     out = []
     for parts in (means, scales):
-        total = torch.zeros(b, d_h)
+        total = torch.zeros(b, d_h, device=method.device_)
         out.append(total.index_add_(0, index, torch.cat(parts)) if parts else total)
     return out[0], out[1]
 

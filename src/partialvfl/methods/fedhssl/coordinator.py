@@ -48,6 +48,7 @@ from partialvfl.methods.fedhssl.spec import FEDHSSL_PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.devices import scalar, to_numpy
 from partialvfl.utils.seeding import numpy_rng, torch_seeded
 
 __all__ = ["FedHSSL"]
@@ -81,7 +82,8 @@ class FedHSSL(VFLMethod):
 
     def _build_head(self) -> nn.Module:
         with torch_seeded(self.seed, "fedhssl", "classifier"):
-            return MLP(self.index_.n_parties * self.rep_dim, self.settings_.head_hidden, self.index_.task.n_classes)
+            return self._on_device(MLP(self.index_.n_parties * self.rep_dim, self.settings_.head_hidden,
+                                       self.index_.task.n_classes))
 
     # ------------------------------------------------------------------ training
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
@@ -106,7 +108,7 @@ class FedHSSL(VFLMethod):
         """Split learning of the pooled party representations and the classifier on aligned labelled samples."""
         opt = make_optimizer(self.head_.parameters(), **self.settings_.optim._asdict())
         bs = self.settings_.batch_size
-        y_all = torch.as_tensor(np.asarray(view.y), dtype=torch.long)
+        y_all = self._tensor(np.asarray(view.y), dtype=torch.long)
         K = view.n_parties
 
         def batches(epoch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
@@ -119,13 +121,13 @@ class FedHSSL(VFLMethod):
             replies = self.transport.broadcast(range(K), "embed", {"rows": torch.as_tensor(batch)}, data=handle,
                                                train=True)
             embs = [replies[k].tensors["emb"].requires_grad_() for k in range(K)]
-            loss = F.cross_entropy(self.head_(torch.cat(embs, dim=1)), y_all[torch.as_tensor(batch)])
+            loss = F.cross_entropy(self.head_(torch.cat(embs, dim=1)), y_all[self._tensor(batch)])
             opt.zero_grad()
             loss.backward()
             opt.step()
             self.transport.new_round()
             self.transport.call_many({k: Request("grad_embedding", {"grad": embs[k].grad}) for k in range(K)})
-            return {"loss": (float(loss.detach()) * len(batch), len(batch))}
+            return {"loss": (scalar(loss) * len(batch), len(batch))}
 
         return Stage("finetune", self.settings_.epochs, batches, step, rng,
                      state=lambda: {"optimizer": opt.state_dict()},
@@ -214,11 +216,12 @@ class FedHSSL(VFLMethod):
             replies = self.transport.call_many(reqs)
             cols = []
             for k in range(K):
-                col = (zero[k] if k in zero else torch.zeros(self.rep_dim)).expand(len(chunk), -1).clone()
+                col = (zero[k] if k in zero else torch.zeros(self.rep_dim, device=self.device_)
+                       ).expand(len(chunk), -1).clone()
                 if k in replies:
-                    col[torch.as_tensor(np.flatnonzero(obs[:, k]))] = replies[k].tensors["emb"]
+                    col[self._tensor(np.flatnonzero(obs[:, k]))] = replies[k].tensors["emb"]
                 cols.append(col)
-            out[start:start + len(chunk)] = torch.softmax(self.head_(torch.cat(cols, dim=1)), dim=-1).double().numpy()
+            out[start:start + len(chunk)] = to_numpy(torch.softmax(self.head_(torch.cat(cols, dim=1)), dim=-1).double())
         return out
 
     # ------------------------------------------------------------------ persistence

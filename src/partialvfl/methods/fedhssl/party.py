@@ -18,6 +18,7 @@ from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.devices import scalar, to_numpy
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
 __all__ = ["FedHSSLParty"]
@@ -88,7 +89,7 @@ class FedHSSLParty(PartyProgram):
             cross_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
             local_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
         self.net = nn.ModuleDict({"cross": cross, "bottom": bottom, "top": top, "cross_head": cross_head,
-                                  "local_head": local_head})
+                                  "local_head": local_head}).to(self.device)
         pt = config["pretrain_optimizer"]
         self.cross_opt = make_optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt["name"],
                                     float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]))
@@ -106,9 +107,7 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ helpers
     def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
-        view = self.data(handle)
-        pos = view.position_of_rows(rows.numpy())
-        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+        return self.rows_features(handle, rows)
 
     def represent(self, x: torch.Tensor) -> torch.Tensor:
         """r_k(x): the pooled cross-party and local representations (the fine-tuned party model)."""
@@ -145,20 +144,19 @@ class FedHSSLParty(PartyProgram):
         self.cross_opt.zero_grad()
         loss.backward()
         self.cross_opt.step()
-        return Reply(meta={"loss": float(loss.detach())})
+        return Reply(meta={"loss": scalar(loss)})
 
     # ------------------------------------------------------------------ guided local SimSiam
     def on_local_ssl(self, req: Request) -> Reply:
         """One epoch of cross-party-guided local SimSiam over all the party's rows (nothing crosses but the loss)."""
-        view = self.data(req.meta["data"])
         bs = max(2, int(req.meta["batch_size"]))
         wl, wg = float(req.meta["local_weight"]), float(req.meta["guidance_weight"])
         cfg = SimSiamConfig.from_dict(dict(req.meta["augment"]))
-        x_all = torch.tensor(np.asarray(view.features), dtype=torch.float32)
+        x_all = self.runtime.table(req.meta["data"])  # on the party's device, moved there once
         n = x_all.shape[0]
         if n < 2:
             return Reply(meta={"loss": None})
-        augment = make_augmenter(self.feature_shape, x_all.numpy(), cfg)
+        augment = make_augmenter(self.feature_shape, to_numpy(x_all), cfg)
         self.net.train()
         perm = torch.randperm(n, generator=self._gen)
         total, count = 0.0, 0
@@ -166,7 +164,8 @@ class FedHSSLParty(PartyProgram):
             idx = perm[start:start + bs]
             if len(idx) < 2:
                 continue
-            x1, x2 = augment(x_all[idx], self._gen), augment(x_all[idx], self._gen)
+            x = x_all[idx.to(self.device)]
+            x1, x2 = augment(x, self._gen), augment(x, self._gen)
             z1, p1 = self.net["local_head"](self.net["top"](self.net["bottom"](x1)))
             z2, p2 = self.net["local_head"](self.net["top"](self.net["bottom"](x2)))
             loss = wl * 2 * simsiam_loss(p1, z1, p2, z2)  # = wl * (negcos(p1, z2) + negcos(p2, z1))
@@ -178,7 +177,7 @@ class FedHSSLParty(PartyProgram):
             self.local_opt.zero_grad()
             loss.backward()
             self.local_opt.step()
-            total += float(loss.detach()) * len(idx)
+            total += scalar(loss) * len(idx)
             count += len(idx)
         return Reply(meta={"loss": total / max(count, 1)})
 
@@ -218,7 +217,7 @@ class FedHSSLParty(PartyProgram):
         """r_k of an all-zero block (zero-imputation of this party's features)."""
         self.net.eval()
         with torch.no_grad():
-            r = self.represent(torch.zeros(1, int(np.prod(self.feature_shape))))
+            r = self.represent(torch.zeros(1, int(np.prod(self.feature_shape)), device=self.device))
         return Reply({"emb": r[0]})
 
     # ------------------------------------------------------------------ persistence

@@ -76,7 +76,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
         for model in models:
             model.train(train)
         with torch.set_grad_enabled(train):
-            out = stacked_mlp(models, pad_rows([x for _, _, x in group_units]))
+            out = stacked_mlp(models, pad_rows([x for _, _, x in group_units]), compile=members[0].runtime.compile)
         group = _Group(out, set(range(len(group_units)))) if train else None
         for slot, (member, (i, name, x)) in enumerate(zip(members, group_units)):
             h = out[slot, :len(x)]

@@ -37,6 +37,7 @@ from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.devices import scalar
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
 from partialvfl.utils.threads import mlp_flops
 
@@ -110,7 +111,7 @@ class SplitNNMethod(VFLMethod):
 
     def _init_heads(self) -> None:
         with torch_seeded(self.seed, "heads", self.name):
-            self.heads_ = self._build_heads()
+            self.heads_ = self._on_device(self._build_heads())
 
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
         if not view.task.is_classification:
@@ -138,7 +139,7 @@ class SplitNNMethod(VFLMethod):
         def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics | None:
             self.heads_.train()
             loss = self._train_step(view, handle, batch, rng)
-            return None if loss is None else {"loss": (float(loss) * len(batch), len(batch))}
+            return None if loss is None else {"loss": (scalar(loss) * len(batch), len(batch))}
 
         opt = self.head_optimizer_
         return Stage("train", epochs, lambda epoch, rng: self._batches(view, rows, rng), step,
@@ -235,9 +236,9 @@ class SplitNNMethod(VFLMethod):
         n_parties, b = self.index_.n_parties, len(batch_rows)
         d = self.settings_.latent_dim
         sent = [(k, e) for k in range(n_parties) if (e := embs.get((k, model))) is not None]
-        out = torch.zeros(b * n_parties, d)
+        out = torch.zeros(b * n_parties, d, device=self.device_)
         if sent:
-            flat = torch.as_tensor(np.concatenate([np.flatnonzero(observed[:, k]) * n_parties + k for k, _ in sent]))
+            flat = self._tensor(np.concatenate([np.flatnonzero(observed[:, k]) * n_parties + k for k, _ in sent]))
             out = out.index_copy(0, flat, torch.cat([e for _, e in sent]))
         return out.view(b, n_parties, d)
 
@@ -275,7 +276,7 @@ def fuse(emb: torch.Tensor, present: np.ndarray, parties: list[int] | None = Non
     if how == "concat":
         return part.reshape(part.shape[0], -1)
     if how == "mean":
-        m = torch.as_tensor(np.asarray(present)[:, sel], dtype=emb.dtype)
+        m = torch.as_tensor(np.asarray(present)[:, sel], dtype=emb.dtype, device=emb.device)
         return (m[..., None] * part).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)[:, None]
     raise ValueError(f"fusion must be 'concat' or 'mean', got {how!r}")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -64,7 +63,7 @@ class SplitParty(PartyProgram):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         opt = config["optimizer"]
         for name in config["models"]:
-            self.models[name] = model = build_party_model(config, seed, runtime.index, name)
+            self.models[name] = model = build_party_model(config, seed, runtime.index, name).to(self.device)
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
@@ -73,9 +72,7 @@ class SplitParty(PartyProgram):
         self._simsiam_saved: dict[str, Any] | None = None
 
     def _features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
-        view = self.data(handle)
-        pos = view.position_of_rows(rows.numpy())
-        return torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
+        return self.rows_features(handle, rows)
 
     def _model(self, name: str) -> nn.Module:
         try:
@@ -90,7 +87,7 @@ class SplitParty(PartyProgram):
         model = self._model(name)
         model.train(train)
         with torch.set_grad_enabled(train):
-            h = model(x) if len(x) else torch.zeros(0, self.latent_dim)
+            h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
         if train:
             self._pending[name] = h
         return h
@@ -151,8 +148,9 @@ class SplitParty(PartyProgram):
         if int(req.meta["epoch"]) == 0 or not self._simsiam:
             cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
             self._simsiam = {
-                name: SimSiamTrainer(self._model(name), view.features, self.feature_shape, cfg,
-                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim)
+                name: SimSiamTrainer(self._model(name), self.runtime.table(req.meta["data"]), self.feature_shape, cfg,
+                                     torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim,
+                                     device=self.device)
                 for name in names}
             if self._simsiam_saved is not None:  # resumed between two epochs: continue exactly where it stopped
                 for name, st in self._simsiam_saved.items():

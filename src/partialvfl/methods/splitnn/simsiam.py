@@ -35,6 +35,7 @@ from torch import nn
 
 from partialvfl.nn.blocks import MLP, image_shape
 from partialvfl.nn.optim import make_optimizer
+from partialvfl.utils.devices import scalar, to_numpy
 
 __all__ = [
     "Augmenter",
@@ -112,11 +113,11 @@ def tabular_augmenter(data: np.ndarray | torch.Tensor, corruption: float = 0.3, 
 
     def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         x = x.reshape(x.shape[0], -1)
-        replace = torch.rand(x.shape, generator=g) < corruption
+        replace = torch.rand(x.shape, generator=g) < corruption  # drawn on the CPU: the same on every device
         donors = torch.randint(0, n, x.shape, generator=g)
-        out = torch.where(replace, table[donors, cols.expand_as(donors)], x)
+        out = torch.where(replace.to(x.device), table[donors, cols.expand_as(donors)].to(x.device), x)
         if noise > 0:
-            out = out + noise * torch.randn(out.shape, generator=g)
+            out = out + noise * torch.randn(out.shape, generator=g).to(x.device)
         return out
 
     return augment
@@ -128,21 +129,22 @@ def image_augmenter(feature_shape: Sequence[int], crop_pad: int = 2, flip: bool 
     c, h, w = image_shape(feature_shape)
 
     def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        b = x.shape[0]
+        b, dev = x.shape[0], x.device  # random draws on the CPU (the same on every device), applied on x's device
         img = x.reshape(b, c, h, w)
         if crop_pad > 0:
             padded = F.pad(img, (crop_pad, crop_pad, crop_pad, crop_pad))
             dy = torch.randint(0, 2 * crop_pad + 1, (b,), generator=g)
             dx = torch.randint(0, 2 * crop_pad + 1, (b,), generator=g)
-            rows = (dy[:, None] + torch.arange(h)[None, :])  # (b, h)
-            cols = (dx[:, None] + torch.arange(w)[None, :])  # (b, w)
-            img = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None],
-                         rows[:, None, :, None], cols[:, None, None, :]]
+            rows = (dy[:, None] + torch.arange(h)[None, :]).to(dev)  # (b, h)
+            cols = (dx[:, None] + torch.arange(w)[None, :]).to(dev)  # (b, w)
+            img = padded[torch.arange(b, device=dev)[:, None, None, None],
+                         torch.arange(c, device=dev)[None, :, None, None], rows[:, None, :, None],
+                         cols[:, None, None, :]]
         if flip:
-            do = torch.rand(b, generator=g) < 0.5
+            do = (torch.rand(b, generator=g) < 0.5).to(dev)
             img = torch.where(do[:, None, None, None], img.flip(-1), img)
         if noise > 0:
-            img = img + noise * torch.randn(img.shape, generator=g)
+            img = img + noise * torch.randn(img.shape, generator=g).to(dev)
         return img.reshape(b, -1)
 
     return augment
@@ -164,19 +166,23 @@ class SimSiamTrainer:
     checkpointed between epochs resumes exactly (the coordinator drives the epochs through the training loop).
     """
 
-    def __init__(self, encoder: nn.Module, data: np.ndarray, feature_shape: Sequence[int], config: SimSiamConfig,
-                 generator: torch.Generator, *, out_dim: int | None = None) -> None:
+    def __init__(self, encoder: nn.Module, data: np.ndarray | torch.Tensor, feature_shape: Sequence[int],
+                 config: SimSiamConfig, generator: torch.Generator, *, out_dim: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
         self.encoder = encoder
-        self.x_all = torch.tensor(np.array(data, dtype=np.float32))
+        self.device = torch.device(device)
+        # the party's rows: a tensor already on the device (a party's table), or an array moved there once
+        self.x_all = (data if isinstance(data, torch.Tensor)
+                      else torch.tensor(np.array(data, dtype=np.float32))).to(self.device)
         self.config = config
         self.generator = generator
         dim = int(out_dim if out_dim is not None else encoder.out_dim)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-            self.head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden)
+            self.head = SimSiamHead(dim, config.proj_dim, config.proj_hidden, config.pred_hidden).to(self.device)
         params = list(encoder.parameters()) + list(self.head.parameters())
         self.optimizer = make_optimizer(params, config.optimizer, config.lr, config.weight_decay, config.momentum)
-        self.augment = make_augmenter(feature_shape, self.x_all.numpy(), config)
+        self.augment = make_augmenter(feature_shape, to_numpy(self.x_all), config)
 
     def run_epoch(self) -> float | None:
         """One epoch over the party's rows; the mean loss (``None`` with fewer than two rows)."""
@@ -193,14 +199,14 @@ class SimSiamTrainer:
             idx = perm[start:start + bs]
             if len(idx) < 2:
                 continue
-            x = self.x_all[idx]
+            x = self.x_all[idx.to(self.device)]
             z1, p1 = self.head(self.encoder(self.augment(x, self.generator)))
             z2, p2 = self.head(self.encoder(self.augment(x, self.generator)))
             loss = simsiam_loss(p1, z1, p2, z2)
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()
-            total += float(loss.detach()) * len(idx)
+            total += scalar(loss) * len(idx)
             count += len(idx)
         self.encoder.train(was_training)
         return total / max(count, 1)

@@ -83,6 +83,7 @@ __all__ = ["XVFL"]
 from partialvfl.methods.x_vfl.spec import XVFL_PARAMS
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP
+from partialvfl.utils.devices import all_finite, scalar, to_numpy
 from partialvfl.utils.seeding import numpy_rng, torch_seeded
 
 
@@ -130,7 +131,7 @@ class XVFL(VFLMethod):
 
     def _build_top(self) -> nn.Module:
         with torch_seeded(self.seed, "x-vfl", "top"):
-            return MLP(self.settings_.latent_dim, self.settings_.top_hidden, self.n_classes)
+            return self._on_device(MLP(self.settings_.latent_dim, self.settings_.top_hidden, self.n_classes))
 
     # ------------------------------------------------------------------ fitting
     def _fit(self, view: CoordinatorView, handle: str, loop: TrainingLoop) -> None:
@@ -141,7 +142,7 @@ class XVFL(VFLMethod):
         p = self.settings_
         info = self.data_info_
         ctx = _TrainContext(view, handle, incomplete_matrix(view.ids, view.n_parties, info),
-                            wire_setting(setting_of(info)), torch.as_tensor(np.asarray(view.y), dtype=torch.long))
+                            wire_setting(setting_of(info)), self._tensor(np.asarray(view.y), dtype=torch.long))
         if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
             info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
         self.top_ = self._build_top()
@@ -222,7 +223,8 @@ class XVFL(VFLMethod):
     @staticmethod
     def _place(n: int, idx: np.ndarray, values: torch.Tensor) -> torch.Tensor:
         """A zero ``(n, d)`` tensor with ``values`` at rows ``idx`` (differentiable in ``values``)."""
-        return torch.zeros(n, values.shape[1], dtype=values.dtype).index_copy(0, torch.as_tensor(idx), values)
+        return torch.zeros(n, values.shape[1], dtype=values.dtype, device=values.device).index_copy(
+            0, torch.as_tensor(idx, device=values.device), values)
 
     def _embed(self, handle: str, rows: np.ndarray, use: np.ndarray, partial: np.ndarray, train: bool,
                version: str, wb: dict[str, Any] | None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -247,7 +249,7 @@ class XVFL(VFLMethod):
                 leaves[k] = e
                 cols.append(self._place(n, np.flatnonzero(use[:, k]), e))
             else:
-                cols.append(torch.zeros(n, d))
+                cols.append(torch.zeros(n, d, device=self.device_))
         return torch.stack(cols, dim=1), leaves
 
     def _pass(self, ctx: _TrainContext, rows: np.ndarray, version: str) -> float:
@@ -260,7 +262,7 @@ class XVFL(VFLMethod):
         E, leaves = self._embed(handle, rows, comp, np.zeros_like(comp), True, version, wb)
 
         # completion inputs, from their own graph (their gradients come back from the parties)
-        cf = torch.as_tensor(comp, dtype=torch.float32)
+        cf = self._tensor(comp, dtype=torch.float32)
         aligned = comp.all(axis=1)
         esum_in = (E * cf[..., None]).sum(1)
         m_in = cf.sum(1, keepdim=True)
@@ -284,8 +286,8 @@ class XVFL(VFLMethod):
 
         top = self.top_updater_.model(version)
         top.train()
-        loss = self._objective(top, E, comp, tilde, plan, ctx.labels[torch.as_tensor(rows)])
-        if not torch.isfinite(loss):
+        loss = self._objective(top, E, comp, tilde, plan, ctx.labels[self._tensor(rows)])
+        if not all_finite(loss):
             raise FloatingPointError(
                 f"{self.name}: the training loss is not finite (lr {self.settings_.lr}, optimizer "
                 f"{self.settings_.optimizer}, estimator {self.settings_.estimator}); lower the learning rate "
@@ -310,7 +312,7 @@ class XVFL(VFLMethod):
         self.transport.call_many({
             k: Request("backward", {"grad": _grad(e)}, {"version": version}) for k, e in leaves.items()
         })
-        return float(loss.detach())
+        return scalar(loss)
 
     def _objective(self, top: nn.Module, E: torch.Tensor, comp: np.ndarray, tilde: dict[int, torch.Tensor],
                    plan: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]], y: torch.Tensor) -> torch.Tensor:
@@ -333,7 +335,8 @@ class XVFL(VFLMethod):
         """
         n, K, _ = E.shape
         C = self.n_classes
-        cf = torch.as_tensor(comp, dtype=torch.float32)
+        dev = E.device
+        cf = torch.as_tensor(comp, dtype=torch.float32, device=dev)
         m = cf.sum(1)
         aligned = comp.all(axis=1)
         esum = (E * cf[..., None]).sum(1)
@@ -343,33 +346,33 @@ class XVFL(VFLMethod):
         single = (ce_single * cf).sum(1)
         logits_joint = top(esum / m.clamp(min=1)[:, None])
         joint = F.cross_entropy(logits_joint, y, reduction="none")
-        completed = torch.zeros(n)
+        completed = torch.zeros(n, device=dev)
         tilde_sum = torch.zeros_like(esum)
-        ds1 = torch.zeros(n)
+        ds1 = torch.zeros(n, device=dev)
         space = self._align_space
         target = (lambda t: t.detach()) if self.settings_.ds_align_detach else (lambda t: t)
         for k, et in tilde.items():
             al_idx, na_idx, _ = plan[k]
             n_al = len(al_idx)
             if n_al:
-                ai = torch.as_tensor(al_idx)
+                ai = torch.as_tensor(al_idx, device=dev)
                 et_al = et[:n_al]
                 z = (et_al + esum[ai] - E[ai, k]) / K
                 completed = completed.index_add(0, ai, F.cross_entropy(top(z), y[ai], reduction="none"))
                 d1 = ((space(top(et_al)) - target(space(logits_single[ai, k]))) ** 2).mean(-1)
-                ds1 = ds1.index_add(0, ai, d1)
+                ds1 = ds1.index_add(0, ai, d1.float())  # float32 sums, also under bf16 autocast
             if len(na_idx):
-                tilde_sum = tilde_sum.index_add(0, torch.as_tensor(na_idx), et[n_al:])
+                tilde_sum = tilde_sum.index_add(0, torch.as_tensor(na_idx, device=dev), et[n_al:])
         na = np.flatnonzero(~aligned)
         if na.size:
-            ni = torch.as_tensor(na)
+            ni = torch.as_tensor(na, device=dev)
             z = (tilde_sum[ni] + esum[ni]) / K
             completed = completed.index_add(0, ni, F.cross_entropy(top(z), y[ni], reduction="none"))
-        ds2 = torch.zeros(n)
+        ds2 = torch.zeros(n, device=dev)
         if aligned.any():
-            ai = torch.as_tensor(np.flatnonzero(aligned))
+            ai = torch.as_tensor(np.flatnonzero(aligned), device=dev)
             d2 = ((space(logits_single[ai]) - target(space(logits_joint[ai]))[:, None, :]) ** 2).mean(-1).sum(1)
-            ds2 = ds2.index_add(0, ai, d2)
+            ds2 = ds2.index_add(0, ai, d2.float())
         return {"single": single, "joint": joint, "completed": completed, "decision": single + joint + completed,
                 "ds_align1": ds1, "ds_align2": ds2}
 
@@ -406,7 +409,7 @@ class XVFL(VFLMethod):
             has = comp.any(axis=1)
             anchor = np.where(has[:, None], comp, obs)  # no complete block: use the partial ones as they are
             E, _ = self._embed(handle, chunk, anchor, obs & inc, False, "cur", wb)
-            af = torch.as_tensor(anchor, dtype=torch.float32)
+            af = self._tensor(anchor, dtype=torch.float32)
             esum = (E * af[..., None]).sum(1)
             ma = af.sum(1, keepdim=True)
             if self.settings_.inference == "complete":
@@ -423,11 +426,11 @@ class XVFL(VFLMethod):
                 replies = self.transport.call_many(reqs)
                 total = esum.clone()
                 for k, rep in replies.items():
-                    total = total.index_add(0, torch.as_tensor(idxs[k]), rep.tensors["emb_tilde"])
+                    total = total.index_add(0, self._tensor(idxs[k]), rep.tensors["emb_tilde"])
                 z = total / K
             else:
                 z = esum / ma
-            out[start:start + len(chunk)] = torch.softmax(self.top_(z), dim=-1).double().numpy()
+            out[start:start + len(chunk)] = to_numpy(torch.softmax(self.top_(z), dim=-1).double())
         return out
 
     # ------------------------------------------------------------------ locally independent prediction
@@ -450,7 +453,7 @@ class XVFL(VFLMethod):
                                         data=handle, completion=self.settings_.local_completion,
                                         wb=wire_setting(setting_of(data.info)))
         out = np.tile(np.asarray(self.label_prior_, dtype=np.float64), (data.n_samples, 1))
-        out[rows] = reply.tensors["probs"].double().numpy()
+        out[rows] = to_numpy(reply.tensors["probs"].double())
         return out
 
     def predict_local(self, data: VerticalDataset, party: int) -> np.ndarray:

@@ -20,6 +20,7 @@ from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSp
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
+from partialvfl.utils.devices import to_numpy
 from partialvfl.utils.seeding import torch_seeded
 
 __all__ = ["XVFLParty"]
@@ -88,7 +89,7 @@ class XVFLParty(PartyProgram):
         with torch_seeded(seed, "x-vfl", runtime.index, "xcom"):
             xcom = build_decoder(self.embed_dim, self.feature_shape, config["xcom"],
                                  hidden=tuple(config["xcom_hidden"]))
-        self.net = nn.ModuleDict({"bottom": bottom, "xcom": xcom})
+        self.net = nn.ModuleDict({"bottom": bottom, "xcom": xcom}).to(self.device)
         self.updater = _Updater(self.net, config["optimizer"], page=config["estimator"] == "page")
         self.top: nn.Module | None = None
         self.top_hidden: list[int] = []
@@ -97,16 +98,21 @@ class XVFLParty(PartyProgram):
 
     # ------------------------------------------------------------------ own data
     def _block(self, view: PartyView, rows: np.ndarray, partial: np.ndarray,
-               wb: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Party k's features for ``rows`` (zero where lost inside a partial block) and the present-feature mask."""
+               wb: dict[str, Any] | None, handle: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Party k's features for ``rows`` (zero where lost inside a partial block) and the present-feature mask
+        (``handle``: the data ``view`` is, whose table is on the party's device already)."""
         pos = view.position_of_rows(rows)
-        x = torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32)
-        mask = torch.ones(x.shape, dtype=torch.bool)
+        if handle is not None:  # the table the party moved to its device once
+            x = self.runtime.table(handle)[torch.as_tensor(pos, device=self.device)]
+        else:
+            x = torch.as_tensor(np.asarray(view.features[pos]), dtype=torch.float32).to(self.device)
+        mask = torch.ones(x.shape, dtype=torch.bool, device=self.device)
         if partial.any():
             if wb is None:
                 raise ValueError(f"party {self.party}: rows flagged partial but no within-block setting was sent")
             keep = within_block_mask(view.ids[pos[partial]], self.party, self.feature_dim, wb["rate"], wb["seed"])
-            mask[torch.as_tensor(partial)] = torch.as_tensor(keep)
+            mask[torch.as_tensor(np.flatnonzero(partial), device=self.device)] = torch.as_tensor(keep,
+                                                                                               device=self.device)
             x = x * mask
         return x, mask
 
@@ -123,7 +129,7 @@ class XVFLParty(PartyProgram):
         version = req.meta.get("version", "cur")
         net = self.updater.model(version)
         net.train(train)
-        x, _ = self._block(self.data(req.meta["data"]), rows, partial, req.meta.get("wb"))
+        x, _ = self._block(self.data(req.meta["data"]), rows, partial, req.meta.get("wb"), req.meta["data"])
         if train:
             e = net["bottom"](x)
             self._pending[(version, "emb")] = (e, None)
@@ -133,13 +139,13 @@ class XVFLParty(PartyProgram):
         return Reply({"emb": e})
 
     def _complete(self, net: nn.Module, inputs: torch.Tensor, view: PartyView | None, rows: np.ndarray,
-                  partial: np.ndarray, wb: dict[str, Any] | None) -> torch.Tensor:
+                  partial: np.ndarray, wb: dict[str, Any] | None, handle: str | None = None) -> torch.Tensor:
         """Et = f_k(Xt): Xt = XCom_k(input), keeping the party's own present features where its block is partial."""
         xt = net["xcom"](inputs)
         if partial.any():
             assert view is not None
-            x, mask = self._block(view, rows[partial], np.ones(int(partial.sum()), bool), wb)
-            idx = torch.as_tensor(np.flatnonzero(partial))
+            x, mask = self._block(view, rows[partial], np.ones(int(partial.sum()), bool), wb, handle)
+            idx = torch.as_tensor(np.flatnonzero(partial), device=self.device)
             xt = xt.index_copy(0, idx, torch.where(mask, x, xt[idx]))
         return net["bottom"](xt)  # the completed block stays here; only its embedding is returned
 
@@ -154,11 +160,11 @@ class XVFLParty(PartyProgram):
         if train:
             if req.meta.get("input_grad", True):
                 inputs = inputs.clone().requires_grad_()
-            et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"))
+            et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"), req.meta["data"])
             self._pending[(version, "tilde")] = (et, inputs if inputs.requires_grad else None)
         else:
             with torch.no_grad():
-                et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"))
+                et = self._complete(net, inputs, view, rows, partial, req.meta.get("wb"), req.meta["data"])
         return Reply({"emb_tilde": et})
 
     def _pop(self, version: str, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,7 +194,7 @@ class XVFLParty(PartyProgram):
     def on_share_top(self, req: Request) -> Reply:
         self.top_hidden = [int(h) for h in req.meta["top_hidden"]]
         n_classes = int(req.meta["n_classes"])
-        self.top = MLP(self.embed_dim, self.top_hidden, n_classes)
+        self.top = MLP(self.embed_dim, self.top_hidden, n_classes).to(self.device)
         self.top.load_state_dict({k.removeprefix("top."): v.clone() for k, v in req.tensors.items()
                                   if k.startswith("top.")})
         self.top.eval()
@@ -231,7 +237,7 @@ class XVFLParty(PartyProgram):
         if completion == "self" and partial.any():
             xt = torch.where(mask, x, self.net["xcom"](e))
             e = self.net["bottom"](xt)
-        return torch.softmax(self.top(e), dim=-1).double().numpy()
+        return to_numpy(torch.softmax(self.top(e), dim=-1).double())
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -250,7 +256,7 @@ class XVFLParty(PartyProgram):
         if state.get("top") is not None:
             self.top_hidden = [int(h) for h in state["top_hidden"]]
             out_dim = int(state["label_prior"].shape[0])
-            self.top = MLP(self.embed_dim, self.top_hidden, out_dim)
+            self.top = MLP(self.embed_dim, self.top_hidden, out_dim).to(self.device)
             self.top.load_state_dict(state["top"])
             self.top.eval()
             self.label_prior = state["label_prior"].clone()

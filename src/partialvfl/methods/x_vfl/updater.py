@@ -73,4 +73,5 @@ class _Updater:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.prev is not None and state.get("prev") is not None:
             self.prev.load_state_dict(state["prev"])
-        self.g_prev = None if state.get("g_prev") is None else [g.clone() for g in state["g_prev"]]
+        self.g_prev = None if state.get("g_prev") is None else [
+            g.to(p.device, copy=True) for g, p in zip(state["g_prev"], self.module.parameters())]

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Issue 27's GPU checks and figures in one run of about five minutes, for a machine with a CUDA GPU and torch but
+# without partialvfl installed (it runs from this checkout: PYTHONPATH=src) and without network access.
+#
+#   bash benchmarks/gpu_check.sh                    # on the GPU machine, from the repository root
+#   bash benchmarks/gpu_check.sh --device cpu       # the dry run on a CPU: tiny sizes, the same steps
+#
+# Steps, each under `timeout` and within a total budget (GPU_CHECK_BUDGET seconds, default 320; a step that would
+# start with too little left is skipped and says so):
+#   1. the CUDA cases of the device tests and of the contract test (tests/test_devices.py, tests/test_gpus.py,
+#      tests/test_contract.py -k each_device);
+#   2. benchmarks/engine.py --device cuda: matmul peak, FALSE-VFL's stage-1 step on the cpu-grid configuration
+#      (GFLOP/s against the peak measured in the same process), LASER-VFL's epoch (and the official code's beside it
+#      when LASER_OFFICIAL names a checkout of github.com/Valdeira/LASER-VFL, by default .laser-official/, an
+#      ignored folder: `git clone https://github.com/Valdeira/LASER-VFL .laser-official`);
+#   3. FALSE-VFL's FashionMNIST paper configuration (ResNet-18 parties): timed steps extrapolated per epoch and per
+#      fit (150 + 200 epochs), fp32 and bf16;
+#   4. the stage-1 step with --compile (cold: an empty inductor cache) and a smoke grid through
+#      `bench --device cuda --fits-per-gpu 4`, when time is left.
+#
+# Everything printed also goes to $OUT/gpu.log, each JSON to $OUT/. FashionMNIST is read from
+# PARTIALVFL_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist; where neither has it (or with --synthetic), the
+# script writes SYNTHETIC files of the real shapes (60,000 + 10,000 random 28 x 28 images, 10 classes) and says so:
+# step times do not depend on the pixel values, accuracies would mean nothing (none is printed).
+# Needs: python3 with torch, numpy, pandas, pyarrow, scikit-learn, tqdm, safetensors, grpcio, pytest (pytest-xdist
+# and pytest-timeout if present). Not needed: cryptography, rbcl (no gRPC deployment runs here), ruff.
+set -u -o pipefail
+
+DEVICE=cuda
+SYNTHETIC=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE="$2"; shift 2 ;;
+    --synthetic) SYNTHETIC=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (use --device cpu|cuda, --synthetic)" >&2; exit 2 ;;
+  esac
+done
+[ -f src/partialvfl/__init__.py ] || { echo "gpu_check.sh: run it from the repository root" >&2; exit 2; }
+
+PY="${PYTHON:-python3}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"   # empty: a --compile step below is a cold compile
+export MPLBACKEND=Agg
+exec > >(tee -a "$OUT/gpu.log") 2>&1
+TEE_PID=$!
+# at the end: the temporary folder goes, and the log is complete on disk before the script returns
+trap 'rm -rf "$WORK"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
+
+BUDGET="${GPU_CHECK_BUDGET:-320}"
+START=$SECONDS
+if [ "$DEVICE" = cpu ]; then  # the dry run: small sizes, and a CPU's pace (limits x 4; GPU_CHECK_BUDGET to change)
+  DRY=1; QUICK=(--quick); STEPS=1; REPEATS=2; SCALE=4; BUDGET="${GPU_CHECK_BUDGET:-1200}"
+  PAPER=(--paper-batch 32)  # ResNet-18 parties at batch 1,024 are minutes per step on a CPU: the code path only
+else
+  DRY=0; QUICK=(); STEPS=5; REPEATS=3; SCALE=1; PAPER=()
+fi
+FAILED=()
+
+# step NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, at most LIMIT_S and what is left of the budget
+step() {
+  local name="$1" limit=$(($2 * SCALE)); shift 2
+  local left=$((BUDGET - (SECONDS - START)))
+  if [ "$left" -lt 25 ]; then
+    echo "=== SKIPPED $name: ${left} s of the ${BUDGET} s budget left"; FAILED+=("$name (skipped)"); return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name (limit ${limit} s; $(date -u +%H:%M:%S) UTC; $((SECONDS - START)) s into the run)"
+  echo "+ $*"
+  local t0=$SECONDS rc=0
+  timeout --kill-after=5 "$limit" "$@" || rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ' (TIMED OUT)')"
+  [ "$rc" = 0 ] || FAILED+=("$name (exit $rc)")
+}
+
+echo "=== gpu_check.sh --device $DEVICE: $(date -u) on $(uname -n); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+step "environment" 30 "$PY" - "$DEVICE" <<'EOF'
+import importlib, os, platform, sys
+import torch
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| cpus", os.cpu_count(), "|", platform.processor() or platform.machine())
+for name in ("numpy", "pandas", "pyarrow", "sklearn", "tqdm", "safetensors", "grpc", "pytest", "xdist",
+             "pytest_timeout", "scipy", "cryptography", "rbcl"):
+    try:
+        m = importlib.import_module(name)
+        print(f"  {name} {getattr(m, '__version__', '')}")
+    except Exception as e:  # noqa: BLE001
+        print(f"  {name}: MISSING ({type(e).__name__})")
+if sys.argv[1] != "cpu":
+    if not torch.cuda.is_available():
+        sys.exit("torch sees no CUDA GPU: nothing to check here (use --device cpu for the dry run)")
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs, capability {p.major}.{p.minor}")
+import partialvfl
+print("partialvfl from", os.path.dirname(partialvfl.__file__))
+EOF
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+
+# FashionMNIST: the real files if this machine has them, else synthetic ones of the real shapes
+FM="${PARTIALVFL_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}"
+if [ "$SYNTHETIC" = 1 ] || [ ! -f "$FM/train-images-idx3-ubyte.gz" ]; then
+  FM="$WORK/fashion-mnist-synthetic"
+  echo "=== FashionMNIST: not on this machine (or --synthetic): writing SYNTHETIC files of the real shapes to $FM"
+  echo "    (random uint8 images 60,000 + 10,000 x 28 x 28, labels 0-9, seed 0): timings are valid, accuracies not"
+  "$PY" - "$FM" <<'EOF' || { echo "could not write the synthetic FashionMNIST"; exit 1; }
+import gzip, struct, sys
+from pathlib import Path
+import numpy as np
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+rng = np.random.default_rng(0)
+for split, n in (("train", 60000), ("t10k", 10000)):
+    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
+        header = struct.pack(">4B", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+        with gzip.open(out / f"{split}-{kind}-ubyte.gz", "wb", compresslevel=1) as f:
+            f.write(header + arr.tobytes())
+print("written:", sorted(p.name for p in out.iterdir()))
+EOF
+  DATA_NOTE="SYNTHETIC FashionMNIST (random images of the real shapes)"
+else
+  DATA_NOTE="FashionMNIST from $FM"
+fi
+export PARTIALVFL_FASHION_MNIST_DIR="$FM"
+echo "=== data: $DATA_NOTE"
+
+# 1. tests: the device tests (their CUDA cases run where torch sees a GPU) and the contract on each device
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+if [ "$DRY" = 1 ]; then  # the dry run: the CUDA cases only (they skip on a CPU: the selection is what is checked)
+  step "tests (cuda cases)" 120 "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/test_devices.py \
+    tests/test_contract.py -k "cuda"
+else
+  step "tests (device tests, contract on each device)" 130 "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" \
+    tests/test_devices.py tests/test_gpus.py tests/test_contract.py -k "not test_contract or each_device"
+fi
+
+# 2. the engine: peak, FALSE-VFL stage-1 step (cpu-grid configuration), LASER-VFL epoch
+LASER=()
+[ -z "${LASER_OFFICIAL:-}" ] && [ -f .laser-official/methods/laser.py ] && LASER_OFFICIAL=.laser-official
+if [ -n "${LASER_OFFICIAL:-}" ] && [ -f "$LASER_OFFICIAL/methods/laser.py" ]; then
+  LASER=(--laser-official "$LASER_OFFICIAL")
+else
+  echo "=== no checkout of Valdeira/LASER-VFL (LASER_OFFICIAL or .laser-official/): ours only, no official epoch"
+fi
+step "engine: peak, fvl-step, laser" $((${#LASER[@]} ? 110 : 75)) "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
+  --only peak fvl-step laser --repeats "$REPEATS" "${LASER[@]}" --json "$OUT/engine-$DEVICE.json"
+
+# 3. FALSE-VFL's FashionMNIST paper configuration, ResNet-18 parties: steps timed, epochs extrapolated
+step "paper-step fp32" 90 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" --only paper-step \
+  --paper-steps "$STEPS" "${PAPER[@]}" --repeats 2 --json "$OUT/paper-$DEVICE.json"
+# (bf16 convolutions on a CPU without native bf16 take minutes per step: the dry run leaves this one to the tests)
+[ "$DRY" = 1 ] || step "paper-step bf16" 60 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" --only paper-step \
+  --paper-steps "$STEPS" "${PAPER[@]}" --repeats 2 --precision bf16 --json "$OUT/paper-bf16-$DEVICE.json"
+
+# 4. when time is left: the stage-1 step compiled (cold cache), and a grid on the GPU
+step "fvl-step --compile (cold cache)" 60 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
+  --only fvl-step --repeats "$REPEATS" --compile --json "$OUT/fvl-compiled-$DEVICE.json"
+GRID=(--fits-per-gpu 4)
+[ "$DRY" = 1 ] && GRID=(--workers 2)  # --fits-per-gpu is refused without a GPU
+step "bench smoke grid --device $DEVICE ${GRID[*]}" 45 "$PY" -m partialvfl.cli bench --config smoke \
+  --store "$WORK/smoke" --device "$DEVICE" "${GRID[@]}" --quiet
+
+echo "=== done in $((SECONDS - START)) s ($DATA_NOTE); files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf '=== NOT OK: %s\n' "${FAILED[@]}"
+  exit 1
+fi
+echo "=== all steps OK"
