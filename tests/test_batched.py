@@ -86,9 +86,9 @@ def test_the_batched_path_really_stacks_the_parties(data, monkeypatch) -> None:
     calls = []
     original = splitnn_batched.stacked_mlp
 
-    def counting(modules, x, **kw):  # noqa: ANN001, ANN003, ANN202
+    def counting(modules, x, **options):  # noqa: ANN001, ANN003, ANN202
         calls.append(len(modules))
-        return original(modules, x, **kw)
+        return original(modules, x, **options)
 
     monkeypatch.setattr(splitnn_batched, "stacked_mlp", counting)
     _fit("laser-vfl", SPLIT, train, batched=True)
