@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,19 @@ def data() -> VerticalDataset:
     return make_data()
 
 
-@pytest.fixture(scope="module")
-def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
-    d = LocalDeployment(tmp_path_factory.mktemp("faults"), data, deadline=PATIENCE, start_timeout=600.0,
-                        policy={"seed": 17})
+def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[LocalDeployment]:
+    """Party processes for ``data`` in ``directory`` (their seed pinned), running until the generator closes."""
+    d = LocalDeployment(directory, data, deadline=PATIENCE, start_timeout=600.0, policy={"seed": 17})
     try:
         d.start()
         yield d
     finally:
         d.close()
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
+    yield from started_deployment(tmp_path_factory.mktemp("faults"), data)
 
 
 def fit_argv(dep: LocalDeployment, out: Path, *extra: str) -> list[str]:
@@ -285,9 +290,9 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
     assert main(fit_argv(dep, out)) == 0
     ids = tmp_path / "ids.csv"
     ids.write_text("id\n" + "\n".join(data.ids) + "\n")
-    from partialvfl.cli import federated
+    from partialvfl.orchestration import predict
 
-    original = federated.predict_reporting_parties
+    original = predict.predict_reporting_parties
 
     def losing_party(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None,
                      size: int | None = chunk) -> Any:
@@ -303,7 +308,7 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
         monkeypatch.setattr(model, "predict_output_federated", predict_and_lose)
         return original(model, fed, view, handle, chunk=size)
 
-    monkeypatch.setattr(federated, "predict_reporting_parties", losing_party)
+    monkeypatch.setattr(predict, "predict_reporting_parties", losing_party)
     try:
         pred_file = tmp_path / "pred.csv"
         assert main(["predict", "--federation", str(dep.federation_file), "--model", str(out), "--ids", str(ids),

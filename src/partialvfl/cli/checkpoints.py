@@ -1,4 +1,5 @@
-"""``fit --checkpoint-every N`` / ``--resume``: the checkpointer of a fit and what the command says about it."""
+"""``fit --checkpoint-every N`` / ``--resume`` / ``--party-timeout`` / ``--threads``: the library's fit options of a
+command, and what the command says about its checkpoints."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpointer", "report_checkpoints"]
+__all__ = ["fit_options", "report_checkpoints"]
 
 
-def checkpointer(args: argparse.Namespace) -> Any:
-    """The checkpointer of ``--checkpoint-every N`` / ``--resume`` (in ``OUT/checkpoints``), or ``None``."""
-    from partialvfl.federation.checkpoint import LATEST, Checkpointer
+def fit_options(args: argparse.Namespace) -> Any:
+    """The :class:`~partialvfl.orchestration.FitOptions` of a ``fit`` command (checkpoints in ``OUT/checkpoints``,
+    written every ``--checkpoint-every`` steps and when stopped by a signal), its flags checked first."""
+    from partialvfl.federation.checkpoint import LATEST
+    from partialvfl.orchestration import FitOptions
 
     if args.checkpoint_every < 0:
         raise ValueError("--checkpoint-every must be a positive number of steps")
@@ -19,19 +22,19 @@ def checkpointer(args: argparse.Namespace) -> Any:
     if not args.resume and (ck_dir / LATEST).exists():
         raise ValueError(f"{ck_dir} holds a checkpoint of an earlier run: pass --resume to continue from it, "
                          "or remove it")
-    if not (args.checkpoint_every or args.resume):
-        return None
-    return Checkpointer(ck_dir, every=args.checkpoint_every or 10**12)
+    return FitOptions(checkpoint_dir=ck_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                      party_timeout=getattr(args, "party_timeout", None),
+                      party_retries=int(getattr(args, "party_retries", 0) or 0),
+                      threads=getattr(args, "threads", "auto"))
 
 
-def report_checkpoints(args: argparse.Namespace, ck: Any, verbose: bool) -> None:
+def report_checkpoints(args: argparse.Namespace, result: Any, verbose: bool) -> None:
+    """What a finished fit says about ``--resume`` and ``--checkpoint-every`` (``result``: its ``FitResult``)."""
     from partialvfl.utils.progress import report_line
 
-    if ck is None:
-        return
     if args.resume:
-        report_line(f"resumed from the checkpoint after step {ck.restored_step}" if ck.restored_step else
+        report_line(f"resumed from the checkpoint after step {result.resumed_step}" if result.resumed_step else
                     "no checkpoint to resume from: trained from the start", verbose)
-    if args.checkpoint_every and not ck.saved_steps:
+    if args.checkpoint_every and not result.saved_steps:
         report_line(f"note: {args.method} trained fewer than {args.checkpoint_every} steps: no checkpoint was taken",
                     verbose)

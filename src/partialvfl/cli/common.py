@@ -121,11 +121,9 @@ def device_options(args: argparse.Namespace) -> dict[str, Any]:
 def threads_for(args: argparse.Namespace, model: Any, data: Any) -> int:
     """The torch threads ``--threads`` gives a fit of ``model`` on ``data`` (a dataset or a coordinator's view; see
     :mod:`partialvfl.utils.threads`)."""
-    from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget
+    from partialvfl.orchestration import fit_threads
 
-    dataset = data.info.get("dataset") or getattr(data, "name", "") or None
-    flops = step_flops_of(type(model), model.resolve_params(dataset), data.feature_shapes)
-    return resolve_threads(getattr(args, "threads", "auto"), flops, thread_budget())
+    return fit_threads(getattr(args, "threads", "auto"), model, data)
 
 
 def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -> Any:

@@ -1,11 +1,12 @@
 """Commands across a federation's party processes: ``fit --federation`` and ``predict --federation``.
 
-:func:`run_federated_fit` aligns the parties' hashed IDs, trains (checkpointing and resuming, waiting for a lost
+:func:`run_federated_fit` aligns the parties' IDs, trains (checkpointing and resuming, waiting for a lost
 party with ``--party-timeout``) and saves the model; :func:`run_federated_predict` predicts for a list of IDs, from
 the parties' training tables or from a table set of their prediction tables (``--table-set``), and writes the same
-file as ``predict --table``.  A party that cannot be reached ends a fit with exit code 3 and the command that
-resumes it (the active party unreachable in a prediction too); SIGINT/SIGTERM end a fit with 130/143 after a
-checkpoint.
+file as ``predict --table``.  The fit is :func:`partialvfl.orchestration.run_fit`; predictions go on without a
+party lost mid-way by the library's :func:`~partialvfl.orchestration.predict_reporting_parties`.  A party that
+cannot be reached ends a fit with exit code 3 and the command that resumes it (the active party unreachable in a
+prediction too); SIGINT/SIGTERM end a fit with 130/143 after a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.checkpoints import report_checkpoints
-from partialvfl.cli.common import device_options, threads_for
-from partialvfl.cli.params import method_from_args, report_last_epochs
+from partialvfl.cli.common import device_options
+from partialvfl.cli.params import method_from_args
 
 __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
            "run_federated_predict"]
@@ -47,82 +47,33 @@ def federated(command: Callable[[argparse.Namespace], int], args: argparse.Names
 
 
 def run_federated_fit(args: argparse.Namespace) -> int:
-    """Align the parties' hashed IDs, train ``--method`` across them, save the model (parties keep their state).
+    """Align the parties' IDs, train ``--method`` across them, save the model (parties keep their state).
 
     A party that stops answering during training stops the fit (exit 3, with the resume command) or, with
     ``--party-timeout``, is waited for and the fit continues from the last checkpoint once every party answers again.
     SIGINT/SIGTERM checkpoint where the fit is and stop (exit 130/143, with the resume command).
     """
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, report_party_lost, stop_on_signals
-    from partialvfl.federation.checkpoint import FitInterrupted
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command, report_party_lost
     from partialvfl.federation.grpc_federation import GrpcFederation
     from partialvfl.federation.transport import PartyUnavailable
     from partialvfl.utils.progress import report_line
 
-    verbose = not args.quiet
     out = Path(args.out)
     method = method_from_args(args)
-    ck = fit_checkpointer(args)
+    options = fit_options(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
-    # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed or
-    # repeated, gets the same tokens, so the same sample order and the same model
-    fed.alignment_id = f"fit seed {method.seed}"
     try:
-        if args.party_timeout is not None:  # parties not up yet are waited for, too
-            fed.rejoin(args.party_timeout)
-        else:
-            fed.connect()
-        with stop_on_signals(ck):
-            handle = _fit_rejoining(method, fed, ck, args)
-        report_last_epochs(args, method)
-        report_checkpoints(args, ck, verbose)
-        fed.release(handle)
+        fitted = fit_command(args, options, method, fed, data_info={"federation": str(args.federation)})
+        if isinstance(fitted, int):
+            return fitted
         method.save(out)
-        report_line(f"model saved to {out} (each party keeps its state in its own state directory)", verbose)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
+        report_line(f"model saved to {out} (each party keeps its state in its own state directory)", not args.quiet)
     except PartyUnavailable as e:
-        return report_party_lost(args, fed.party_names, ck, e)
+        return report_party_lost(args, fed.party_names, e)
     finally:
         fed.close()
     return 0
-
-
-def _fit_rejoining(method: Any, fed: Any, ck: Any, args: argparse.Namespace) -> str:
-    """Align and fit; with ``--party-timeout``, wait out up to ``--party-retries`` party failures (each time: every
-    party says hello again, the fit resumes from the last checkpoint).  Returns the training handle."""
-    from partialvfl.federation.transport import PartyUnavailable
-    from partialvfl.utils.progress import report_line
-    from partialvfl.utils.threads import use_threads
-
-    verbose = not args.quiet
-    timeout, retries = getattr(args, "party_timeout", None), int(getattr(args, "party_retries", 0) or 0)
-    if timeout is not None and timeout < 0:
-        raise ValueError("--party-timeout must be a number of seconds >= 0")
-    attempt = 0
-    while True:
-        try:
-            view, handle = fed.align(handle="train")
-            report_line(f"aligned {view.n_samples} samples over {fed.n_parties} parties "
-                        f"({int(view.labeled.sum())} labelled); observed per party: "
-                        f"{view.observed.sum(axis=0).tolist()}", verbose and attempt == 0)
-            labels = fed.config.labels if fed.config is not None else None
-            info = {"federation": str(args.federation), "n_samples": view.n_samples,
-                    "id_column": labels and labels.id_column, "label_column": labels and labels.label_column,
-                    "alignment": {"mode": fed.alignment_mode, "salt": getattr(fed.aligner, "salt", None)}}
-            with use_threads(threads_for(args, method, view)):  # the coordinator's; each party sets its own
-                method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck)
-            return handle
-        except PartyUnavailable as e:
-            if timeout is None or attempt >= retries:
-                raise
-            attempt += 1
-            report_line(f"party {e.party} ({fed.party_names[e.party]!r}) did not answer ({e.reason}): waiting up "
-                        f"to {timeout:g} s for every party (failure {attempt} of at most {retries})", True)
-            fed.rejoin(timeout)
-            latest = ck.latest()
-            report_line("every party answers again: continuing from "
-                        + (f"the checkpoint after step {latest.step}" if latest else "the start"), True)
 
 
 def read_id_list(path: str | Path, column: str | None = None) -> tuple[np.ndarray, str | None]:
@@ -227,11 +178,13 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
     from partialvfl.cli.tables import refuse_prior_only, used_parties
     from partialvfl.federation.grpc_federation import GrpcFederation
     from partialvfl.methods.base import VFLMethod
+    from partialvfl.orchestration import predict as orchestrated
+    from partialvfl.orchestration import require_active_party
 
     fed = GrpcFederation.from_config(args.federation, allow_absent=True)
     try:
         n_failures = len(fed.transport.failures)  # those so far are the parties unreachable from the start
-        _refuse_missing_active(fed, "is unreachable")
+        require_active_party(fed, "is unreachable")
         if fed.absent:
             print(f"parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: predicting without "
                   "them", file=sys.stderr)
@@ -239,9 +192,9 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         idx = model.index_
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))
-        _refuse_missing_active(fed, "failed while the IDs were attached")
+        require_active_party(fed, "failed while the IDs were attached")
         refuse_prior_only(view.observed, ids, args.allow_prior_only)
-        out, answered = predict_reporting_parties(model, fed, view, handle)
+        out, answered = orchestrated.predict_reporting_parties(model, fed, view, handle)
         fed.release(handle)
         failed = sorted({f[1] for f in fed.transport.failures[n_failures:]})
         if failed:
@@ -252,55 +205,3 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         then(model, out, used_parties(model, answered_view), answered_view)
     finally:
         fed.close()
-
-
-def predict_reporting_parties(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None
-                              ) -> tuple[np.ndarray, np.ndarray]:
-    """Predict ``view``'s rows (in chunks of ``chunk`` rows; default: all at once, exactly as the model's own
-    ``predict_output_federated``); returns the outputs and which parties each row's prediction used.
-
-    A party that fails while a chunk is predicted is treated as absent from then on: the chunk is predicted again
-    without it, so every row's output comes from exactly the parties its row of the returned mask names.
-    """
-    import dataclasses
-
-    from partialvfl.federation.transport import PartyUnavailable
-
-    n = view.n_samples
-    used = np.array(view.observed, dtype=bool)
-    lost: set[int] = set(fed.absent)
-    out: np.ndarray | None = None
-    size = max(1, chunk or n)
-    for start in range(0, n, size):
-        rows = np.arange(start, min(n, start + size))
-        while True:
-            observed = np.zeros_like(used)
-            observed[rows] = used[rows]
-            observed[:, sorted(lost)] = False
-            before = len(fed.transport.failures)
-            try:
-                res = model.predict_output_federated(dataclasses.replace(view, observed=observed), handle)
-            except PartyUnavailable as e:
-                if e.party in lost:  # the method needs a party even when its blocks are missing: cannot go on
-                    raise
-                lost.add(e.party)
-                continue
-            failed = {party for _, party, _ in fed.transport.failures[before:]} - lost
-            if failed:  # part of this chunk went without them: predict it again without them
-                lost |= failed
-                continue
-            break
-        used[rows] = observed[rows]
-        out = res if out is None else out
-        out[rows] = res[rows]
-    fed.absent |= lost
-    return (out if out is not None else model.predict_output_federated(view, handle)), used
-
-
-def _refuse_missing_active(fed: Any, what: str) -> None:
-    from partialvfl.federation.transport import PartyUnavailable
-
-    if fed.active_party in fed.absent:
-        name = fed.party_names[fed.active_party]
-        raise PartyUnavailable(fed.active_party, f"the active party {name!r} (the label holder's own features) {what}: "
-                                                 "start it and predict again")

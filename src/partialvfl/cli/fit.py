@@ -13,7 +13,6 @@ import sys
 import time
 from typing import Any
 
-from partialvfl.cli.checkpoints import report_checkpoints
 from partialvfl.cli.common import (
     DEFAULT_PRESET,
     add_device_options,
@@ -27,7 +26,7 @@ from partialvfl.cli.common import (
     refuse_protocol_options,
     threads_for,
 )
-from partialvfl.cli.params import method_from_args, report_last_epochs
+from partialvfl.cli.params import method_from_args
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -133,32 +132,25 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         refuse_protocol_options(args.parser, args)
         return fit_tables(args, method_from_args(args))
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command
     from partialvfl.data.protocol import make_protocol
-    from partialvfl.federation.checkpoint import FitInterrupted
     from partialvfl.federation.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
-    from partialvfl.utils.threads import use_threads
 
     model = method_from_args(args)
-    ck = fit_checkpointer(args)  # SIGINT/SIGTERM checkpoint where the fit is, then stop
+    options = fit_options(args)  # --checkpoint-every/--resume checked before the data is read
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
     log = MessageLog(keep_entries=False)
-    threads = threads_for(args, model, train)
-    t0 = time.perf_counter()
-    try:
-        with stop_on_signals(ck), use_threads(threads):
-            model.fit(train, log=log, checkpointer=ck)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
-    fit_s = time.perf_counter() - t0
-    report_last_epochs(args, model)
-    report_checkpoints(args, ck, not args.quiet)
+    fitted = fit_command(args, options, model, train, log=log)
+    if isinstance(fitted, int):
+        return fitted
     out = model.save(args.out)
     res = evaluate(model, test)
-    print(f"fit {args.method} in {fit_s:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
+    threads = fitted.threads
+    print(f"fit {args.method} in {fitted.seconds:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"{test_set_title(config.test_missing)}: {metric} {res[metric]:.4f}")

@@ -13,13 +13,11 @@ import argparse
 import shlex
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_PARTY_LOST", "exit_code", "fit_checkpointer", "report_interrupted", "report_party_lost",
-           "resume_command", "stop_on_signals"]
+__all__ = ["EXIT_PARTY_LOST", "exit_code", "fit_command", "report_interrupted", "report_party_lost",
+           "resume_command"]
 
 EXIT_PARTY_LOST = 3
 
@@ -29,33 +27,24 @@ def exit_code(signum: int | None) -> int:
     return 128 + int(signum) if signum else 1
 
 
-def fit_checkpointer(args: argparse.Namespace) -> Any:
-    """The fit's checkpointer: ``--checkpoint-every``/``--resume``'s, or one that only checkpoints when stopped."""
-    from partialvfl.cli.checkpoints import checkpointer
-    from partialvfl.federation.checkpoint import Checkpointer
+def fit_command(args: argparse.Namespace, options: Any, model: Any, data: Any, **kwargs: Any) -> Any:
+    """The fit of every ``fit`` command: :func:`~partialvfl.orchestration.run_fit` with the command's ``options``
+    (:func:`~partialvfl.cli.checkpoints.fit_options`), SIGINT/SIGTERM checkpointing and stopping it; then what the
+    command says about its epochs and checkpoints.  Returns the ``FitResult``, or the exit code of a fit a signal
+    stopped."""
+    from partialvfl.cli.checkpoints import report_checkpoints
+    from partialvfl.cli.params import report_last_epochs
+    from partialvfl.federation.checkpoint import FitInterrupted
+    from partialvfl.orchestration import run_fit, stop_on_signals
 
-    return checkpointer(args) or Checkpointer(Path(args.out) / "checkpoints", every=10**12)
-
-
-@contextmanager
-def stop_on_signals(ck: Any) -> Iterator[None]:
-    """While the fit runs, SIGINT/SIGTERM request a checkpoint and a stop (a second one stops at once)."""
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum: int, frame: Any) -> None:
-        ck.request_stop(signum)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        print(f"{signal.Signals(signum).name}: checkpointing at the next step, then stopping (again to stop now)",
-              file=sys.stderr, flush=True)
-
-    for sig in previous:
-        signal.signal(sig, handler)
     try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        with stop_on_signals() as stop:
+            result = run_fit(model, data, options, stop=stop, **kwargs)
+    except FitInterrupted as e:
+        return report_interrupted(args, e)
+    report_last_epochs(args, model)
+    report_checkpoints(args, result, not args.quiet)
+    return result
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -87,10 +76,12 @@ def report_interrupted(args: argparse.Namespace, e: Any) -> int:
     return exit_code(e.signum)
 
 
-def report_party_lost(args: argparse.Namespace, names: tuple[str, ...], ck: Any, e: Any) -> int:
+def report_party_lost(args: argparse.Namespace, names: tuple[str, ...], e: Any) -> int:
     """One line for a fit stopped because a party did not answer; returns :data:`EXIT_PARTY_LOST`."""
+    from partialvfl.federation.checkpoint import Checkpointer
+
     party = f"party {e.party} ({names[e.party]!r})" if 0 <= e.party < len(names) else f"party {e.party}"
-    latest = ck.latest() if ck is not None else None
+    latest = Checkpointer(Path(args.out) / "checkpoints").latest()
     where = (f"the last checkpoint is after step {latest.step} ({latest.directory.parent})" if latest is not None
              else "there is no checkpoint yet (the resumed fit starts from the beginning)")
     print(f"error: {party} did not answer: {e.reason}; the fit stopped, {where}; restart the party (same "

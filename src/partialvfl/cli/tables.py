@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,25 +64,15 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
         data = _order_of_federated_fit(data, args.order_of, args.alignment_key)
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
-    from partialvfl.cli.checkpoints import report_checkpoints
-    from partialvfl.cli.params import report_last_epochs
-    from partialvfl.cli.stopping import fit_checkpointer, report_interrupted, stop_on_signals
-    from partialvfl.federation.checkpoint import FitInterrupted
-    from partialvfl.utils.threads import use_threads
+    from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.stopping import fit_command
 
-    ck = fit_checkpointer(args)  # --checkpoint-every/--resume; SIGINT/SIGTERM checkpoint where the fit is, then stop
-    threads = threads_for(args, model, data)
-    t0 = time.perf_counter()
-    try:
-        with stop_on_signals(ck), use_threads(threads):
-            model.fit(data, checkpointer=ck)
-    except FitInterrupted as e:
-        return report_interrupted(args, e)
-    report_last_epochs(args, model)
-    report_checkpoints(args, ck, not args.quiet)
+    fitted = fit_command(args, fit_options(args), model, data)  # SIGINT/SIGTERM checkpoint where it is, then stop
+    if isinstance(fitted, int):
+        return fitted
     out = model.save(args.out)
     how = model.preprocessing_["how"]
-    _say(f"fit {model.name} in {time.perf_counter() - t0:.1f} s (standardisation: {how}); saved to {out}")
+    _say(f"fit {model.name} in {fitted.seconds:.1f} s (standardisation: {how}); saved to {out}")
     return 0
 
 

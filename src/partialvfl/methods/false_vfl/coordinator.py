@@ -32,7 +32,7 @@ from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.false_vfl.formulas import predictive_log_probs, snis_weights
 from partialvfl.methods.false_vfl.party import FalseVFLParty
-from partialvfl.methods.false_vfl.rounds import Pass, backward_rounds, forward_rounds
+from partialvfl.methods.false_vfl.rounds import Pass, Rounds
 from partialvfl.methods.false_vfl.spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
@@ -104,6 +104,19 @@ class _FalseVFL(VFLMethod):
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the coordinator's device."""
         return torch.randn(shape, generator=gen).to(self.device_)
 
+    def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+        """The coordinator's reparameterisation noise (:class:`~.rounds.LatentSide`)."""
+        return self._draw(gen, shape)
+
+    def latent_modules(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The global encoder and decoder of the latent chain (:class:`~.rounds.LatentSide`)."""
+        return self.global_encoder_, self.global_decoder_
+
+    def _new_rounds(self) -> Rounds:
+        """Fresh rounds (no prefetch) over this model's transport: one per stage and per prediction pass."""
+        self._rounds = Rounds(self.transport, self.settings_, self.variant, self)
+        return self._rounds
+
     def _forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
                  noise_seed: int, new_step: bool = True, next_rows: np.ndarray | None = None) -> Pass:
         """Rounds ``encode`` and ``decode`` for one batch; returns the (S, B) importance log-weights (label-free).
@@ -113,10 +126,9 @@ class _FalseVFL(VFLMethod):
         """
         if new_step:
             self.transport.new_step()
-        prefetch, self._prefetch = getattr(self, "_prefetch", None), None
-        st, self._prefetch = forward_rounds(self, view, handle, rows, n_samples, train=train, noise_seed=noise_seed,
-                                            prefetch=prefetch, next_rows=None if train else next_rows)
-        return st
+        rounds = getattr(self, "_rounds", None) or self._new_rounds()
+        return rounds.forward(view, handle, rows, n_samples, train=train, noise_seed=noise_seed,
+                              next_rows=None if train else next_rows)
 
     def _pretrain_step(self, view: CoordinatorView, handle: str, rows: np.ndarray, noise_seed: int,
                        optimizer: torch.optim.Optimizer, next_rows: np.ndarray | None = None) -> tuple[float, int]:
@@ -131,7 +143,7 @@ class _FalseVFL(VFLMethod):
             return 0.0, 0
         bound = log_mean_exp(st.log_w, dim=0)[self._tensor(np.flatnonzero(st.keep))]
         optimizer.zero_grad(set_to_none=True)
-        self._prefetch = backward_rounds(self, view, st, -bound.mean(), handle, next_rows)
+        self._rounds.backward(view, st, -bound.mean(), handle, next_rows)
         optimizer.step()
         return scalar(bound.detach().sum()), n_keep
 
@@ -181,7 +193,7 @@ class _FalseVFL(VFLMethod):
         optimizer = make_optimizer(
             list(self.global_encoder_.parameters()) + list(self.global_decoder_.parameters()), "adam",
             p.pretrain_lr, p.pretrain_weight_decay)
-        self._prefetch = None
+        self._new_rounds()
 
         def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics:
             self.global_encoder_.train()
@@ -201,7 +213,7 @@ class _FalseVFL(VFLMethod):
         p = self.settings_
         optimizer = make_optimizer(self.discriminator_.parameters(), "adam", p.lr, p.weight_decay)
         y_all = self._target_tensor(view)
-        self._prefetch = None
+        self._new_rounds()
 
         def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics | None:
             rows, noise_seed, following = item
@@ -246,7 +258,7 @@ class _FalseVFL(VFLMethod):
         self.discriminator_.eval()
         self.global_encoder_.eval()
         self.global_decoder_.eval()
-        self._prefetch = None
+        self._new_rounds()
         with torch.no_grad():
             for i, start in enumerate(range(0, len(rows), bs)):
                 batch = rows[start:start + bs]

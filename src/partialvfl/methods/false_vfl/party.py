@@ -38,7 +38,7 @@ from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 
-__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "allowed_tensors", "as_rows"]
+__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "PartyModules", "allowed_tensors", "as_rows"]
 
 _WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
 _LEAN, _SAMPLES = {"wire": "lean"}, {"wire": "samples"}
@@ -49,7 +49,7 @@ def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
     return TensorSpec(name, _WIDE, shape, optional=True, when=when or {})
 
 
-class _PartyModules(nn.Module):
+class PartyModules(nn.Module):
     """Party k's modules: encoder gamma_c^k, decoder theta_c^k (+ per-feature log-variance), II: indicator psi_k."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -124,7 +124,7 @@ class FalseVFLParty(PartyProgram):
             raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
-            self.net = _PartyModules(config).to(self.device)
+            self.net = PartyModules(config).to(self.device)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
@@ -133,6 +133,11 @@ class FalseVFLParty(PartyProgram):
         self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
 
     # -------------------------------------------------------------- helpers
+    @property
+    def modules(self) -> PartyModules:
+        """Its networks: what a batched round (:mod:`.batched`) stacks with other parties' equal ones."""
+        return self.net
+
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
         return torch.randn(shape, generator=gen).to(self.device)

@@ -18,10 +18,11 @@ fusion) never traverse a node twice and nothing is retained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from partialvfl.federation.messages import Request
 from partialvfl.methods.false_vfl.formulas import (
@@ -36,8 +37,9 @@ from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
+    from partialvfl.federation.transport import Transport
 
-__all__ = ["Pass", "Prefetch", "backward_rounds", "forward_rounds"]
+__all__ = ["LatentSide", "Pass", "Prefetch", "Rounds"]
 
 #: the coordinator's share of a step, compiled with ``compile=True`` (:mod:`partialvfl.nn.compiled`)
 _LATENT = compiled(latent_log_weights, True, "FALSE-VFL's latent log-weights")
@@ -95,115 +97,218 @@ def _cat_index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
     return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64), device=device)
 
 
-def encode_round(method: Any, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool,
-                 prefetch: Prefetch | None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Every observing party's posterior parameters of its rows (from the prefetch where it has them)."""
-    answers = dict(prefetch.replies) if prefetch is not None and prefetch.matches(handle, rows) else {}
-    requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, {"data": handle, "train": train})
-                for k in range(observed.shape[1]) if observed[:, k].any() and k not in answers}
-    if requests:
-        for k, r in method.transport.call_many(requests, tolerate=True).items():
-            answers[k] = (r.tensors["mu"], r.tensors["logvar"])
-        method.transport.new_round()
-    return answers
+class LatentSide(Protocol):
+    """What the rounds need from the coordinator they serve, besides the wire: its noise draws and the latent
+    chain's global modules (read at each use, so a coordinator that rebuilds its modules needs no new rounds), its
+    device and whether its share of a step is compiled."""
+
+    device_: torch.device
+    compile: bool
+
+    def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+        """Standard normal noise of ``shape`` from ``gen``."""
+        ...
+
+    def latent_modules(self) -> tuple[nn.Module, nn.Module]:
+        """The global encoder ``q(z|h)`` and the global decoder ``p(h|z)``."""
+        ...
 
 
-def _fuse(method: Any, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Tensor]], train: bool) -> None:
-    """The fused posterior of every batch row from the answering parties' posteriors (one scatter each)."""
-    n_parties, b = st.observed.shape[1], len(st.rows)
-    d_h = method.settings_.d_h
-    parties = sorted(answers)
-    for k in parties:
-        mu, lv = answers[k][0].float(), answers[k][1].float()
-        st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
-    flat = _cat_index([k * b + st.held[k] for k in parties], method.device_)
-    stacked = []
-    for parts in (st.mu, st.logvar):
-        full = torch.zeros(n_parties * b, d_h, device=method.device_)
-        if parties:
-            full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
-        stacked.append(full.view(n_parties, b, d_h))
-    st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1], method._tensor(st.avail.T),
-                                             method.settings_.fusion, any_unobserved=not st.keep.all())
-    if train:
-        st.mean_leaf = st.mean_h.detach().requires_grad_()
-        st.logvar_leaf = st.logvar_h.detach().requires_grad_()
-    else:
-        st.mean_leaf, st.logvar_leaf = st.mean_h, st.logvar_h
+class Rounds:
+    """The coordinator's rounds of FALSE-VFL mini-batches: the transport they cross, the method's settings and
+    variant, and the next batch's posteriors that rode with the last round (:attr:`prefetch`).
 
-
-def forward_rounds(method: Any, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *,
-                   train: bool, noise_seed: int, prefetch: Prefetch | None = None,
-                   next_rows: np.ndarray | None = None) -> tuple[Pass, Prefetch | None]:
-    """Rounds ``encode`` and ``decode`` for one batch: the (S, B) importance log-weights (label-free).
-
-    ``next_rows`` (prediction and stage 2, nothing trained): the next batch's encode rides with this ``decode``;
-    the returned :class:`Prefetch` holds those posteriors for the next call.
+    One per stage or prediction pass (a new one starts without a prefetch); ``side`` is the coordinator.
     """
-    p = method.settings_
-    wire, dtype = p.wire, getattr(torch, p.wire_dtype)
-    rows = np.asarray(rows, dtype=np.int64)
-    observed = view.observed[rows]
-    b, d_h, d_z = len(rows), p.d_h, p.d_z
-    answers = encode_round(method, handle, rows, observed, train, prefetch)
-    avail = observed.copy()
-    avail[:, [k for k in range(observed.shape[1]) if k not in answers]] = False
-    st = Pass(rows=rows, observed=observed, avail=avail, h=torch.empty(0), log_w=torch.empty(0),
-              eps=torch.empty(0), mean_h=torch.empty(0), logvar_h=torch.empty(0), mean_leaf=torch.empty(0),
-              logvar_leaf=torch.empty(0))
-    for k in range(observed.shape[1]):
-        st.held[k], st.missing[k] = np.flatnonzero(observed[:, k]), np.flatnonzero(~observed[:, k])
-    _fuse(method, st, answers, train)
-    gen = latent_noise_generator(noise_seed)
-    st.eps = method._draw(gen, (n_samples, b, d_h))
-    eps_z = method._draw(gen, (n_samples, b, d_z))
-    if wire == "lean" and dtype != torch.float32:
-        mean = _straight_through(st.mean_leaf, dtype)
-        st.h = mean + _straight_through(torch.exp(0.5 * st.logvar_leaf), dtype) * st.eps
-    else:
-        st.h = _straight_through(reparameterize(st.mean_leaf, st.logvar_leaf, st.eps), dtype)
-    requests = _decode_requests(method, st, answers, train, noise_seed, dtype)
-    next_requests, next_prefetch = _next_encodes(view, requests, handle, next_rows, train=False)
-    replies = method.transport.call_many({**next_requests, **requests}, tolerate=True)
-    if next_prefetch is not None:
-        next_prefetch.replies = {k: (r.tensors["mu"], r.tensors["logvar"]) for k, r in replies.items()
-                                 if "mu" in r.tensors}
-    st.log_w = _log_weights(method, st, {k: r for k, r in replies.items() if k in requests}, train, eps_z)
-    return st, next_prefetch
 
+    def __init__(self, transport: Transport, settings: Any, variant: int, side: LatentSide) -> None:
+        self.transport = transport
+        self.settings = settings
+        self.variant = int(variant)
+        self.side = side
+        self.prefetch: Prefetch | None = None
 
-def _decode_requests(method: Any, st: Pass, answers: dict, train: bool, noise_seed: int,
-                     dtype: torch.dtype) -> dict[int, Request]:
-    """Each party's ``decode``: the latents (samples) or the fused posterior (lean) of its held / lacked rows."""
-    variant2 = method.variant == 2
-    for k in range(st.observed.shape[1]):
-        lacks = variant2 and (k in answers or not st.observed[:, k].any()) and st.missing[k].size > 0
-        st.sent[k] = (k in answers, bool(lacks))
-    requests: dict[int, Request] = {}
-    if method.settings_.wire == "samples":
-        h = st.h.detach().to(dtype)
-        for k, (held, lacks) in st.sent.items():
-            tensors = {"h": h[:, st.held[k]]} if held else {}
-            if lacks:
-                tensors["h_mis"] = h[:, st.missing[k]]
-            if tensors:
-                requests[k] = Request("decode", tensors, {"train": train,
-                                                          "noise_seed": derive_seed(noise_seed, "party", k)})
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        return getattr(torch, self.settings.wire_dtype)
+
+    # ------------------------------------------------------------------ forward: encode, fuse, decode
+    def encode(self, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool,
+               prefetch: Prefetch | None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Every observing party's posterior parameters of its rows (from the prefetch where it has them)."""
+        answers = dict(prefetch.replies) if prefetch is not None and prefetch.matches(handle, rows) else {}
+        requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, {"data": handle, "train": train})
+                    for k in range(observed.shape[1]) if observed[:, k].any() and k not in answers}
+        if requests:
+            for k, r in self.transport.call_many(requests, tolerate=True).items():
+                answers[k] = (r.tensors["mu"], r.tensors["logvar"])
+            self.transport.new_round()
+        return answers
+
+    def _fuse(self, st: Pass, answers: dict[int, tuple[torch.Tensor, torch.Tensor]], train: bool) -> None:
+        """The fused posterior of every batch row from the answering parties' posteriors (one scatter each)."""
+        n_parties, b = st.observed.shape[1], len(st.rows)
+        d_h = self.settings.d_h
+        parties = sorted(answers)
+        for k in parties:
+            mu, lv = answers[k][0].float(), answers[k][1].float()
+            st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
+        flat = _cat_index([k * b + st.held[k] for k in parties], self.side.device_)
+        stacked = []
+        for parts in (st.mu, st.logvar):
+            full = torch.zeros(n_parties * b, d_h, device=self.side.device_)
+            if parties:
+                full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
+            stacked.append(full.view(n_parties, b, d_h))
+        st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
+                                                 torch.as_tensor(st.avail.T, device=self.side.device_),
+                                                 self.settings.fusion, any_unobserved=not st.keep.all())
+        if train:
+            st.mean_leaf = st.mean_h.detach().requires_grad_()
+            st.logvar_leaf = st.logvar_h.detach().requires_grad_()
+        else:
+            st.mean_leaf, st.logvar_leaf = st.mean_h, st.logvar_h
+
+    def forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
+                noise_seed: int, next_rows: np.ndarray | None = None) -> Pass:
+        """Rounds ``encode`` and ``decode`` for one batch: the (S, B) importance log-weights (label-free).
+
+        Uses the prefetch where it holds this batch; ``next_rows`` (prediction and stage 2, nothing trained): the
+        next batch's encode rides with this ``decode`` and its posteriors become the new :attr:`prefetch`.
+        """
+        prefetch, self.prefetch = self.prefetch, None
+        p = self.settings
+        dtype = self.wire_dtype
+        rows = np.asarray(rows, dtype=np.int64)
+        observed = view.observed[rows]
+        b, d_h, d_z = len(rows), p.d_h, p.d_z
+        answers = self.encode(handle, rows, observed, train, prefetch)
+        avail = observed.copy()
+        avail[:, [k for k in range(observed.shape[1]) if k not in answers]] = False
+        st = Pass(rows=rows, observed=observed, avail=avail, h=torch.empty(0), log_w=torch.empty(0),
+                  eps=torch.empty(0), mean_h=torch.empty(0), logvar_h=torch.empty(0), mean_leaf=torch.empty(0),
+                  logvar_leaf=torch.empty(0))
+        for k in range(observed.shape[1]):
+            st.held[k], st.missing[k] = np.flatnonzero(observed[:, k]), np.flatnonzero(~observed[:, k])
+        self._fuse(st, answers, train)
+        gen = latent_noise_generator(noise_seed)
+        st.eps = self.side.draw_noise(gen, (n_samples, b, d_h))
+        eps_z = self.side.draw_noise(gen, (n_samples, b, d_z))
+        if p.wire == "lean" and dtype != torch.float32:
+            mean = _straight_through(st.mean_leaf, dtype)
+            st.h = mean + _straight_through(torch.exp(0.5 * st.logvar_leaf), dtype) * st.eps
+        else:
+            st.h = _straight_through(reparameterize(st.mean_leaf, st.logvar_leaf, st.eps), dtype)
+        requests = self._decode_requests(st, answers, train, noise_seed)
+        next_requests, next_prefetch = _next_encodes(view, requests, handle, next_rows, train=False)
+        replies = self.transport.call_many({**next_requests, **requests}, tolerate=True)
+        if next_prefetch is not None:
+            next_prefetch.replies = _posteriors(replies)
+        st.log_w = self._log_weights(st, {k: r for k, r in replies.items() if k in requests}, train, eps_z)
+        self.prefetch = next_prefetch
+        return st
+
+    def _decode_requests(self, st: Pass, answers: dict, train: bool, noise_seed: int) -> dict[int, Request]:
+        """Each party's ``decode``: the latents (samples) or the fused posterior (lean) of its held / lacked rows."""
+        variant2 = self.variant == 2
+        dtype = self.wire_dtype
+        for k in range(st.observed.shape[1]):
+            lacks = variant2 and (k in answers or not st.observed[:, k].any()) and st.missing[k].size > 0
+            st.sent[k] = (k in answers, bool(lacks))
+        requests: dict[int, Request] = {}
+        if self.settings.wire == "samples":
+            h = st.h.detach().to(dtype)
+            for k, (held, lacks) in st.sent.items():
+                tensors = {"h": h[:, st.held[k]]} if held else {}
+                if lacks:
+                    tensors["h_mis"] = h[:, st.missing[k]]
+                if tensors:
+                    requests[k] = Request("decode", tensors, {"train": train,
+                                                              "noise_seed": derive_seed(noise_seed, "party", k)})
+            return requests
+        pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
+                  for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
+        index = _cat_index([idx for _, _, idx in pieces], self.side.device_)
+        mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
+        scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
+        meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows),
+                "samples": int(st.eps.shape[0])}
+        start = 0
+        for k, suffix, idx in pieces:
+            n = len(idx)
+            tensors = requests.setdefault(k, Request("decode", {}, dict(meta))).tensors
+            tensors.update({f"mean{suffix}": mean[start:start + n], f"scale{suffix}": scale[start:start + n],
+                            f"pos{suffix}": torch.as_tensor(idx, dtype=torch.int64)})
+            start += n
         return requests
-    pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
-              for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
-    index = _cat_index([idx for _, _, idx in pieces], method.device_)
-    mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
-    scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
-    meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows), "samples": int(st.eps.shape[0])}
-    start = 0
-    for k, suffix, idx in pieces:
-        n = len(idx)
-        tensors = requests.setdefault(k, Request("decode", {}, dict(meta))).tensors
-        tensors.update({f"mean{suffix}": mean[start:start + n], f"scale{suffix}": scale[start:start + n],
-                        f"pos{suffix}": torch.as_tensor(idx, dtype=torch.int64)})
-        start += n
-    return requests
+
+    def _log_weights(self, st: Pass, replies: dict, train: bool, eps_z: torch.Tensor) -> torch.Tensor:
+        """``sum_k log p(x^k|h) (+ II mask terms) + latent terms``, the per-party terms summed with one scatter
+        each."""
+        n_samples, b = st.eps.shape[0], len(st.rows)
+        sums = []
+        for name, store in (("loglik", st.loglik), ("mask_loglik", st.mask_loglik)):
+            idx, vals = [], []
+            for k, r in replies.items():
+                if name not in r.tensors:
+                    continue
+                t = r.tensors[name].requires_grad_() if train else r.tensors[name]
+                store[k] = t
+                held, lacks = st.sent[k]
+                idx += ([st.held[k]] if held else []) + ([st.missing[k]] if lacks and name == "mask_loglik" else [])
+                vals.append(t)
+            total = torch.zeros(n_samples, b, device=self.side.device_)
+            sums.append(total.index_add(1, _cat_index(idx, self.side.device_), torch.cat(vals, dim=1)) if vals
+                        else total)
+        st.decoded = set(replies)
+        global_encoder, global_decoder = self.side.latent_modules()
+        latent = (_LATENT if self.side.compile else latent_log_weights)(
+            st.h, st.mean_leaf, st.logvar_leaf, global_encoder, global_decoder, eps_z,
+            tuple(self.settings.encoder_logvar_range))
+        return sums[0] + sums[1] + latent
+
+    # ------------------------------------------------------------------ backward: decode_grad, update
+    def backward(self, view: CoordinatorView, st: Pass, loss: torch.Tensor, handle: str,
+                 next_rows: np.ndarray | None = None) -> None:
+        """Training: back-propagate ``loss`` (one pass each side of the fused posterior), the parties' gradient
+        rounds (``decode_grad``, ``update``), and the next batch's encode riding with ``update`` (the new
+        :attr:`prefetch`)."""
+        dtype = self.wire_dtype
+        transport = self.transport
+        loss.backward()  # the coordinator's own terms: gamma_s, theta_s, the log-likelihood leaves, the posterior cut
+        transport.new_round()
+        requests = {}
+        for k in st.decoded:
+            tensors = {}
+            if k in st.loglik:
+                tensors["grad_loglik"] = _grad_or_zeros(st.loglik[k])
+            if k in st.mask_loglik:
+                tensors["grad_mask_loglik"] = _grad_or_zeros(st.mask_loglik[k])
+            requests[k] = Request("decode_grad", tensors)
+        replies = transport.call_many(requests, tolerate=True)
+        grad_mean, grad_scale = _latent_gradients(st, replies, self.side.device_)
+        std = torch.exp(0.5 * st.logvar_leaf.detach())
+        torch.autograd.backward([st.mean_h, st.logvar_h],
+                                [st.mean_leaf.grad + grad_mean, st.logvar_leaf.grad + 0.5 * std * grad_scale])
+
+        transport.new_round()
+        requests = {}
+        for k in set(st.mu) | st.decoded:
+            tensors = {}
+            if k in st.mu:
+                tensors = {"grad_mu": _grad_or_zeros(st.mu[k]).to(dtype),
+                           "grad_logvar": _grad_or_zeros(st.logvar[k]).to(dtype)}
+            requests[k] = Request("update", tensors)
+        extra, prefetch = _next_encodes(view, requests, handle, next_rows, train=True)
+        replies = transport.call_many({**extra, **requests}, tolerate=True)
+        if prefetch is not None:
+            prefetch.replies = _posteriors(replies)
+        self.prefetch = prefetch
+
+
+def _posteriors(replies: dict) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The next batch's posteriors that rode with a round's replies."""
+    return {k: (r.tensors["mu"], r.tensors["logvar"]) for k, r in replies.items() if "mu" in r.tensors}
 
 
 def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: str, next_rows: np.ndarray | None,
@@ -226,67 +331,7 @@ def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: s
     return extra, Prefetch(handle, next_rows)
 
 
-def _log_weights(method: Any, st: Pass, replies: dict, train: bool, eps_z: torch.Tensor) -> torch.Tensor:
-    """``sum_k log p(x^k|h) (+ II mask terms) + latent terms``, the per-party terms summed with one scatter each."""
-    n_samples, b = st.eps.shape[0], len(st.rows)
-    sums = []
-    for name, store in (("loglik", st.loglik), ("mask_loglik", st.mask_loglik)):
-        idx, vals = [], []
-        for k, r in replies.items():
-            if name not in r.tensors:
-                continue
-            t = r.tensors[name].requires_grad_() if train else r.tensors[name]
-            store[k] = t
-            held, lacks = st.sent[k]
-            idx += ([st.held[k]] if held else []) + ([st.missing[k]] if lacks and name == "mask_loglik" else [])
-            vals.append(t)
-        total = torch.zeros(n_samples, b, device=method.device_)
-        sums.append(total.index_add(1, _cat_index(idx, method.device_), torch.cat(vals, dim=1)) if vals else total)
-    st.decoded = set(replies)
-    latent = (_LATENT if method.compile else latent_log_weights)(
-        st.h, st.mean_leaf, st.logvar_leaf, method.global_encoder_, method.global_decoder_, eps_z,
-        tuple(method.settings_.encoder_logvar_range))
-    return sums[0] + sums[1] + latent
-
-
-def backward_rounds(method: Any, view: CoordinatorView, st: Pass, loss: torch.Tensor, handle: str,
-                    next_rows: np.ndarray | None = None) -> Prefetch | None:
-    """Training: back-propagate ``loss`` (one pass each side of the fused posterior), the parties' gradient rounds
-    (``decode_grad``, ``update``), and the next batch's encode riding with ``update``."""
-    dtype = getattr(torch, method.settings_.wire_dtype)
-    transport = method.transport
-    loss.backward()  # the coordinator's own terms: gamma_s, theta_s, the log-likelihood leaves, the posterior cut
-    transport.new_round()
-    requests = {}
-    for k in st.decoded:
-        tensors = {}
-        if k in st.loglik:
-            tensors["grad_loglik"] = _grad_or_zeros(st.loglik[k])
-        if k in st.mask_loglik:
-            tensors["grad_mask_loglik"] = _grad_or_zeros(st.mask_loglik[k])
-        requests[k] = Request("decode_grad", tensors)
-    replies = transport.call_many(requests, tolerate=True)
-    grad_mean, grad_scale = _latent_gradients(method, st, replies)
-    std = torch.exp(0.5 * st.logvar_leaf.detach())
-    torch.autograd.backward([st.mean_h, st.logvar_h],
-                            [st.mean_leaf.grad + grad_mean, st.logvar_leaf.grad + 0.5 * std * grad_scale])
-
-    transport.new_round()
-    requests = {}
-    for k in set(st.mu) | st.decoded:
-        tensors = {}
-        if k in st.mu:
-            tensors = {"grad_mu": _grad_or_zeros(st.mu[k]).to(dtype),
-                       "grad_logvar": _grad_or_zeros(st.logvar[k]).to(dtype)}
-        requests[k] = Request("update", tensors)
-    extra, prefetch = _next_encodes(view, requests, handle, next_rows, train=True)
-    replies = transport.call_many({**extra, **requests}, tolerate=True)
-    if prefetch is not None:
-        prefetch.replies = {k: (r.tensors["mu"], r.tensors["logvar"]) for k, r in replies.items() if "mu" in r.tensors}
-    return prefetch
-
-
-def _latent_gradients(method: Any, st: Pass, replies: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _latent_gradients(st: Pass, replies: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The parties' gradients w.r.t. the fused posterior's mean and scale of every batch row, summed."""
     b, d_h = len(st.rows), st.eps.shape[-1]
     idx, means, scales = [], [], []
@@ -306,10 +351,10 @@ def _latent_gradients(method: Any, st: Pass, replies: dict) -> tuple[torch.Tenso
             else:
                 continue
             idx.append(rows)
-    index = _cat_index(idx, method.device_)
+    index = _cat_index(idx, device)
     out = []
     for parts in (means, scales):
-        total = torch.zeros(b, d_h, device=method.device_)
+        total = torch.zeros(b, d_h, device=device)
         out.append(total.index_add_(0, index, torch.cat(parts)) if parts else total)
     return out[0], out[1]
 
