@@ -31,21 +31,13 @@ import torch
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_transport import PartyError
 from partialvfl.methods.splitnn.party import build_party_model
+from partialvfl.privacy.reconstruction import relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng
 
-__all__ = ["ATTACKS", "AttackOutcome", "Extractor", "relative_rmse", "run_attacks"]
+__all__ = ["ATTACKS", "AttackOutcome", "Extractor", "relative_rmse", "ridge", "run_attacks"]
 
 PROGRAM = "splitnn/party"
 MODEL = "f"
-
-
-def relative_rmse(x: np.ndarray, x_hat: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """Per-feature RMSE of ``x_hat`` over ``rows`` (default all), in units of each feature's standard deviation."""
-    rows = np.arange(len(x)) if rows is None else rows
-    std = x.std(axis=0)
-    keep = std > 1e-12
-    err = np.sqrt(np.mean((x_hat[rows] - x[rows]) ** 2, axis=0))
-    return err[keep] / std[keep]
 
 
 @dataclass
@@ -169,31 +161,6 @@ def invert(nets: Sequence[torch.nn.Module], embeddings: Sequence[np.ndarray], d:
 
     opt.step(loss)
     return x.detach().numpy()
-
-
-ALPHAS = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
-
-
-def ridge(features: np.ndarray, targets: np.ndarray, known: np.ndarray, alphas: Sequence[float] = ALPHAS
-          ) -> np.ndarray:
-    """Ridge regression of ``targets`` on ``features`` fitted on rows ``known`` (standardised inputs, intercept),
-    predicted for every row; the penalty is the one with the smallest leave-one-out error on the known rows (what an
-    attacker can choose without knowing any other row)."""
-    mu, sd = features[known].mean(0), features[known].std(0) + 1e-9
-    z = (features - mu) / sd
-    y_mu = targets[known].mean(0)
-    yk = targets[known] - y_mu
-    scale = targets[known].std(0) + 1e-9
-    kernel = z[known] @ z[known].T
-    best, best_err = None, np.inf
-    for alpha in alphas:
-        inv = np.linalg.inv(kernel + alpha * np.eye(len(known)))
-        hat = kernel @ inv
-        loo = (yk - hat @ yk) / np.maximum(1.0 - np.diag(hat) - 1.0 / len(known), 1e-6)[:, None]
-        err = float(np.mean((loo / scale) ** 2))
-        if err < best_err:
-            best, best_err = inv @ yk, err
-    return y_mu + (z @ z[known].T) @ best
 
 
 # ---------------------------------------------------------------------- the attacks

@@ -30,7 +30,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
     "coordinator": ("identity", "active_party", "alignment", "hmac_key_file", "deadline_seconds", "max_message_mb",
                     "state_dir"),
     "tls": ("ca", "cert", "key"),
-    "labels": ("path", "id_column", "label_column", "task", "classes"),
+    "labels": ("path", "id_column", "label_column", "task", "classes", "label_dp"),
     "parties": ("name", "address", "identity"),
 }
 
@@ -74,6 +74,7 @@ class LabelSource:
     label_column: str
     task: str = "classification"
     classes: tuple[Any, ...] | None = None
+    label_dp: float | None = None  # the label holder's label DP (randomized response at this epsilon)
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,14 @@ def load_federation_config(path: str | Path) -> FederationConfig:
                 raise ValueError(f"{p}: [labels] needs '{k}'")
         if lab.get("task", "classification") not in ("classification", "regression"):
             raise ValueError(f"{p}: [labels] task must be 'classification' or 'regression', got {lab['task']!r}")
+        label_dp = lab.get("label_dp")
+        if label_dp is not None and (isinstance(label_dp, bool) or not isinstance(label_dp, int | float)
+                                     or not 0 < label_dp < float("inf")):
+            raise ValueError(f"{p}: [labels] label_dp must be a positive number (an epsilon), got {label_dp!r}")
         labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
                              str(lab.get("task", "classification")),
-                             tuple(lab["classes"]) if "classes" in lab else None)
+                             tuple(lab["classes"]) if "classes" in lab else None,
+                             None if label_dp is None else float(label_dp))
     alignment = coord.get("alignment", "psu")
     if alignment not in ALIGNMENT_MODES:
         raise ValueError(f"{p}: [coordinator] alignment must be one of {list(ALIGNMENT_MODES)}, got {alignment!r}")
@@ -432,11 +438,16 @@ class GrpcFederation(Federation):
         self.transport.broadcast(self._present(), "release", tolerate=True, handle=handle)
 
     # ------------------------------------------------------------------ programs and their state
-    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
+    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int,
+              plans: Mapping[int, dict[str, Any]] | None = None) -> None:
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
-        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent)
+        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent, plans=plans)
         self.absent |= set(self._present()) - set(replies)
+
+    def private_parties(self) -> dict[int, dict[str, float]]:
+        """The parties whose ``hello`` said they keep a differential-privacy budget (``[policy] dp_epsilon``)."""
+        return {k: dict(info["dp"]) for k, info in self.party_info.items() if info.get("dp")}
 
     @staticmethod
     def party_dir_for(directory: str | Path) -> str:

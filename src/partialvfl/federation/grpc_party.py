@@ -79,11 +79,14 @@ log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
+#: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
+PRIVACY_LEDGER = "privacy-ledger.npz"
 
 #: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
 SERVER_MESSAGES: dict[str, MessageSpec] = {
     "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count, feature "
-                             "shape and the names and row counts of its prediction tables as metadata."),
+                             "shape and the names and row counts of its prediction tables as metadata (and `dp`, its "
+                             "differential-privacy budget, where it keeps one)."),
     "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
                        doc="alignment = 'hmac' only: the IDs of the training table (or of prediction table `table`) "
                            "as HMAC-SHA256 hashes."),
@@ -207,6 +210,7 @@ class PartyServer:
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
                                     policy=cfg.policy, feature_shape=self.table.feature_shape,
+                                    privacy_ledger=self.state_dir / PRIVACY_LEDGER,
                                     device=cfg.device, precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
@@ -266,10 +270,13 @@ class PartyServer:
         self.aligner.new_session()  # keys, blindings and tokens are per session
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
-        return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
-                           "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
-                           "tables": tables, "feature_names": list(t.feature_names),
-                           "alignment": self.cfg.alignment})
+        meta = {"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
+                "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
+                "tables": tables, "feature_names": list(t.feature_names), "alignment": self.cfg.alignment}
+        if self.runtime.privacy is not None:  # the coordinator learns the budget; it cannot change it
+            budget = self.runtime.privacy.budget
+            meta["dp"] = {"epsilon": budget.epsilon, "delta": budget.delta}
+        return Reply(meta=meta)
 
     def _attach(self, req: Request) -> Reply:
         handle = req.meta.get("handle")
@@ -387,6 +394,8 @@ class PartyServer:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                               f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None
             self._check_disclosure(kind, reply)
+            if self.runtime.privacy is not None and kind not in self.runtime.builtins:
+                entry["dp_epsilon_spent"] = self.runtime.privacy.ledger.epsilon_spent()
             return Reply(reply.tensors, {**reply.meta, SECONDS_KEY: time.perf_counter() - t0})
 
     def _accepted(self, wire: WireRequest) -> None:

@@ -119,6 +119,10 @@ class PartyPolicy:
     seed: str | int = "secret"
     max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
     persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
+    # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
+    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
+    dp_epsilon: float | None = None
+    dp_delta: float | None = None
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -155,6 +159,13 @@ class PartyPolicy:
         policy = replace(base, **changes)
         if isinstance(policy.seed, str) and policy.seed not in SEED_MODES:
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {policy.seed!r}")
+        _check_dp(policy, where)
+        return policy
+
+    def with_dp(self, epsilon: float, delta: float) -> PartyPolicy:
+        """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)."""
+        policy = replace(self, dp_epsilon=float(epsilon), dp_delta=float(delta))
+        _check_dp(policy, "the policy")
         return policy
 
     def changed(self) -> dict[str, Any]:
@@ -339,12 +350,29 @@ class PartyPolicy:
             "the package's own programs" if p == PACKAGE_PROGRAMS else p for p in self.programs)
         changed = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.changed().items())
         how = f" changed by party.toml ({changed})" if changed else " (the preset unchanged)"
+        dp = (f"; differential privacy: epsilon {self.dp_epsilon:g}, delta {self.dp_delta:g} per row"
+              if self.dp_epsilon is not None else "")
         return (f"policy {self.preset}{how}: {progs}; {seed}; weight sharing "
-                f"{'allowed' if self.allow_weight_sharing else 'refused'}")
+                f"{'allowed' if self.allow_weight_sharing else 'refused'}{dp}")
+
+
+def _check_dp(policy: PartyPolicy, where: str) -> None:
+    """``dp_epsilon`` and ``dp_delta`` come together: epsilon > 0, 0 < delta < 1."""
+    eps, delta = policy.dp_epsilon, policy.dp_delta
+    if eps is None and delta is None:
+        return
+    if eps is None or delta is None:
+        missing = "dp_delta" if delta is None else "dp_epsilon"
+        raise ValueError(f"{where}: a differential-privacy budget needs both dp_epsilon and dp_delta; {missing} is "
+                         "missing (e.g. dp_epsilon = 8, dp_delta = 1e-5)")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"{where}: dp_epsilon must be a positive number, got {eps!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
 
 
 _INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_lookups"}
-_FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb"}
+_FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "dp_epsilon", "dp_delta"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 

@@ -70,6 +70,23 @@ class _FalseVFL(VFLMethod):
         total += mlp_flops([d_h, *p.global_hidden, 2 * d_z], s * b) + mlp_flops([d_z, *p.global_hidden, 2 * d_h], s * b)
         return 3.0 * total
 
+    # ------------------------------------------------------------------ differential privacy (variant I)
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Per row: stage 1, its posterior, log-likelihoods, their latent gradients and a DP-SGD update per epoch;
+        stage 2, posterior and log-likelihoods per epoch (labelled rows); each prediction, the same two."""
+        p = self.settings_
+        predictions = 2 * int(self.dp_options_["predictions"])
+        return (4 * p.pretrain_epochs + 2 * p.epochs if purpose == "fit" else 0) + predictions
+
+    def _privacy_clips(self, party: int) -> dict[str, float]:
+        """Clip norms of the released tensors, about the size of their values on standardised features."""
+        p = self.settings_
+        d = float(self.index_.feature_dims[party])
+        root = math.sqrt(p.d_h)
+        return {"mu": root, "logvar": 2.0 * root, "loglik": 2.0 * d * math.sqrt(p.importance_samples),
+                "grad_mean": root / p.pretrain_batch_size, "grad_scale": root / p.pretrain_batch_size,
+                "grad_h": root / p.pretrain_batch_size}
+
     def _party_config(self, party: int) -> dict[str, Any]:
         cfg = self.settings_._pick("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
                                    "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
@@ -310,6 +327,7 @@ class FalseVFL1(_FalseVFL):
 
     name = "false-vfl-1"
     variant = 1
+    supports_privacy = True
 
 
 @register_method

@@ -32,6 +32,7 @@ from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.nn.optim import make_optimizer
@@ -69,6 +70,7 @@ class FalseVFLParty(PartyProgram):
     """The party-local half of FALSE-VFL I/II; its message kinds are declared in ``messages`` (see the module)."""
 
     program_name = "false-vfl/party"
+    supports_privacy = True
     # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples, N: the next batch's rows it holds
     messages: ClassVar[Messages] = {
         "encode": MessageSpec(
@@ -116,6 +118,15 @@ class FalseVFLParty(PartyProgram):
             nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
         return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape)
 
+    @classmethod
+    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+        return private_refusal(config)
+
+    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
+        """Recorded by the handlers as they compute: ``mu``/``logvar`` are about the rows they encoded, ``loglik``
+        (axis 1) and the latent gradients about the rows of the pending encode."""
+        return {name: self._rows_of[name] for name in reply.tensors if name in self._rows_of}
+
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
         self.variant = int(config["variant"])
@@ -129,15 +140,11 @@ class FalseVFLParty(PartyProgram):
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
                                         float(config["pretrain_weight_decay"]))
+        self._rows_of: dict[str, tuple[str, np.ndarray, int]] = {}  # reply tensor -> (handle, rows, axis)
         self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train
         self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
 
     # -------------------------------------------------------------- helpers
-    @property
-    def modules(self) -> PartyModules:
-        """Its networks: what a batched round (:mod:`.batched`) stacks with other parties' equal ones."""
-        return self.net
-
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
         return torch.randn(shape, generator=gen).to(self.device)
@@ -178,10 +185,14 @@ class FalseVFLParty(PartyProgram):
             self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
             mu, logvar = split_gaussian(self.net.encoder(x), self.logvar_range)
-        self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train}
+            if self.runtime.privacy is not None:
+                mu, logvar = clip_posterior(self.runtime.privacy, mu, logvar)
+        self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train, "handle": str(handle), "rows": rows.numpy()}
+        self._rows_of.update({"mu": (str(handle), rows.numpy(), 0), "logvar": (str(handle), rows.numpy(), 0)})
         return {"mu": self.to_wire(mu), "logvar": self.to_wire(logvar)}
 
     def on_encode(self, req: Request) -> Reply:
+        self._rows_of = {}
         return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False))))
 
     def _latents(self, req: Request, train: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,
@@ -204,6 +215,7 @@ class FalseVFLParty(PartyProgram):
         return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
+        self._rows_of = {}
         train = bool(req.meta.get("train", False))
         self.net.train(train)
         leaves, h, h_mis = self._latents(req, train)
@@ -216,6 +228,9 @@ class FalseVFLParty(PartyProgram):
             logvar = self.decoder_logvar()
             if h is not None:
                 out["loglik"] = feature_gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
+                if self.runtime.privacy is not None:
+                    out["loglik"] = clip_loglik(self.runtime.privacy, out["loglik"])
+                    self._rows_of["loglik"] = (self._enc["handle"], self._enc["rows"], 1)
             if self.variant == 2:
                 parts = []
                 if h is not None:
@@ -229,11 +244,16 @@ class FalseVFLParty(PartyProgram):
                 if parts:
                     out["mask_loglik"] = torch.cat(parts, dim=1)
         self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
+        if train and h is not None and self.runtime.privacy is not None:
+            self._dec.update(h=h.detach(), handle=self._enc["handle"], rows=self._enc["rows"])
         if "next_rows" in req.tensors:
             out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
         return Reply(out)
 
     def on_decode_grad(self, req: Request) -> Reply:
+        self._rows_of = {}
+        if self.runtime.privacy is not None and "grad_loglik" in req.tensors:
+            self._dec["grad_loglik"] = req.tensors["grad_loglik"]
         outs, grads = [], []
         for name in ("loglik", "mask_loglik"):
             if f"grad_{name}" in req.tensors and name in self._dec.get("outs", {}):
@@ -244,10 +264,15 @@ class FalseVFLParty(PartyProgram):
         reply = {}
         for name, leaf in self._dec.get("leaves", {}).items():
             reply[f"grad_{name}"] = self.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
+            if "rows" in self._dec:  # the gradients of the held rows' latents (axis of B)
+                self._rows_of[f"grad_{name}"] = (self._dec["handle"], self._dec["rows"], 1 if name == "h" else 0)
         return Reply(reply)
 
     def on_update(self, req: Request) -> Reply:
-        if "grad_mu" in req.tensors:
+        self._rows_of = {}
+        if self.runtime.privacy is not None and "grad_mu" in req.tensors:
+            private_update(self, req.tensors["grad_mu"], req.tensors["grad_logvar"])
+        elif "grad_mu" in req.tensors:
             torch.autograd.backward([self._enc["mu"], self._enc["logvar"]],
                                     [req.tensors["grad_mu"].float(), req.tensors["grad_logvar"].float()])
         self.optimizer.step()

@@ -154,8 +154,11 @@ class Rounds:
             mu, lv = answers[k][0].float(), answers[k][1].float()
             st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
         flat = _cat_index([k * b + st.held[k] for k in parties], self.side.device_)
+        private = getattr(getattr(self.side, "federation_", None), "privacy_setups", {})
+        lo, hi = self.settings.encoder_logvar_range  # noisy log-variances of a private party, clamped as its own are
+        logvar = {k: v.clamp(lo, hi) if k in private else v for k, v in st.logvar.items()}
         stacked = []
-        for parts in (st.mu, st.logvar):
+        for parts in (st.mu, logvar):
             full = torch.zeros(n_parties * b, d_h, device=self.side.device_)
             if parties:
                 full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))

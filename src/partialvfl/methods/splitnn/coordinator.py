@@ -52,6 +52,7 @@ class SplitNNMethod(VFLMethod):
     """
 
     party_program = "splitnn/party"
+    supports_privacy = True
 
     # ------------------------------------------------------------------ hooks
     def _model_names(self, party: int) -> list[str]:
@@ -74,6 +75,19 @@ class SplitNNMethod(VFLMethod):
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ differential privacy
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Per row and model, one released representation and one DP-SGD update per epoch; one release per
+        prediction (``dp_options['predictions']``)."""
+        models = len(self._model_names(party))
+        fit = 2 * self.settings_.epochs * models if purpose == "fit" else 0
+        return max(1, fit + int(self.dp_options_["predictions"]))
+
+    def _privacy_refusal(self) -> str | None:
+        if self.settings_.pretrain:
+            return "SimSiam pretraining (pretrain=true) is not covered by a party's budget: fit with pretrain=false"
+        return None
 
     # ------------------------------------------------------------------ contract
     @classmethod

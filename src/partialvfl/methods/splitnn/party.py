@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
+from partialvfl.federation.dp import clip_rows
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.splitnn.batched import handle_batch
+from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
@@ -34,6 +38,7 @@ class SplitParty(PartyProgram):
     """A party's representation models f_k (one per name in ``config['models']``), trained by split learning."""
 
     program_name = "splitnn/party"
+    supports_privacy = True
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
@@ -55,6 +60,20 @@ class SplitParty(PartyProgram):
                              resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
         return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
 
+    @classmethod
+    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+        """ResNet-18's batch normalisation mixes the rows of a batch: no per-row clipping bounds one row's part."""
+        if encoder_arch(str(config.get("encoder", "auto")), feature_shape_of(config)) == "resnet18":
+            return ("a resnet18 encoder (batch normalisation mixes the rows of a batch) cannot be trained under it: "
+                    "use encoder mlp or cnn")
+        return None
+
+    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
+        """``emb:<model>`` is about the rows of ``rows:<model>``."""
+        handle = str(request.meta["data"])
+        return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
+                if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
+
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
         self.feature_shape = tuple(int(s) for s in config["feature_shape"])
@@ -67,6 +86,7 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
+        self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
         self._simsiam: dict[str, SimSiamTrainer] = {}
         self._simsiam_saved: dict[str, Any] | None = None
@@ -83,11 +103,15 @@ class SplitParty(PartyProgram):
             ) from None
 
     def forward_model(self, name: str, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives)."""
+        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives).  Under a privacy
+        budget each row's representation is clipped to the plan's norm here, inside the graph, so that the gradient
+        the party back-propagates is that of what it released."""
         model = self._model(name)
         model.train(train)
         with torch.set_grad_enabled(train):
             h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
+            if self.runtime.privacy is not None and len(x):
+                h = clip_rows(h, self.runtime.privacy.clip_for("emb:{model}"))
         if train:
             self._pending[name] = h
         return h
@@ -99,7 +123,10 @@ class SplitParty(PartyProgram):
             if not key.startswith("rows:"):
                 raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
             name = key.removeprefix("rows:")
-            out[f"emb:{name}"] = self.forward_model(name, self._features(req.meta["data"], rows), train)
+            x = self._features(req.meta["data"], rows)
+            out[f"emb:{name}"] = self.forward_model(name, x, train)
+            if train and self.runtime.privacy is not None:
+                self._private_rows[name] = (str(req.meta["data"]), rows.numpy(), x)
         return Reply(out)
 
     def handle(self, request: Request) -> Reply:
@@ -113,6 +140,9 @@ class SplitParty(PartyProgram):
         return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
+        if self.runtime.privacy is not None:
+            private_update(self, {k.removeprefix("grad:"): g for k, g in req.tensors.items()})
+            return Reply()
         total: torch.Tensor | None = None
         names = []
         for key, grad in req.tensors.items():
@@ -143,6 +173,10 @@ class SplitParty(PartyProgram):
 
         ``meta['epoch']`` 0 starts pretraining (fresh SimSiam heads); ``meta['last']`` ends it (heads dropped).
         """
+        if self.runtime.privacy is not None:
+            raise PolicyViolation("dp_epsilon", f"party {self.party}: SimSiam pretraining is not covered by this "
+                                  "party's differential-privacy budget (its updates are not DP-SGD and it reports "
+                                  "losses); fit with pretrain=false")
         view = self.data(req.meta["data"])
         names = list(req.meta.get("models") or list(self.models))
         if int(req.meta["epoch"]) == 0 or not self._simsiam:
@@ -181,4 +215,4 @@ class SplitParty(PartyProgram):
             self.optimizers[name].load_state_dict(sd)
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
-        self._pending, self._groups = {}, {}
+        self._pending, self._groups, self._private_rows = {}, {}, {}
