@@ -196,14 +196,13 @@ def _record_draws(obj, store: list) -> None:
     obj._draw = recorder
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["per-party", "batched"])
 @pytest.mark.parametrize("wire", ["lean", "samples", "bound"])
 @pytest.mark.parametrize("variant", [1, 2])
-def test_distributed_gradients_equal_centralised_gradients(variant, wire, batched) -> None:
-    """Every wire protocol, per-party and batched parties: every gradient equals the centralised bound's."""
+def test_distributed_gradients_equal_centralised_gradients(variant, wire) -> None:
+    """Every wire protocol: every gradient equals the centralised bound's."""
     train, _ = _synthetic(n=200, n_test=20)
     params = dict(TINY, pretrain_epochs=0, epochs=0, pretrain_lr=0.0, pretrain_weight_decay=0.0, wire=wire)
-    fed = LocalFederation.for_dataset(train, batched=batched)
+    fed = LocalFederation.for_dataset(train)
     method = get_method(f"false-vfl-{variant}")("fast", seed=3, **params).fit(train, federation=fed)
     handle = fed.attach(train, "grad")
     view = train.coordinator_view()

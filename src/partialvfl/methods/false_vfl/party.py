@@ -13,14 +13,14 @@ The rounds of one mini-batch (``docs/false-vfl.md`` has the wire protocol and wh
 * ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
 
 ``next_rows`` on ``update`` (and on ``decode`` when nothing is trained) asks for the next batch's ``encode`` in
-the same message, which saves a round per step.  In the in-process simulation several parties' rounds run as one
-batched computation (:mod:`.batched`); each party's weights and optimiser stay its own.
+the same message, which saves a round per step.  In process every party answers by this same handler, as it does
+in a deployment, so a simulation and a federation with the same seeds compute the same floats (``docs/false-vfl.md``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -151,15 +151,10 @@ class FalseVFLParty(PartyProgram):
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
                                         float(config["pretrain_weight_decay"]))
         self._rows_of: dict[str, tuple[str, np.ndarray, int]] = {}  # reply tensor -> (handle, rows, axis)
-        self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train (+ group, slot when batched)
-        self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs (+ group, slot)
+        self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train
+        self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
 
     # -------------------------------------------------------------- helpers
-    @property
-    def modules(self) -> PartyModules:
-        """Its networks: what a batched round (:mod:`.batched`) stacks with other parties' equal ones."""
-        return self.net
-
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
         return torch.randn(shape, generator=gen).to(self.device)
@@ -219,23 +214,6 @@ class FalseVFLParty(PartyProgram):
         """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
         seed = int(meta.get("noise_seed", 0))
         return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
-
-    def in_group(self, kind: str) -> bool:
-        """Whether answering ``kind`` back-propagates through a graph shared with other parties (batched round)."""
-        return "group" in (self._dec if kind == "decode_grad" else self._enc if kind == "update" else {})
-
-    def handle(self, request: Request) -> Reply:
-        if self.in_group(request.kind):
-            from partialvfl.methods.false_vfl.batched import handle_batch
-
-            return handle_batch([(self, request)])[0]  # its graph is part of a batched round's
-        return super().handle(request)
-
-    @classmethod
-    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
-        from partialvfl.methods.false_vfl.batched import handle_batch
-
-        return handle_batch(items)
 
     # -------------------------------------------------------------- handlers
     def encode_rows(self, handle: str, rows: torch.Tensor, train: bool) -> dict[str, torch.Tensor]:
