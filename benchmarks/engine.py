@@ -5,7 +5,9 @@ Prints, with the hardware, torch threads and load average beside every section:
 * ``peak``: the fp32 matmul GFLOP/s of this process (square matmuls and the step's own layer shapes);
 * ``fvl-step``: FALSE-VFL-I stage 1 on the cpu-grid configuration (FashionMNIST, 8 parties of 14 x 7 pixels, MLP
   width 128, batch 256, kappa 10, d_h 196, d_z 32): FLOPs per step (``FlopCounterMode``: matmuls only), time per
-  step batched and per party (interleaved repeats, min and median), achieved GFLOP/s and % of the peak, per epoch;
+  step on the code's default path (repeats, min and median; every FALSE-VFL party answers by its own handler, as
+  deployed: issue 21 removed the batched path, which was not measurably
+  faster: docs/false-vfl.md), achieved GFLOP/s and % of the peak, per epoch;
 * ``laser``: LASER-VFL at the official code's hyperparameters (4 parties of 196 pixels, per-party
   Linear(d,128)-ReLU-Linear(128,128)-ReLU-Linear(128,128), mean fusion, K linear heads, SGD lr 0.03 momentum 0.8
   weight decay 1e-4, batch 128): time per epoch batched and per party, FLOPs and GFLOP/s; with
@@ -223,10 +225,11 @@ def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], varian
 
 
 MODES = {"batched": True, "per_party": False}
+DEFAULT = {"default": None}  # the code's own path (FALSE-VFL: each party alone, in this code and before batching)
 
 
 def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: float,
-                     modes: dict[str, bool | None] = MODES) -> dict[str, Any]:
+                     modes: dict[str, bool | None] = DEFAULT) -> dict[str, Any]:
     steps = {name: fvl_stepper(train, b, params) for name, b in modes.items()}
     for s in steps.values():
         s()  # warm-up: lazy imports, allocator
@@ -243,10 +246,6 @@ def fvl_step_section(train: Any, params: dict[str, Any], repeats: int, peak: flo
         out[name] = {**summary(t), "gflops": round(flops / best / 1e9, 1),
                      "percent_of_peak": round(100 * flops / best / 1e9 / peak, 1),
                      "seconds_per_epoch": round(best * per_epoch, 2)}
-    if set(times) == set(MODES):
-        out["per_party_over_batched_min"] = round(min(times["per_party"]) / min(times["batched"]), 2)
-        out["per_party_over_batched_median"] = round(float(np.median(times["per_party"])
-                                                           / np.median(times["batched"])), 2)
     return out
 
 
@@ -459,7 +458,7 @@ def threads_section(quick: bool, repeats: int, contention: int) -> dict[str, Any
             for name, (threads, policy) in runs.items():
                 res = _child(["--only", "fvl-step", "--threads", str(threads), "--repeats", str(repeats)]
                              + (["--quick"] if quick else []), {"OMP_WAIT_POLICY": policy})
-                out[f"{name}, {busy} busy"] = res["fvl-step"]["batched"]
+                out[f"{name}, {busy} busy"] = res["fvl-step"]["default"]
         finally:
             for h in hogs:
                 h.kill()
@@ -477,7 +476,8 @@ def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def baseline_section(src: str, quick: bool, repeats: int, threads: int) -> dict[str, Any]:
     """Before/after: the FALSE-VFL step and the LASER-VFL epoch of a baseline checkout (its default path) and of
-    this code (batched), in fresh processes alternating ``repeats`` times; the fastest of each."""
+    this code (LASER-VFL batched; FALSE-VFL's default path), in fresh processes alternating ``repeats`` times; the
+    fastest of each."""
     here = str(HERE.parent / "src")
     args = ["--only", "fvl-step", "laser", "--repeats", "3", "--threads", str(threads)] + (["--quick"] if quick else [])
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "now": []}
@@ -486,7 +486,7 @@ def baseline_section(src: str, quick: bool, repeats: int, threads: int) -> dict[
             extra = ["--compat"] if name == "baseline" else []
             runs[name].append(_child(args + extra, {"PYTHONPATH": path}))
     mode = {"baseline": "default", "now": "batched"}
-    step = {k: min(r["fvl-step"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
+    step = {k: min(r["fvl-step"]["default"]["min_s"] for r in v) for k, v in runs.items()}
     epoch = {k: min(r["laser"][mode[k]]["min_s"] for r in v) for k, v in runs.items()}
     return {"baseline_src": src, "fvl_step_seconds": step, "fvl_step_speedup": round(step["baseline"] / step["now"], 2),
             "laser_epoch_seconds": epoch, "laser_epoch_speedup": round(epoch["baseline"] / epoch["now"], 2)}
@@ -567,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     if "peak" in wanted:
         res["peak"] = peak
     runners = {
-        "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"],
-                                             _modes(a.compat)),
+        "fvl-step": lambda: fvl_step_section(fvl_data(a.quick), _fvl_params(a.quick), repeats, peak["peak"]),
         "laser": lambda: laser_section(laser_data(a.quick), repeats, 1 if a.quick else a.laser_epochs, official,
                                        _modes(a.compat), laser_config(a.quick)),
         "bytes": lambda: bytes_section(fvl_data(a.quick), _fvl_params(a.quick), 3),

@@ -33,10 +33,11 @@ def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data,
     finally:
         torch._dynamo.reset()
     err = capsys.readouterr().err
-    assert "partialvfl --compile: could not compile the stacked party MLPs" in err
+    # FALSE-VFL's compiled step: its latent log-weights (its parties answer alone, uncompiled, since issue 21)
+    assert "partialvfl --compile: could not compile FALSE-VFL's latent log-weights" in err
     assert "running it eagerly instead" in err and "needs a C++ compiler" in err
-    assert err.count("could not compile the stacked party MLPs") == 1  # said once, not every step
-    assert "InvalidCxxCompiler" in compiled_module.compile_failures()["the stacked party MLPs"]  # the toolchain
+    assert err.count("could not compile FALSE-VFL's latent log-weights") == 1  # said once, not every step
+    assert "InvalidCxxCompiler" in compiled_module.compile_failures()["FALSE-VFL's latent log-weights"]
     np.testing.assert_array_equal(proba, eager)  # eager after the failure: the same numbers
 
 

@@ -199,6 +199,7 @@ def saved_states(model_dir: Path, deployment: LocalDeployment | None = None) -> 
             party_dir = deployment.dir / "state" / name / GrpcFederation.saved_party_dir(model_dir)
         state = torch.load(party_dir / f"party-{k}.pt", weights_only=True)
         state.pop("model", None)  # the digest of the saved model instance (its metadata holds the fit's timings)
+        state.pop("state_id", None)  # which state this is, at that party (for its rewind count): random per process
         out[f"party-{k}"] = state
     return out
 
@@ -334,6 +335,11 @@ def test_a_wrong_parameter_is_refused_with_its_name(name: str) -> None:
     assert checked or cls.params is None, f"{name} declares no parameter with a refusable value"
 
 
+#: methods whose parties answer alone in process, as over gRPC (issue 21: FALSE-VFL's stacked simulation summed in
+#: another float order); the split-network methods stack equal parties in process and agree to float tolerance
+PARTIES_ALONE_IN_PROCESS = {"false-vfl-1", "false-vfl-2", "x-vfl", "fedhssl"}
+
+
 @pytest.mark.parametrize("name", METHODS)
 def test_federated_over_grpc_equals_in_process(name: str, references, deployment, train, test_data,
                                               tmp_path) -> None:  # noqa: ANN001
@@ -346,10 +352,13 @@ def test_federated_over_grpc_equals_in_process(name: str, references, deployment
         remote.save(tmp_path / "remote")
     finally:
         fed.close()
+    exact = name in PARTIES_ALONE_IN_PROCESS  # the same floats; the split-network methods to float tolerance
+    if exact:
+        np.testing.assert_array_equal(proba, ref.proba)
     np.testing.assert_allclose(proba, ref.proba, rtol=1e-5, atol=1e-6)
-    assert_same(remote.history_, ref.model.history_, exact=False)
+    assert_same(remote.history_, ref.model.history_, exact=False)  # a history holds timings
     ref.model.save(tmp_path / "local")
-    assert_same(saved_states(tmp_path / "remote", deployment), saved_states(tmp_path / "local"), exact=False)
+    assert_same(saved_states(tmp_path / "remote", deployment), saved_states(tmp_path / "local"), exact=exact)
     extra = tensor_names(SERVER_MESSAGES) | tensor_names(PSU_MESSAGES)
     assert_declared_and_leak_free(remote, log, train, test_data, extra=extra)
 

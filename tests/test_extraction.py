@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from partialvfl import Task, VerticalDataset
-from partialvfl.bench.extraction import run_attacks
+from partialvfl.bench.attacks import run_attacks
 from partialvfl.data.sources import load_source
 from partialvfl.federation.grpc_local import LocalDeployment
 
@@ -79,3 +79,40 @@ def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep
     [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})], IDS)
     assert known.accepted.endswith("-> 32, lr 1e-06"), known.row()  # the widest output the policy allows
     assert known.median >= 0.5, known.row()
+
+
+# ---------------------------------------------------------------------- issue 23: decode, width, optimiser tricks
+@pytest.mark.parametrize("wire", ["lean", "samples"])
+def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the_party_refuses_it(dep, block,
+                                                                                                  wire) -> None:
+    """FALSE-VFL's decode with the same latents for every row: the research party's rows come back exactly (up to
+    the near-constant pixel columns 25 random rows barely cover: measured 0.004-0.01); the deployed party refuses
+    the setup (allow_likelihood_release) and the attack falls back to the bound wire at the party's floor."""
+    torch.set_num_threads(1)
+    [free] = run_attacks(dep.federation_file, 0, block, [("decode", {"wire": wire})], IDS)
+    assert free.refusals == [] and free.median < 0.05, free.row()
+    [bound] = run_attacks(dep.federation_file, 1, block, [("decode", {"wire": wire})], IDS)
+    assert "policy rule 'allow_likelihood_release'" in bound.refusals[0], bound.row()
+    assert bound.accepted.startswith("bound wire at the floor scale"), bound.row()
+    assert bound.median > 10 * free.median, bound.row()
+
+
+def test_sixteen_models_in_one_setup_are_refused_by_the_setup_width_cap(dep, block) -> None:
+    torch.set_num_threads(1)
+    [wide] = run_attacks(dep.federation_file, 0, block, [("width", {})], IDS)
+    assert wide.refusals == [] and wide.accepted.startswith("16 x"), wide.row()
+    [capped] = run_attacks(dep.federation_file, 1, block, [("width", {})], IDS)
+    assert "policy rule 'max_setup_width_ratio'" in capped.refusals[0], capped.row()
+    assert "would send 512 values per row together, computed from 16 features" in capped.refusals[0]
+    assert capped.accepted.startswith("2 x"), capped.row()  # 2 models of 2d: 64 values, 4 x 16
+
+
+def test_gradient_scaling_weight_decay_and_rewinds_are_bounded_by_the_default_policy(dep, block) -> None:
+    torch.set_num_threads(1)
+    plan = [("gradient-scale", {}), ("weight-decay", {}), ("rewind", {})]
+    scaled, decayed, rewound = run_attacks(dep.federation_file, 0, block, plan, IDS)  # research: positive controls
+    assert scaled.median > 1e3 and decayed.median < 1e-6 and rewound.median == 10, (scaled.row(), decayed.row())
+    scaled, decayed, rewound = run_attacks(dep.federation_file, 1, block, plan, IDS)
+    assert scaled.median < 1.0, scaled.row()  # gradient rows clipped to max_grad_norm = 100
+    assert "policy rule 'max_weight_decay'" in decayed.refusals[0] and decayed.median > 0.9, decayed.row()
+    assert rewound.median == 3 and "policy rule 'max_rewinds'" in rewound.refusals[0], rewound.row()

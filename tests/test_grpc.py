@@ -52,6 +52,7 @@ from partialvfl.federation.grpc_transport import (
     PartyError,
     TlsFiles,
     WireError,
+    chunks,
     decode_reply,
     decode_request,
     encode_request,
@@ -565,10 +566,13 @@ def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(dep
     assert _status(call, replay) == grpc.StatusCode.ALREADY_EXISTS
     assert send("save", step=9, dir="../../etc") == grpc.StatusCode.INVALID_ARGUMENT
     assert send("forget", step=9, dir="/etc") == grpc.StatusCode.INVALID_ARGUMENT  # deletes only its own states
+    with pytest.raises(PartyError, match="is serving another coordinator session"):
+        _fed(deployment)  # a hello while the raw session is live: refused
+    assert send("bye", step=10) == grpc.StatusCode.OK
     fed = _fed(deployment)  # a new session: the same server still answers normally
     fed.transport.new_step()
     assert fed.call(0, "ping").meta["name"] == "bank"
-    assert send("ping", step=10**6) == grpc.StatusCode.FAILED_PRECONDITION  # the old session is now stale
+    assert send("ping", step=10**6) == grpc.StatusCode.ABORTED  # the old session is over
     fed.close()
     ch.close()
 
@@ -616,7 +620,7 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
     # ... while the server keeps serving, and serves the kind it refused in the same step and round (not a replay)
     t = remote.grpc_transport
     payload = t._encode(Request("pair", good, {**good_meta, "step": t.step, "round": t.round}))
-    assert decode_reply(t._calls[0](payload, timeout=PATIENCE)).tensors["y"].shape == (4, 2)
+    assert decode_reply(t._calls[0](chunks(payload), timeout=PATIENCE)).tensors["y"].shape == (4, 2)
 
 
 def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:  # noqa: ANN001
@@ -703,6 +707,8 @@ def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployme
 
     assert coordinator(tmp_path / "a.json", crash_at=8) == -signal.SIGKILL
     assert (tmp_path / "ck" / "LATEST").exists() and json.loads((tmp_path / "ck" / "LATEST").read_text())["step"] == 6
+    with pytest.raises(PartyError, match="is serving another coordinator session"):  # the dead one's sessions
+        GrpcFederation.from_config(deployment.federation_file)  # are live: without their secrets, refused
     assert _coordinator_main([str(deployment.federation_file), str(tmp_path / "ck"), str(tmp_path / "b.json"),
                               "0"]) == 0  # a new coordinator (here: this process) resumes from step 6
     resumed = json.loads((tmp_path / "b.json").read_text())
@@ -721,7 +727,9 @@ def _coordinator_main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     fed_file, ck_dir, out, crash_at = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
     data = make_data()
-    fed = GrpcFederation.from_config(fed_file)
+    # the session secrets live with the checkpoints: a coordinator that really restarted proves it holds the
+    # parties' sessions (the killed one never said bye, so a coordinator without them would be refused)
+    fed = GrpcFederation.from_config(fed_file, session_file=ck_dir / "sessions.json")
     h = fed.attach(data, "train")
     ck = Checkpointer(ck_dir, fed, every=3)
     start = (ck.latest().step if ck.latest() else 0)

@@ -7,8 +7,9 @@ literal name.  An import names its target module: ``from a.b import c`` is ``a.b
 but those implicit edges are not counted (a package's ``__init__`` re-exporting its submodules would otherwise be a
 cycle with each of them).
 
-Layers, low to high (design.md): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration`` <
-``bench``, ``serving`` < ``cli``.
+Layers, low to high (design.md): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration``,
+``privacy`` < ``bench``, ``serving`` < ``cli`` (``privacy``: the attacks that measure what crosses a party
+boundary; bench and tests reuse them; ``serving``: the prediction service).
 ``data`` and ``nn`` are on the same level and import neither each other (they do not today: the data model is numpy,
 the network blocks are torch).  The package face ``partialvfl/__init__.py`` sits just above ``data`` (it re-exports
 the data model); ``partialvfl/__main__.py`` (``python -m partialvfl``) belongs to ``cli``.
@@ -27,8 +28,8 @@ PACKAGE = "partialvfl"
 
 # rank of each layer; same rank = may not import each other
 # ``serving`` (the prediction service) sits beside ``bench``: both use the library below, neither the other
-LAYERS = {"utils": 0, "data": 1, "nn": 1, "": 2, "federation": 3, "methods": 4, "orchestration": 5, "bench": 6,
-          "serving": 6, "cli": 7}
+LAYERS = {"utils": 0, "data": 1, "nn": 1, "": 2, "federation": 3, "methods": 4, "orchestration": 5, "privacy": 5,
+          "bench": 6, "serving": 6, "cli": 7}
 
 
 @dataclass(frozen=True)

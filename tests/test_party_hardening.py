@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.certs import issue_certificate
 from partialvfl.federation.grpc_federation import load_federation_config
 from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, encode_request
+from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, decode_reply, encode_request
 
 HERE = Path(__file__).resolve().parent
 PATIENCE = 300.0
@@ -105,7 +106,7 @@ class RawCoordinator:
         payload = encode_request(Request(kind, tensors or {}, meta), step=step, round=0, session=self.session,
                                  seq=self.seq)
         try:
-            self.call(payload, timeout=PATIENCE)
+            self.reply = decode_reply(self.call(payload, timeout=PATIENCE))
         except grpc.RpcError as e:
             return e.code(), e.details() or ""
         return grpc.StatusCode.OK, ""
@@ -114,17 +115,50 @@ class RawCoordinator:
         self.channel.close()
 
 
-def test_a_refused_hello_leaves_the_live_session_as_it_was(dep) -> None:  # noqa: ANN001
+def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep) -> None:  # noqa: ANN001
     live, other = RawCoordinator(dep, "live"), RawCoordinator(dep, "other")
     try:
         assert live.send("hello")[0] == grpc.StatusCode.OK
-        code, why = other.send("hello", {"x": torch.zeros(2)})  # a malformed hello: refused ...
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "unexpected tensor 'x'" in why
+        secret = live.reply.meta["session_secret"]
+        assert isinstance(secret, str) and len(secret) == 64
+        for meta in ({}, {"resume": "0" * 64}):  # an allowlisted peer's hello, with a guessed secret or none ...
+            code, why = other.send("hello", **meta)
+            assert code == grpc.StatusCode.ABORTED and "is serving another coordinator session" in why, why
+            assert "that session was left as it is" in why and "session_idle_seconds" in why
+        code, why = other.send("hello", {"x": torch.zeros(2)})  # a malformed one too
+        assert code == grpc.StatusCode.ABORTED
         assert live.send("ping", step=2) == (grpc.StatusCode.OK, "")  # ... and the live session goes on
-        assert other.send("ping", step=3)[0] == grpc.StatusCode.FAILED_PRECONDITION
+        code, why = other.send("ping", step=3)
+        assert code == grpc.StatusCode.ABORTED and "no longer serves this coordinator session" in why
+        assert other.send("hello", resume=secret)[0] == grpc.StatusCode.OK  # it proves it holds the session
+        assert other.reply.meta["session_secret"] == secret  # resumed, not a new one
+        code, why = live.send("ping", step=4)  # the session moved to the coordinator that proved it held it
+        assert code == grpc.StatusCode.ABORTED and "another session took over" in why, why
+        assert other.send("bye", step=5) == (grpc.StatusCode.OK, "")  # ended: anyone allowlisted may start one
+        assert live.send("hello", step=6)[0] == grpc.StatusCode.OK
+        assert live.reply.meta["session_secret"] != secret
+        assert live.send("bye", step=7)[0] == grpc.StatusCode.OK
     finally:
         live.close()
         other.close()
+    entries = read_access_log(dep.dir / "state" / "bank" / "access.log")
+    assert [e["status"] for e in entries if e["kind"] == "hello"][-6:] == [
+        "OK", "ABORTED", "ABORTED", "ABORTED", "OK", "OK"]  # every refusal is logged
+
+
+def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> None:  # noqa: ANN001
+    with LocalDeployment(tmp_path, make_data(12), deadline=PATIENCE, start_timeout=600.0, policy="default",
+                         session_idle_seconds=1.0) as d:
+        d.start([0])
+        live, other = RawCoordinator(d, "live"), RawCoordinator(d, "other")
+        try:
+            assert live.send("hello")[0] == grpc.StatusCode.OK
+            time.sleep(1.5)  # no request for longer than the party's idle timeout
+            assert other.send("hello")[0] == grpc.StatusCode.OK
+            assert live.send("ping", step=2)[0] == grpc.StatusCode.ABORTED
+        finally:
+            live.close()
+            other.close()
 
 
 def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(dep, tmp_path) -> None:  # noqa: ANN001
@@ -207,8 +241,8 @@ def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> No
     kinds = [(e["kind"], e["outcome"]) for e in entries]
     # the bank is the label holder: no alignment key, its tokens come blinded through a keyed party
     assert kinds == [("hello", "served"), ("psu_open", "served"), ("psu_blind", "served"), ("psu_unblind", "served"),
-                     ("attach", "served"), ("setup", "refused"), ("release", "served")], kinds
-    hello, _, blind, unblind, attach, setup, _ = entries
+                     ("attach", "served"), ("setup", "refused"), ("release", "served"), ("bye", "served")], kinds
+    hello, _, blind, unblind, attach, setup, _, _ = entries
     assert hello["peer"] == "coordinator" and hello["address"].startswith("ipv4:127.0.0.1")
     held = int(data.observed[:, 0].sum())
     assert blind["reply"] == {"points": [[held, 32], "uint8"]} and blind["reply_bytes"] > 0

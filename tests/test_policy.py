@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -104,21 +105,35 @@ def test_requests_outside_the_policy_are_refused_and_the_party_keeps_its_program
         hssl.handle(Request("get_top", {}, {"aggregate": "top"}))  # ... but its weights are still not sent
 
 
-def _party_configs(name: str, dims: tuple[int, ...]) -> list[dict[str, Any]]:
-    m = get_method(name)("fast", seed=0)
+def _party_configs(name: str, dims: tuple[int, ...], policy: PartyPolicy | None = None,
+                   **params: Any) -> list[dict[str, Any]]:
+    """The setup configs a fit would send parties of the default policy (or ``policy``), as they announce it."""
+    m = get_method(name)("fast", seed=0, **params)
     m.index_ = IndexInfo(Task.classification([0, 1, 2]), tuple(f"p{k}" for k in range(len(dims))), dims,
                          tuple((d,) for d in dims), 0)
     m.params_ = m.resolve_params(None)
+    announced = [(policy or PartyPolicy.default()).announced()] * len(dims)
+    m._plan(SimpleNamespace(announced_policies=lambda: announced))
     return [m._party_config(k) for k in range(len(dims))]
+
+
+#: what a fast preset must narrow to fit the default policy at 16 features: the setup's networks together send at
+#: most max_setup_width_ratio x 16 = 64 values per row (combinatorial: 8 models per party; FedHSSL: three networks)
+WITHIN_DEFAULT = {"combinatorial": {"latent_dim": 8}, "fedhssl": {"latent_dim": 16, "proj_dim": 16}}
 
 
 @pytest.mark.parametrize("name", sorted(set(method_names())))
 def test_every_method_fits_the_default_policy_of_a_party_with_16_features(name: str) -> None:
-    """digits over 4 parties: each holds 16 features; every method's fast preset passes (FedHSSL once the party
-    allows weight sharing, which its aggregation needs)."""
+    """digits over 4 parties: each holds 16 features; every method's fast preset passes, or (several networks per
+    party) with the narrower widths of WITHIN_DEFAULT (FedHSSL once the party allows weight sharing, which its
+    aggregation needs)."""
     cls = get_method(name)
     allow = name == "fedhssl"
-    for k, cfg in enumerate(_party_configs(name, (D,) * 4)):
+    if name in WITHIN_DEFAULT:
+        rt = runtime(PartyPolicy.from_table({"allow_weight_sharing": allow}))
+        with pytest.raises(PolicyViolation, match="policy rule 'max_setup_width_ratio'"):
+            setup(rt, cls.party_program, **json.loads(json.dumps(_party_configs(name, (D,) * 4)[0])))
+    for k, cfg in enumerate(_party_configs(name, (D,) * 4, **WITHIN_DEFAULT.get(name, {}))):
         rt = runtime(PartyPolicy.from_table({"allow_weight_sharing": allow}))
         setup(rt, cls.party_program, **json.loads(json.dumps(cfg)))
         assert rt.program is not None, (name, k)

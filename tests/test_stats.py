@@ -36,7 +36,7 @@ def test_value_and_gradients_equal_the_autograd_formula(k: int, s: int, b: int, 
 
 
 def test_second_backward_through_a_retained_graph_gives_the_same_gradient() -> None:
-    """The batched FALSE-VFL path back-propagates one member at a time through a retained graph."""
+    """The party-axis form back-propagated one party at a time through a retained graph gives each its own."""
     x, mean = torch.randn(2, 5, 3), torch.randn(2, 4, 5, 3, requires_grad=True)
     logvar = torch.zeros(2, 3, requires_grad=True)
     out = feature_gaussian_log_density(x, mean, logvar)

@@ -31,7 +31,8 @@ from partialvfl.bench.figures import label_styles, method_labels, new_figure, pl
 from partialvfl.bench.naming import is_false_vfl, mech_key, mechanism_title, method_key
 from partialvfl.bench.tables import md_table, mean_std_text, tests_of
 
-__all__ = ["Axis", "ablation_axis", "ablation_markdown", "axis_curves", "write_ablation_figures", "winners"]
+__all__ = ["Axis", "ablation_axes", "ablation_axis", "ablation_markdown", "axis_curves", "write_ablation_figures",
+           "winners"]
 
 _ALPHA = re.compile(r"importance:alpha=(inf|[0-9.e-]+)")
 
@@ -42,6 +43,7 @@ class Axis:
 
     name: str
     values: dict[str, float]
+    source: str = ""
 
     def ordered(self) -> list[str]:
         """Dataset labels in axis order (K ascending; alpha from inf, the equal split, down to the most unequal)."""
@@ -54,7 +56,15 @@ class Axis:
 
 
 def ablation_axis(rows: Sequence[dict[str, Any]]) -> Axis | None:
-    """The store's ablation axis, or ``None`` when no source appears under several protocols."""
+    """The store's ablation axis (of the source with the most protocols), or ``None`` when no source appears under
+    several protocols."""
+    axes = ablation_axes(rows)
+    return max(axes, key=lambda a: len(a.values)) if axes else None
+
+
+def ablation_axes(rows: Sequence[dict[str, Any]]) -> list[Axis]:
+    """One axis per data source that appears under several protocols differing in the party count (``K``), the
+    importance split's alpha (``alpha``) or the number of labels (``labels``)."""
     configs: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r.get("status", "done") == "done" and not is_validation(r):
@@ -63,15 +73,23 @@ def ablation_axis(rows: Sequence[dict[str, Any]]) -> Axis | None:
     by_source: dict[str, list[str]] = defaultdict(list)
     for label, cfg in configs.items():
         by_source[cfg["source"]].append(label)
-    labels = max(by_source.values(), key=len, default=[])
-    if len(labels) < 2:
-        return None
+    out = []
+    for source, labels in sorted(by_source.items()):
+        if len(labels) >= 2 and (axis := _axis_of(labels, configs)) is not None:
+            out.append(Axis(axis.name, axis.values, source))
+    return out
+
+
+def _axis_of(labels: list[str], configs: dict[str, dict[str, Any]]) -> Axis | None:
     parties = {d: configs[d].get("parties") for d in labels}
     if len(set(parties.values())) == len(labels):
         return Axis("K", {d: float(parties[d]) for d in labels})
     alphas = {d: _ALPHA.fullmatch(str(configs[d].get("splitter") or "")) for d in labels}
     if all(alphas.values()):
         return Axis("alpha", {d: float(m.group(1)) for d, m in alphas.items()})  # type: ignore[union-attr]
+    n_labels = {d: configs[d].get("labels") for d in labels}
+    if len(set(n_labels.values())) == len(labels):
+        return Axis("labels", {d: float(n_labels[d]) for d in labels})
     return None
 
 
@@ -166,12 +184,26 @@ def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate],
                 text = "" if c is None else mean_std_text(c[0], c[1])
                 row.append(f"**{text}**" if c is not None and round(c[0], 1) == round(top[d], 1) else text)
             body.append(row)
+        if gap := _gap_row(curves, train, labels, methods, datasets):
+            body.append(gap)
         parts += [f"**Trained under {mechanism_title(train)}**", "",
                   md_table(["Method"] + [f"{axis.name} = {axis.show(d)}" for d in datasets], body), ""]
         parts += [_winner_map(wins, axis, train), ""]
     if axis.name == "K":
         parts += [_pattern_table(rows, axis), ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def _gap_row(curves: dict[tuple[str, str, str], tuple[float, float, int]], train: str, labels: Sequence[str],
+             methods: dict[str, str], datasets: Sequence[str]) -> list[str]:
+    """The table's last row: the best FALSE-VFL label minus the best other label, in points (empty without both)."""
+    row = ["*FALSE-VFL minus the best other*"]
+    for d in datasets:
+        have = [lab for lab in labels if (train, lab, d) in curves]
+        ours = [curves[(train, lab, d)][0] for lab in have if is_false_vfl(methods[lab])]
+        other = [curves[(train, lab, d)][0] for lab in have if not is_false_vfl(methods[lab])]
+        row.append(f"{max(ours) - max(other):+.1f}" if ours and other else "")
+    return row if any(row[1:]) else []
 
 
 def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
@@ -195,8 +227,8 @@ def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
 
 
 def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], axis: Axis,
-                           out: Path, curves: dict[tuple[str, str, str], tuple[float, float, int]] | None = None
-                           ) -> list[Path]:
+                           out: Path, curves: dict[tuple[str, str, str], tuple[float, float, int]] | None = None,
+                           stem: str | None = None) -> list[Path]:
     """Per training mechanism: accuracy against the axis, one panel per test mechanism and one for the average
     (``curves``: :func:`axis_curves` of the same data, if the caller has them)."""
     curves = axis_curves(rows, aggs, axis) if curves is None else curves
@@ -235,5 +267,5 @@ def write_ablation_figures(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggreg
         axes[len(tests)].legend(fontsize=7, loc="best")
         fig.suptitle(f"Accuracy against {axis.name}, trained under {mechanism_title(train)}; mean and \u00b11 std "
                      "over seeds", fontsize=10)
-        written += save_figure(fig, out, f"ablation-{axis.name}-{train}", dpi=110)
+        written += save_figure(fig, out, f"{stem or 'ablation-' + axis.name}-{train}", dpi=110)
     return written

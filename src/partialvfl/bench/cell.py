@@ -175,7 +175,7 @@ def _row_identity(cell: Cell, grid_name: str, version: str) -> dict[str, Any]:
         "dataset": cell.dataset.display, "source": cell.dataset.name, "dataset_config": cell.dataset.key(),
         "parties": cell.dataset.parties, "labels": cell.dataset.labels, "aligned": cell.dataset.aligned,
         "train_mechanism": cell.train_mechanism, "seed": cell.seed, "role": cell.role,
-        "hostname": socket.gethostname(),
+        "hostname": socket.gethostname(), "tuning": cell.tuning,
     }
 
 

@@ -31,39 +31,38 @@ import torch
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_transport import PartyError
 from partialvfl.methods.splitnn.party import build_party_model
+from partialvfl.privacy.reconstruction import relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng
 
-__all__ = ["ATTACKS", "AttackOutcome", "Extractor", "relative_rmse", "run_attacks"]
+__all__ = ["ATTACKS", "AttackOutcome", "Extractor", "describe_config", "relative_rmse", "ridge"]
 
 PROGRAM = "splitnn/party"
 MODEL = "f"
 
 
-def relative_rmse(x: np.ndarray, x_hat: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """Per-feature RMSE of ``x_hat`` over ``rows`` (default all), in units of each feature's standard deviation."""
-    rows = np.arange(len(x)) if rows is None else rows
-    std = x.std(axis=0)
-    keep = std > 1e-12
-    err = np.sqrt(np.mean((x_hat[rows] - x[rows]) ** 2, axis=0))
-    return err[keep] / std[keep]
-
-
 @dataclass
 class AttackOutcome:
-    """One attack's result: the setups the party refused (rule and value), what it accepted, the error."""
+    """One attack's result: the setups the party refused (rule and value), what it accepted, the error.
+
+    ``rmse_std``: the reconstruction error per feature (``metric`` "rmse/std"); an attack that measures something
+    else (how far one step moved the party's embeddings, how many rewinds it got) gives its one value and names it
+    in ``metric``.
+    """
 
     attack: str
     refusals: list[str]
     accepted: str
     rmse_std: np.ndarray
+    metric: str = "rmse/std"
 
     @property
     def median(self) -> float:
         return float(np.median(self.rmse_std))
 
     def row(self) -> dict[str, Any]:
-        return {"attack": self.attack, "median_rmse_std": self.median, "min_rmse_std": float(self.rmse_std.min()),
-                "accepted": self.accepted, "refused": "; ".join(self.refusals)}
+        return {"attack": self.attack, "metric": self.metric, "median_rmse_std": self.median,
+                "min_rmse_std": float(self.rmse_std.min()), "accepted": self.accepted,
+                "refused": "; ".join(self.refusals)}
 
 
 def _config(d: int, hidden: Sequence[int], latent: int, lr: float) -> dict[str, Any]:
@@ -72,7 +71,7 @@ def _config(d: int, hidden: Sequence[int], latent: int, lr: float) -> dict[str, 
             "optimizer": {"name": "sgd", "lr": float(lr), "weight_decay": 0.0, "momentum": 0.0}}
 
 
-def _describe(cfg: dict[str, Any]) -> str:
+def describe_config(cfg: dict[str, Any]) -> str:
     return (f"mlp hidden {cfg['encoder_hidden']} -> {cfg['latent_dim']}, lr {cfg['optimizer']['lr']:g}")
 
 
@@ -101,16 +100,21 @@ class Extractor:
         self.fed.transport.new_step()
         return self.fed.call(self.party, kind, tensors, **meta)
 
-    def setup_first(self, candidates: Sequence[dict[str, Any]], seed: int) -> tuple[dict[str, Any], list[str]]:
+    def setup_first(self, candidates: Sequence[dict[str, Any]], seed: int,
+                    program: str = PROGRAM) -> tuple[dict[str, Any], list[str]]:
         """Set up the first candidate config the party accepts; returns it and the refusals before it."""
         refusals = []
         for cfg in candidates:
             try:
-                self._call("setup", program=PROGRAM, config=cfg, seed=int(seed))
+                self._call("setup", program=program, config=cfg, seed=int(seed))
                 return cfg, refusals
             except PartyError as e:
                 refusals.append(e.details.split(": ", 1)[-1])
         raise RuntimeError(f"the party refused every setup: {refusals}")
+
+    def announced(self) -> dict[str, Any]:
+        """What the party's ``hello`` said of its policy."""
+        return dict(self.fed.party_info[self.party].get("policy") or {})
 
     def embed(self, train: bool = False) -> np.ndarray:
         reply = self._call("embed", {f"rows:{MODEL}": torch.arange(self.n)}, data="probe", train=train)
@@ -171,38 +175,13 @@ def invert(nets: Sequence[torch.nn.Module], embeddings: Sequence[np.ndarray], d:
     return x.detach().numpy()
 
 
-ALPHAS = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
-
-
-def ridge(features: np.ndarray, targets: np.ndarray, known: np.ndarray, alphas: Sequence[float] = ALPHAS
-          ) -> np.ndarray:
-    """Ridge regression of ``targets`` on ``features`` fitted on rows ``known`` (standardised inputs, intercept),
-    predicted for every row; the penalty is the one with the smallest leave-one-out error on the known rows (what an
-    attacker can choose without knowing any other row)."""
-    mu, sd = features[known].mean(0), features[known].std(0) + 1e-9
-    z = (features - mu) / sd
-    y_mu = targets[known].mean(0)
-    yk = targets[known] - y_mu
-    scale = targets[known].std(0) + 1e-9
-    kernel = z[known] @ z[known].T
-    best, best_err = None, np.inf
-    for alpha in alphas:
-        inv = np.linalg.inv(kernel + alpha * np.eye(len(known)))
-        hat = kernel @ inv
-        loo = (yk - hat @ yk) / np.maximum(1.0 - np.diag(hat) - 1.0 / len(known), 1e-6)[:, None]
-        err = float(np.mean((loo / scale) ** 2))
-        if err < best_err:
-            best, best_err = inv @ yk, err
-    return y_mu + (z @ z[known].T) @ best
-
-
 # ---------------------------------------------------------------------- the attacks
 def attack_seed(ex: Extractor, x: np.ndarray, *, width: int = 1, min_hidden: int = 0, seed: int = 1234,
                 **_: Any) -> AttackOutcome:
     cfg, refused = ex.setup_first(ex.candidates(width, min_hidden), seed)
     x_hat = invert([rebuild(cfg, seed, ex.party)], [ex.embed()], ex.d)
     name = f"seed, width {width}d" + (", one hidden layer" if min_hidden else "")
-    return AttackOutcome(name, refused, _describe(cfg), relative_rmse(x, x_hat))
+    return AttackOutcome(name, refused, describe_config(cfg), relative_rmse(x, x_hat))
 
 
 def _probe(ex: Extractor, width: int, probes: int, seed: int
@@ -225,7 +204,7 @@ def attack_probes(ex: Extractor, x: np.ndarray, *, width: int = 1, probes: int =
     cfgs, embs, refused = _probe(ex, width, probes, seed)
     x_hat = invert([rebuild(c, seed + p, ex.party) for p, c in enumerate(cfgs)], embs, ex.d)
     cfg = cfgs[-1]
-    return AttackOutcome(f"{probes} probes, width {width}d", refused, _describe(cfg), relative_rmse(x, x_hat))
+    return AttackOutcome(f"{probes} probes, width {width}d", refused, describe_config(cfg), relative_rmse(x, x_hat))
 
 
 def attack_known_rows(ex: Extractor, x: np.ndarray, *, width: int = 1, n_known: int = 0, probes: int = 1,
@@ -237,7 +216,7 @@ def attack_known_rows(ex: Extractor, x: np.ndarray, *, width: int = 1, n_known: 
     x_hat = ridge(np.concatenate(embs, axis=1), x, known)
     unknown = np.setdiff1d(np.arange(len(x)), known)
     name = f"{n_known} known rows" + (f", {probes} probes" if probes > 1 else "") + f", width {width}d"
-    return AttackOutcome(name, refused, _describe(cfg), relative_rmse(x, x_hat, unknown))
+    return AttackOutcome(name, refused, describe_config(cfg), relative_rmse(x, x_hat, unknown))
 
 
 def attack_freeze(ex: Extractor, x: np.ndarray, *, width: int = 1, steps: int = 3, seed: int = 1234,
@@ -247,20 +226,7 @@ def attack_freeze(ex: Extractor, x: np.ndarray, *, width: int = 1, steps: int = 
     refused += [why] if why else []
     ex.zero_gradient_steps(steps, cfg["latent_dim"])
     x_hat = invert([rebuild(cfg, seed, ex.party)], [ex.embed()], ex.d)
-    return AttackOutcome(f"lr 0 + {steps} zero-gradient steps", refused, _describe(cfg), relative_rmse(x, x_hat))
+    return AttackOutcome(f"lr 0 + {steps} zero-gradient steps", refused, describe_config(cfg), relative_rmse(x, x_hat))
 
 
 ATTACKS = {"seed": attack_seed, "probes": attack_probes, "known-rows": attack_known_rows, "freeze": attack_freeze}
-
-
-def run_attacks(federation_file: Any, party: int, x: np.ndarray, plan: Sequence[tuple[str, dict[str, Any]]],
-                ids: Sequence[Any] | None = None) -> list[AttackOutcome]:
-    """Run ``plan`` (attack name, options) against ``party`` whose rows are ``x``, with IDs ``ids`` (``x``'s order;
-    without them ``x`` must be in the order of the party's ID tokens, as under HMAC alignment)."""
-    ex = Extractor(federation_file, party, ids)
-    try:
-        if ex.n != len(x) or ex.d != x.shape[1]:
-            raise ValueError(f"party {party} holds {ex.n} x {ex.d} features, the reference {x.shape}")
-        return [ATTACKS[name](ex, x, **opts) for name, opts in plan]
-    finally:
-        ex.close()

@@ -38,6 +38,10 @@ per (dataset, training mechanism), the variant of each label with the best valid
 SimSiam), and its gap summary compares the FALSE-VFL variant and the other method chosen the same way.
 ``validation = false`` leaves the validation cells out (a quick run); its report then says it chose on test data.
 
+A ``[tuning]`` table gives every method entry the same small search (learning rate, training length), chosen on
+those validation cells before any test cell runs (:mod:`.tuning`): :meth:`Grid.cells` then lists the candidates'
+validation cells, and, once ``choices`` are known, the chosen candidates' other cells.
+
 A grid given by a bare name (``smoke``, ``cpu``, ``paper``) is one of the grids shipped in ``bench/grids``.
 """
 
@@ -51,6 +55,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from partialvfl.bench.tuning import TUNING_KEYS, Tuning, candidate_overrides, choice_key
+
 __all__ = [
     "Cell",
     "validation_cells",
@@ -63,14 +69,17 @@ __all__ = [
     "grid_path",
     "load_grid",
     "parse_grid",
+    "parse_tuning",
     "shipped_grids",
+    "tuned_cells",
+    "tuning_candidates",
     "stable_hash",
 ]
 
 GRIDS_DIR = Path(__file__).with_name("grids")
 
 _GRID_KEYS = {"name", "description", "seeds", "train_mechanisms", "test_mechanisms", "imports", "datasets", "methods",
-              "validation", "validation_fraction"}
+              "validation", "validation_fraction", "tuning"}
 _DATASET_KEYS = {
     "name", "parties", "labels", "aligned", "max_train", "max_test", "splitter", "test_fraction", "active_party",
     "data_dir", "label", "options", "seeds",
@@ -165,6 +174,8 @@ class Cell:
     test_mechanisms: tuple[str, ...]
     role: str = "test"  # or "validation": a selection fit scored on held-out labelled training rows
     validation_fraction: float = 0.2
+    #: a tuned grid's candidate: the entry's index and the tuned values (kept in the rows, not part of the key)
+    tuning: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -212,9 +223,12 @@ class Grid:
     source: str = ""
     validation: bool = True
     validation_fraction: float = 0.2
+    tuning: Tuning | None = None
 
-    def cells(self) -> list[Cell]:
-        return expand(self)
+    def cells(self, choices: dict[tuple[str, int, str], int] | None = None) -> list[Cell]:
+        """Every fit; in a tuned grid the candidates' validation cells, plus the cells of the candidates in
+        ``choices`` (:func:`~partialvfl.bench.tuning.choose`; :func:`tuned_cells`)."""
+        return expand(self, choices)
 
     @property
     def n_rows(self) -> int:
@@ -224,12 +238,15 @@ class Grid:
         return dataset.seeds or self.seeds
 
 
-def expand(grid: Grid) -> list[Cell]:
+def expand(grid: Grid, choices: dict[tuple[str, int, str], int] | None = None) -> list[Cell]:
     """All cells, seed-major, then dataset, method, mechanism.
 
     Seed-major so that a grid stopped part-way (or still running) already holds every configuration for its
-    first seeds: the report on it is a complete table with fewer seeds, not a table with holes.
+    first seeds: the report on it is a complete table with fewer seeds, not a table with holes.  A tuned grid's
+    cells: :func:`tuned_cells`.
     """
+    if grid.tuning is not None:
+        return _unique(grid, tuned_cells(grid, choices or {}))
     all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
     cells = (validation_cells(grid) if grid.validation else []) + [
         Cell(d, m, t, s, grid.test_mechanisms)
@@ -238,6 +255,10 @@ def expand(grid: Grid) -> list[Cell]:
         if s in grid.seeds_of(d)
         for m, t in itertools.product(grid.methods, grid.train_mechanisms)
     ]
+    return _unique(grid, cells)
+
+
+def _unique(grid: Grid, cells: list[Cell]) -> list[Cell]:
     seen: dict[str, Cell] = {}
     for c in cells:
         if c.key in seen:
@@ -365,6 +386,32 @@ def _method(entry: Any, where: str) -> MethodSpec:
                       {str(k): dict(v) for k, v in per_dataset.items()})
 
 
+def parse_tuning(raw: Any, where: str, mechanisms: tuple[str, ...]) -> Tuning:
+    """A ``[tuning]`` table checked (``GridError`` naming the key at fault)."""
+    if not isinstance(raw, dict):
+        raise GridError(f"{where} must be a table, got {raw!r}")
+    unknown = set(raw) - TUNING_KEYS
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(sorted(TUNING_KEYS))}")
+    lr = raw.get("lr", [1.0])
+    if not isinstance(lr, list) or not lr or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                     and v > 0 for v in lr) or len(set(lr)) != len(lr):
+        raise GridError(f"{where}: lr must be a list of distinct positive multipliers, got {lr!r}")
+    steps = raw.get("min_steps", [None])
+    if not isinstance(steps, list) or not steps or not all(
+            v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in steps) \
+            or len(set(steps)) != len(steps):
+        raise GridError(f"{where}: min_steps must be a list of distinct non-negative integers, got {steps!r}")
+    tune_on = None
+    if "tune_on" in raw:
+        tune_on = _mechanisms(raw["tune_on"], f"{where}: tune_on")
+        missing = [m for m in tune_on if m not in mechanisms]
+        if missing:
+            raise GridError(f"{where}: tune_on names {missing}, which the grid does not train on")
+    return Tuning(tuple(float(v) for v in lr), tuple(steps), tune_on)
+
+
 def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "grid") -> Grid:
     """Check a grid given as a dict (the parsed file) and build it."""
     raw = _check_keys(raw, _GRID_KEYS, source)
@@ -386,6 +433,10 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
     if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < float(fraction) < 1.0:
         raise GridError(f"{source}: validation_fraction must lie in (0, 1), got {fraction!r}")
     methods = tuple(_method(m, f"{source}: methods[{i}]") for i, m in enumerate(raw["methods"]))
+    train_mechanisms = _mechanisms(raw["train_mechanisms"], f"{source}: train_mechanisms")
+    tuning = parse_tuning(raw["tuning"], f"{source}: tuning", train_mechanisms) if "tuning" in raw else None
+    if tuning is not None and not validation:
+        raise GridError(f"{source}: tuning chooses on validation cells; it needs validation = true")
     imports = raw.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
         raise GridError(f"{source}: imports must be a list of module names, got {imports!r}")
@@ -393,7 +444,7 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
         name=str(raw.get("name", default_name)),
         datasets=datasets,
         methods=methods,
-        train_mechanisms=_mechanisms(raw["train_mechanisms"], f"{source}: train_mechanisms"),
+        train_mechanisms=train_mechanisms,
         test_mechanisms=_mechanisms(raw["test_mechanisms"], f"{source}: test_mechanisms"),
         seeds=_int_list(raw["seeds"], f"{source}: seeds"),
         imports=tuple(imports),
@@ -401,8 +452,10 @@ def parse_grid(raw: dict[str, Any], *, source: str = "<dict>", default_name: str
         source=source,
         validation=validation,
         validation_fraction=float(fraction),
+        tuning=tuning,
     )
-    expand(grid)  # duplicate fits fail here, at load time
+    if tuning is None:
+        expand(grid)  # duplicate fits fail here, at load time (a tuned grid's candidates resolve methods: later)
     return grid
 
 
@@ -428,3 +481,68 @@ def check_methods(grid: Grid) -> None:
                 space.validate(m.overrides_for(d.name, d.label), owner=f"method {m.name!r}")
             except ValueError as e:
                 raise GridError(f"{grid.source}: {e}") from None
+
+
+# ---------------------------------------------------------------------- a tuned grid's cells (bench.tuning)
+def tuning_candidates(grid: Grid) -> dict[tuple[str, int, str], list[Cell]]:
+    """A tuned grid's candidate validation cells per (dataset, entry index, tuned training mechanism)."""
+    assert grid.tuning is not None
+    out: dict[tuple[str, int, str], list[Cell]] = {}
+    for d in grid.datasets:
+        for i, m in enumerate(grid.methods):
+            cands = _candidate_specs(grid, d, i, m)
+            for t in grid.train_mechanisms:
+                if grid.tuning.tunes(t):
+                    out[choice_key(d.display, i, t)] = [
+                        Cell(d, spec, t, grid.seeds_of(d)[0], ("validation",), "validation", grid.validation_fraction,
+                             tuning) for spec, tuning in cands]
+    return out
+
+
+def _candidate_specs(grid: Grid, d: DatasetSpec, i: int, m: MethodSpec) -> list[tuple[MethodSpec, dict[str, Any]]]:
+    """Entry ``m``'s candidates on dataset ``d``: a method spec with the merged overrides, and the tuned values."""
+    from partialvfl.methods.registry import get_method, get_spec
+
+    assert grid.tuning is not None
+    spec = get_spec(m.name)
+    space = spec.params if spec is not None else get_method(m.name).param_space()
+    out = []
+    for cand in candidate_overrides(grid.tuning, m.name, m.preset, d.name, m.overrides_for(d.name, d.label)):
+        resolved = space.resolve(m.preset, d.name, cand, owner=m.name)
+        values = {"lr": resolved.get("lr"), "min_steps": cand.get("min_steps")}
+        out.append((MethodSpec(m.name, m.preset, m.label or m.name, cand), {"entry": i, "values": values}))
+    return out
+
+
+def tuned_cells(grid: Grid, choices: dict[tuple[str, int, str], int]) -> list[Cell]:
+    """A tuned grid: every candidate's validation cell (first), then for each (dataset, entry, mechanism) with a
+    choice its chosen candidate's validation cell (mechanisms that do not tune) and test cells, seed-major."""
+    cands = tuning_candidates(grid)
+    cells = [c for group in cands.values() for c in group]
+    all_seeds = sorted({s for d in grid.datasets for s in grid.seeds_of(d)})
+    chosen: dict[tuple[str, int, str], tuple[MethodSpec, dict[str, Any]]] = {}
+    for d in grid.datasets:
+        for i, m in enumerate(grid.methods):
+            specs = None
+            for t in grid.train_mechanisms:
+                key = choice_key(d.display, i, t)
+                if key in choices:
+                    specs = specs or _candidate_specs(grid, d, i, m)
+                    chosen[key] = specs[choices[key]]
+    assert grid.tuning is not None
+    labels = [m.display for m in grid.methods]
+    variants = len(set(labels)) < len(labels)  # validation cells choose between entries of one label: needed?
+    for (dname, _, t), (spec, tuning) in chosen.items():
+        if variants and not grid.tuning.tunes(t):
+            d = next(x for x in grid.datasets if x.display == dname)
+            cells.append(Cell(d, spec, t, grid.seeds_of(d)[0], ("validation",), "validation", grid.validation_fraction,
+                              tuning))
+    for s in all_seeds:
+        for d in grid.datasets:
+            if s not in grid.seeds_of(d):
+                continue
+            for i, t in itertools.product(range(len(grid.methods)), grid.train_mechanisms):
+                if (key := choice_key(d.display, i, t)) in chosen:
+                    spec, tuning = chosen[key]
+                    cells.append(Cell(d, spec, t, s, grid.test_mechanisms, tuning=tuning))
+    return cells

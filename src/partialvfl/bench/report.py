@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partialvfl.bench.ablation import ablation_axis, ablation_markdown, axis_curves, write_ablation_figures
+from partialvfl.bench.ablation import ablation_axes, ablation_markdown, axis_curves, write_ablation_figures
 from partialvfl.bench.aggregate import (
     Aggregate,
     GapSummary,
@@ -48,6 +48,7 @@ from partialvfl.bench.tables import (
     paper_comparison,
     ratios_markdown,
     table_markdown,
+    tuning_markdown,
 )
 
 __all__ = [
@@ -140,16 +141,17 @@ def _tables(w: _Writer, aggs: Sequence[Aggregate], figures: bool) -> None:
 
 
 def _ablation(w: _Writer, rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate], figures: bool) -> None:
-    axis = ablation_axis(rows)
-    if axis is None:
-        return
-    curves = axis_curves(rows, aggs, axis)  # once, for the tables and the figures
-    w.part(f"ablation-{axis.name}.md", f"Ablation over {axis.name}", ablation_markdown(rows, aggs, axis, curves))
-    if figures:
-        w.written += write_ablation_figures(rows, aggs, axis, w.out, curves)
-        w.sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
-                       f"(ablation-{axis.name}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
-        w.sections.append("")
+    axes = ablation_axes(rows)
+    for axis in axes:  # one per data source that varies (file names carry the source when there are several)
+        stem = f"ablation-{axis.name}" + (f"-{axis.source}" if len(axes) > 1 else "")
+        curves = axis_curves(rows, aggs, axis)  # once, for the tables and the figures
+        title = f"Ablation over {axis.name}" + (f" ({axis.source})" if len(axes) > 1 else "")
+        w.part(f"{stem}.md", title, ablation_markdown(rows, aggs, axis, curves))
+        if figures:
+            w.written += write_ablation_figures(rows, aggs, axis, w.out, curves, stem=stem)
+            w.sections += [f"![accuracy against {axis.name}, trained under {mechanism_title(t)}]"
+                           f"({stem}-{t}.png)" for t in sorted({a.train for a in aggs}, key=mech_key)]
+            w.sections.append("")
 
 
 def _failures(failed: Sequence[dict[str, Any]]) -> list[str]:
@@ -194,6 +196,8 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
                                                "paper", "paper_std", "diff", "ours_labelled_only",
                                                "paper_labelled_only"])
     _ablation(w, rows, aggs, figures)
+    if tuned := tuning_markdown(rows):
+        w.part("tuning.md", "Tuning (the same search for every method)", tuned)
     n_val = len({r["cell_hash"] for r in rows if is_validation(r)})
     w.sections += ["## Cost", "", cost_markdown(rows), ""] + ([
         f"The {n_val} validation fits (selection fits on 80 % of the labels) are part of the total above; the "

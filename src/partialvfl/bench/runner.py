@@ -9,6 +9,8 @@
   process.  Within its budget a fit takes the threads the thread policy gives it (``threads="auto"``: one for a
   small model, :mod:`partialvfl.utils.threads`), and OpenMP's idle threads sleep instead of spinning.
   ``executor="ray"`` runs the same cells on a Ray cluster (:mod:`.ray_executor`).
+* A tuned grid (:mod:`.tuning`) runs in two phases: every candidate's validation cell, then the chosen candidates'
+  other cells (a rerun of the same command resumes either phase).
 * Progress: a bar for the whole grid and a status line with the fits in flight (elapsed time, last reported epoch);
   at the end a :class:`RunSummary` (done, failed with the error, skipped as already done).
 """
@@ -29,8 +31,9 @@ from typing import Any
 
 from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
 from partialvfl.bench.gpus import plan_workers, ray_resources
-from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid
+from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid, tuning_candidates
 from partialvfl.bench.store import ResultStore, code_version
+from partialvfl.bench.tuning import choose
 from partialvfl.utils.threads import available_cores, configure_openmp, resolve_threads, thread_budget
 
 __all__ = ["RunSummary", "available_cores", "run_grid"]
@@ -237,16 +240,46 @@ def run_grid(
     check_methods(grid)
     t_start = time.perf_counter()
     results = ResultStore(store)
-    cells = grid.cells()
+    summary = RunSummary(grid.name, 0)
+    version = code_version()
+    try:
+        cells = grid.cells()  # a tuned grid: its candidates' validation cells; the chosen ones' cells follow
+        _run_phase(cells, grid, results, summary, version, workers, executor, address, force, progress, threads,
+                   run, device, fits_per_gpu)
+        if grid.tuning is not None and not summary.interrupted:
+            known = {c.key for c in cells}
+            rest = [c for c in grid.cells(tuning_choices(grid, results)) if c.key not in known]
+            _run_phase(rest, grid, results, summary, version, workers, executor, address, force, progress, threads,
+                       run, device, fits_per_gpu)
+    finally:
+        results.close()
+    summary.wall_seconds = time.perf_counter() - t_start
+    return summary
+
+
+def tuning_choices(grid: Grid, results: ResultStore) -> dict[tuple[str, int, str], int]:
+    """A tuned grid's chosen candidates, from the validation rows in the store (:func:`~.tuning.choose`)."""
+    assert grid.tuning is not None
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for r in results.rows(status="done"):
+        rows.setdefault(r["cell_hash"], []).append(r)
+    cands = {key: [c.key for c in group] for key, group in tuning_candidates(grid).items()}
+    return choose(cands, rows, grid.tuning, grid.train_mechanisms)
+
+
+def _run_phase(cells: Sequence[Cell], grid: Grid, results: ResultStore, summary: RunSummary, version: str,
+               workers: int | None, executor: str, address: str | None, force: bool, progress: bool,
+               threads: int | str, run: dict[str, Any], device: str, fits_per_gpu: int | None) -> None:
+    """Run the unfinished ``cells`` (one phase of a grid), writing their rows and counting them in ``summary``;
+    ``run``, ``device``, ``fits_per_gpu``: where and how the fits run (see :func:`run_grid`)."""
     done_keys = results.done_keys()
-    summary = RunSummary(grid.name, len(cells))
+    summary.total += len(cells)
     todo = []
     for c in cells:
         if not force and all(c.row_key(t) in done_keys for t in c.test_mechanisms):
             summary.skipped.append(c.describe())
         else:
             todo.append(c)
-    version = code_version()
     devices = [device]
     if executor == "local":
         from partialvfl.utils.devices import gpu_count  # torch: after configure_openmp
@@ -257,7 +290,7 @@ def run_grid(
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(cells), initial=len(summary.skipped), desc=f"grid {grid.name}", unit="fit",
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"grid {grid.name}", unit="fit",
                file=sys.stderr, disable=not progress, dynamic_ncols=True, position=0)
     line = tqdm(total=0, bar_format="{desc}", file=sys.stderr, disable=not progress, position=1, leave=False)
     status = _Status(todo, line if progress else None)
@@ -289,6 +322,3 @@ def run_grid(
             close()
         line.close()
         bar.close()
-        results.close()
-    summary.wall_seconds = time.perf_counter() - t_start
-    return summary

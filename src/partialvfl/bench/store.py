@@ -27,7 +27,7 @@ from typing import Any
 __all__ = ["COLUMNS", "ResultStore", "SourceChanged", "code_version", "now_utc", "source_fingerprint"]
 
 STORE_FILE = "results.sqlite"
-SCHEMA_VERSION = 2  # 2: source, role, data_stats (added to older stores on open)
+SCHEMA_VERSION = 3  # 2: source, role, data_stats; 3: tuning (added to older stores on open)
 
 #: Column name -> SQL type and meaning.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -41,6 +41,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "overrides": ("TEXT", "JSON: parameter overrides given in the grid"),
     "params": ("TEXT", "JSON: the resolved parameters of the fitted model"),
     "variant": ("TEXT", "'labelled-only' when the fitted model did not pretrain on unlabelled data, else NULL"),
+    "tuning": ("TEXT", "JSON: a tuned grid's candidate: the entry's index and its tuned values (lr, min_steps)"),
     "dataset": ("TEXT NOT NULL", "the dataset entry's display label (its source name unless the grid names it)"),
     "source": ("TEXT", "data source name"),
     "dataset_config": ("TEXT", "JSON: the dataset's protocol settings"),
@@ -224,7 +225,7 @@ class ResultStore:
         out = []
         for r in cur:
             d = dict(r)
-            for k in ("overrides", "params", "by_observed", "dataset_config", "data_stats"):
+            for k in ("overrides", "params", "by_observed", "dataset_config", "data_stats", "tuning"):
                 if d.get(k):
                     d[k] = json.loads(d[k])
             out.append(d)

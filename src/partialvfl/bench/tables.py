@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +23,8 @@ from partialvfl.bench.naming import (
 from partialvfl.bench.paper_results import paper_accuracy, paper_ratio
 
 __all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "gaps_markdown", "headline", "md_table",
-           "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of"]
+           "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of",
+           "tuning_markdown"]
 
 
 def mean_std_text(mean: float, std: float, digits: int = 1) -> str:
@@ -259,3 +260,39 @@ def cost_markdown(rows: Sequence[dict[str, Any]]) -> str:
           f"{c['megabytes']:.1f}"] for c in costs],
     )
     return (head + "\n\n" + table).strip()
+
+
+def tuning_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The report's tuning section: per (dataset, training mechanism, label, entry) every candidate's tuned values and
+    validation score, the chosen one in bold (rows carry ``tuning``: the entry, its candidate values, chosen or not)."""
+    seen: dict[tuple[str, str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        t = r.get("tuning")
+        if not t or r.get("role") != "validation" or r.get("accuracy") is None:
+            continue
+        key = (r["dataset"], r["train_mechanism"], r.get("label") or r["method"], str(t["entry"]))
+        seen[key][r["cell_hash"]] = {"values": t["values"], "score": 100.0 * float(r["accuracy"])}
+    if not seen:
+        return ""
+    chosen = {(r["dataset"], r["train_mechanism"], str((r.get("tuning") or {}).get("entry"))):
+              (r.get("tuning") or {}).get("values") for r in rows if r.get("role") == "test" and r.get("tuning")}
+    body = []
+    for key in sorted(seen, key=lambda k: (dataset_key(k[0]), mech_key(k[1]), k[2], k[3])):
+        dataset, train, label, entry = key
+        pick = chosen.get((dataset, train, entry))
+        cands = sorted(seen[key].values(), key=lambda c: (c["values"].get("lr") or 0, c["values"].get("min_steps")
+                                                          or 0))
+        text = []
+        for c in cands:
+            item = f"{_values_text(c['values'])}: {c['score']:.1f}"
+            text.append(f"**{item}**" if pick is not None and c["values"] == pick else item)
+        body.append([dataset, train, label, "; ".join(text)])
+    return ("Every entry was tuned with the same search; each candidate's validation accuracy (%, the validation "
+            "cell: 80 % of the labels for fitting, 20 % scored), the one chosen for the test fits in bold:\n\n"
+            + md_table(["Dataset", "Train", "Method", "candidates (lr, min_steps): validation accuracy"], body))
+
+
+def _values_text(values: Mapping[str, Any]) -> str:
+    lr = values.get("lr")
+    steps = values.get("min_steps")
+    return f"lr {lr:.3g}, " + ("min_steps " + str(steps) if steps is not None else "min_steps as entry")

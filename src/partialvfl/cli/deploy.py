@@ -19,9 +19,9 @@ def add_commands(sub: Any) -> None:
 
     certs = sub.add_parser("certs", help="development certificates for a federation")
     csub = certs.add_subparsers(dest="certs_command", required=True)
-    init = csub.add_parser("init", help="make a development CA, one certificate per party and the passive "
-                                        "parties' alignment key")
-    init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key and alignment.key")
+    init = csub.add_parser("init", help="make a development CA, one certificate per party, the passive parties' "
+                                        "alignment key and configuration templates with the pins")
+    init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key, alignment.key and the templates")
     init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
     init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
@@ -59,6 +59,7 @@ def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.alignment import write_key
     from partialvfl.federation.certs import init_dev_pki
     from partialvfl.federation.psu import write_alignment_key
+    from partialvfl.federation.templates import write_templates
 
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
@@ -71,4 +72,7 @@ def run_certs_init(args: argparse.Namespace) -> int:
     if args.hmac_key:
         print(f"HMAC key for alignment = 'hmac' (every party and the coordinator; one trust domain only): "
               f"{write_key(d / 'hmac.key')}")
+    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key)
+    print(f"configuration templates with the pins (each party pins the coordinator's key, the coordinator each "
+          f"party's certificate; the last party is the label holder): {', '.join(p.name for p in written)}")
     return 0

@@ -54,21 +54,25 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     SIGINT/SIGTERM checkpoint where the fit is and stop (exit 130/143, with the resume command).
     """
     from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.privacy import federated_label_dp, party_dp, print_privacy
     from partialvfl.cli.stopping import fit_command, report_party_lost
     from partialvfl.federation.grpc_federation import GrpcFederation
     from partialvfl.federation.transport import PartyUnavailable
     from partialvfl.utils.progress import report_line
 
     out = Path(args.out)
+    party_dp(args)  # refused with --federation: a deployed party sets its own budget
     method = method_from_args(args)
     options = fit_options(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
+    federated_label_dp(args, method, fed.config.labels.label_dp if fed.config and fed.config.labels else None)
     try:
         fitted = fit_command(args, options, method, fed, data_info={"federation": str(args.federation)})
         if isinstance(fitted, int):
             return fitted
         method.save(out)
         report_line(f"model saved to {out} (each party keeps its state in its own state directory)", not args.quiet)
+        print_privacy(method)
     except PartyUnavailable as e:
         return report_party_lost(args, fed.party_names, e)
     finally:

@@ -27,6 +27,7 @@ from partialvfl.cli.common import (
     threads_for,
 )
 from partialvfl.cli.params import method_from_args
+from partialvfl.cli.privacy import add_privacy_options, check_privacy, party_dp, print_privacy
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 
@@ -60,6 +61,7 @@ def add_commands(sub: Any) -> None:
                         "continue from the last checkpoint (default: stop at the first failure)")
     p.add_argument("--party-retries", type=non_negative(int), default=3, metavar="N",
                    help="with --party-timeout: how many party failures to wait out in one fit; default: %(default)s")
+    add_privacy_options(p)
     add_threads_option(p)
     add_device_options(p)
     p.set_defaults(func=cmd_fit, parser=p)
@@ -116,6 +118,7 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    add_privacy_options(p, labels=False)
     add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
 
@@ -143,8 +146,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     config = protocol_config(args, test_missing="none")
     train, test = make_protocol(config)
     print(f"data: {train!r}", file=sys.stderr)
+    budgets = check_privacy(args, model, train)
     log = MessageLog(keep_entries=False)
-    fitted = fit_command(args, options, model, train, log=log)
+    fitted = fit_command(args, options, model, train, log=log, party_dp=budgets)
     if isinstance(fitted, int):
         return fitted
     out = model.save(args.out)
@@ -152,6 +156,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     threads = fitted.threads
     print(f"fit {args.method} in {fitted.seconds:.1f} s ({threads} torch thread{'s' * (threads > 1)}); "
           f"{log.total_bytes() / 1e6:.1f} MB crossed between parties; saved to {out}", file=sys.stderr)
+    print_privacy(model)
     metric = "accuracy" if "accuracy" in res else "rmse"
     print(f"{test_set_title(config.test_missing)}: {metric} {res[metric]:.4f}")
     return 0
@@ -238,4 +243,5 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return predict_tables(args)
     from partialvfl.cli.federated import cmd_predict
 
+    party_dp(args)  # refused with --federation: a deployed party keeps its own budget
     return cmd_predict(args)

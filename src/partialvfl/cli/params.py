@@ -56,7 +56,7 @@ def method_from_args(args: argparse.Namespace) -> Any:
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
     return method_cls(args.preset, seed=args.seed, progress=progress_setting(args), **device_options(args),
-                      **params)
+                      label_dp=getattr(args, "label_dp", None), **params)
 
 
 def progress_setting(args: argparse.Namespace) -> bool | str:

@@ -84,7 +84,11 @@ def report_party_lost(args: argparse.Namespace, names: tuple[str, ...], e: Any) 
     latest = Checkpointer(Path(args.out) / "checkpoints").latest()
     where = (f"the last checkpoint is after step {latest.step} ({latest.directory.parent})" if latest is not None
              else "there is no checkpoint yet (the resumed fit starts from the beginning)")
-    print(f"error: {party} did not answer: {e.reason}; the fit stopped, {where}; restart the party (same "
-          f"configuration and state directory), then resume with: {resume_command(args)}", file=sys.stderr,
-          flush=True)
+    if "FAILED_PRECONDITION" in e.reason:  # it answers, but lost this coordinator's session: it restarted
+        what = (f"{party} restarted during the fit (it has no session of this coordinator: {e.reason}); the fit "
+                f"stopped, {where}; resume with: {resume_command(args)} (or wait for parties with --party-timeout)")
+    else:
+        what = (f"{party} did not answer: {e.reason}; the fit stopped, {where}; restart the party (same "
+                f"configuration and state directory), then resume with: {resume_command(args)}")
+    print(f"error: {what}", file=sys.stderr, flush=True)
     return EXIT_PARTY_LOST

@@ -65,14 +65,17 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import fit_options
+    from partialvfl.cli.privacy import check_privacy, print_privacy
     from partialvfl.cli.stopping import fit_command
 
-    fitted = fit_command(args, fit_options(args), model, data)  # SIGINT/SIGTERM checkpoint where it is, then stop
+    budgets = check_privacy(args, model, data)
+    fitted = fit_command(args, fit_options(args), model, data, party_dp=budgets)  # SIGINT/SIGTERM: checkpoint, stop
     if isinstance(fitted, int):
         return fitted
     out = model.save(args.out)
     how = model.preprocessing_["how"]
     _say(f"fit {model.name} in {fitted.seconds:.1f} s (standardisation: {how}); saved to {out}")
+    print_privacy(model)
     return 0
 
 
@@ -171,9 +174,11 @@ def write_predictions(df: Any, out: str | Path) -> None:
 
 def predict_tables(args: argparse.Namespace) -> int:
     """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
+    from partialvfl.cli.privacy import predict_federation, print_predict_privacy
     from partialvfl.methods import VFLMethod
 
-    model = VFLMethod.load(args.model, **device_options(args))
+    fed = predict_federation(args)  # --party-dp: those parties answer within their budgets
+    model = VFLMethod.load(args.model, federation=fed, **device_options(args))
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output = model.predict_output(data)
@@ -181,6 +186,8 @@ def predict_tables(args: argparse.Namespace) -> int:
     order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
     frame = prediction_frame(model, output[order], used[order], data.ids[order], id_column)
     write_predictions(frame, args.out)
+    if fed is not None:
+        print_predict_privacy(fed)
     return 0
 
 

@@ -14,7 +14,9 @@ same functions here, so a table gives the same IDs, columns and values whichever
 
 from __future__ import annotations
 
+import importlib
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,8 @@ from partialvfl.data.dataset import DataValidationError, Task, VerticalDataset
 from partialvfl.data.ids import normalize_ids, sample_order
 from partialvfl.data.labels import encode_labels
 
-__all__ = ["MissingLabelColumn", "TableLike", "columns_hint", "feature_values", "from_csv", "from_parquet",
-           "from_tables", "read_table", "select_features", "table_format", "table_ids"]
+__all__ = ["MAX_EXPANSION", "MissingLabelColumn", "TableLike", "check_table_file", "columns_hint", "feature_values",
+           "from_csv", "from_parquet", "from_tables", "read_table", "select_features", "table_format", "table_ids"]
 
 TableLike = pd.DataFrame | str | Path
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".csv.zst")
@@ -70,15 +72,84 @@ def read_table(where: str, table: TableLike, id_column: str, fmt: str | None = N
                                   ".csv.gz, ...) or .parquet (or .pq), or read it with from_csv / from_parquet")
     if not path.is_file():
         raise FileNotFoundError(f"{where}: table file {path} not found")
+    check_table_file(where, path, kind)
+    try:
+        df = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path, dtype={id_column: str})
+    except Exception as e:  # noqa: BLE001 - whatever the reader says, the message names the file
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataValidationError(f"{where}: cannot read {path} as {kind.upper() if kind == 'csv' else 'Parquet'} "
+                                  f"({type(e).__name__}: {detail[:200]})") from None
     if kind == "parquet":
-        return pd.read_parquet(path), str(path)
-    df = pd.read_csv(path, dtype={id_column: str})
+        return df, str(path)
     if id_column in df.columns:
         ids = df[id_column]
         text = ids[ids.notna()].astype(str)
         if len(text) and ids.notna().all() and text.map(lambda s: bool(_CANONICAL_INT.fullmatch(s))).all():
             df[id_column] = text.astype(np.int64)
     return df, str(path)
+
+
+#: a compressed CSV may expand to at most this many times its size (or MIN_DECOMPRESSED_LIMIT, if larger): beyond
+#: that it is refused before it is parsed, so that a small "compression bomb" cannot exhaust memory
+MAX_EXPANSION = 100
+MIN_DECOMPRESSED_LIMIT = 64 << 20
+_OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstandard"}
+
+
+def _decompressed(path: Path, limit: int) -> int:
+    """How many bytes ``path`` decompresses to, counting at most ``limit + 1`` (constant memory)."""
+    suffix = path.suffix.lower()
+    if suffix == ".zip":
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            stream: Any = zf.open(names[0]) if len(names) == 1 else None
+            if stream is None:
+                raise DataValidationError(f"{path} holds {len(names)} files; a zipped table holds one")
+            return _count(stream, limit)
+    if suffix == ".zst":
+        import zstandard  # pandas needs it for .zst too
+
+        with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            return _count(stream, limit)
+    with importlib.import_module(_OPENERS[suffix]).open(path, "rb") as stream:
+        return _count(stream, limit)
+
+
+def _count(stream: Any, limit: int) -> int:
+    total = 0
+    while total <= limit:
+        block = stream.read(1 << 20)
+        if not block:
+            break
+        total += len(block)
+    return total
+
+
+def check_table_file(where: str, path: Path, kind: str) -> None:
+    """Refuse, naming the file, what no reader should parse: an empty file, a Parquet file named .csv (or the
+    reverse), a compressed CSV that expands beyond ``max(MAX_EXPANSION x its size, MIN_DECOMPRESSED_LIMIT)``."""
+    size = path.stat().st_size
+    if size == 0:
+        raise DataValidationError(f"{where}: {path} is empty (0 bytes)")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if kind == "csv" and head == b"PAR1":
+        raise DataValidationError(f"{where}: {path} is a Parquet file: name it .parquet (or .pq)")
+    if kind == "parquet" and head != b"PAR1":
+        raise DataValidationError(f"{where}: {path} is not a Parquet file (it does not start with PAR1); a CSV "
+                                  "table must be named .csv")
+    if kind == "csv" and path.suffix.lower() in (*_OPENERS, ".zip"):
+        limit = max(MAX_EXPANSION * size, MIN_DECOMPRESSED_LIMIT)
+        try:
+            total = _decompressed(path, limit)
+        except DataValidationError as e:
+            raise DataValidationError(f"{where}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a broken archive: name it
+            raise DataValidationError(f"{where}: cannot decompress {path} ({type(e).__name__}: {e})") from None
+        if total > limit:
+            raise DataValidationError(f"{where}: {path} decompresses to more than {limit / 2**20:.0f} MB "
+                                      f"({MAX_EXPANSION} times its {size / 2**20:.2f} MB): refused as a "
+                                      "compression bomb; decompress it yourself if it is a real table")
 
 
 def table_ids(where: str, df: pd.DataFrame, id_column: str) -> tuple[list[str], bool]:
@@ -231,6 +302,8 @@ def from_tables(
     for key, party in zip(tables, parties):
         where = f"party {party!r}"
         df, origins[party] = read_table(where, tables[key], id_column, _format)
+        if label_column is not None and not len(df):  # a training table: every party holds some users
+            raise DataValidationError(f"{where}: table {origins[party]} has no rows")
         keys[party], whole = table_ids(where, df, id_column)
         integral = integral and whole
         _check_label_column(party, active, df, label_column)

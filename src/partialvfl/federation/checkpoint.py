@@ -45,7 +45,8 @@ import torch
 from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.transport import PartyUnavailable
 
-__all__ = ["Checkpoint", "Checkpointer", "FitInterrupted", "PartyLost", "rng_state", "set_rng_state"]
+__all__ = ["Checkpoint", "CheckpointError", "Checkpointer", "FitInterrupted", "PartyLost", "rng_state",
+           "set_rng_state"]
 
 LATEST = "LATEST"
 log = logging.getLogger("partialvfl.checkpoint")
@@ -57,6 +58,10 @@ class PartyLost(PartyUnavailable):
     def __init__(self, party: int, reason: str, step: int) -> None:
         super().__init__(party, f"{reason} (training step {step})")
         self.step = step
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (corrupted, truncated, foreign): the message names the file."""
 
 
 class FitInterrupted(Exception):
@@ -209,14 +214,33 @@ class Checkpointer:
             self._prune(keep_dir=latest.directory.name)
 
     def latest(self) -> Checkpoint | None:
-        """The last complete checkpoint (coordinator side only), or ``None``."""
+        """The last complete checkpoint (coordinator side only), or ``None``.
+
+        A ``LATEST`` marker or a ``coordinator.pt`` that is corrupted, truncated or foreign raises
+        :class:`CheckpointError` naming the file.
+        """
         marker = self.directory / LATEST
         if not marker.exists():
             return None
-        info = json.loads(marker.read_text())
-        d = self.directory / info["dir"]
-        saved = torch.load(d / "coordinator.pt", map_location="cpu", weights_only=True)
-        return Checkpoint(int(saved["step"]), saved["state"], d)
+        try:
+            info = json.loads(marker.read_text())
+            d = self.directory / str(info["dir"])
+            int(info["step"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{marker} is not a readable checkpoint marker ({type(e).__name__}); remove "
+                                  "the checkpoint directory to start again") from None
+        path = d / "coordinator.pt"
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: the checkpoint {marker} points to is incomplete")
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            step, state = int(saved["step"]), saved["state"]
+        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
+            raise CheckpointError(f"{path} is not a readable partialvfl checkpoint (corrupted, truncated or "
+                                  f"foreign: {type(e).__name__})") from None
+        if not isinstance(state, dict) or step != int(info["step"]):
+            raise CheckpointError(f"{path} does not hold the checkpoint of step {info['step']} that {marker} names")
+        return Checkpoint(step, state, d)
 
     def restore(self) -> Checkpoint | None:
         """Load the last complete checkpoint into the parties and return it (``None``: start from scratch).

@@ -16,6 +16,7 @@ from typing import Any
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.messages import MessageLog, Reply, Request
 from partialvfl.federation.party import PartyRuntime
+from partialvfl.federation.policy import PartyPolicy
 from partialvfl.federation.transport import LocalTransport, PartiesRefused, Transport
 
 __all__ = ["Federation", "LocalFederation", "SetupRefused"]
@@ -29,6 +30,7 @@ class Federation(ABC):
         self.party_names = tuple(party_names)
         self.active_party = active_party
         self._handles = itertools.count()
+        self.privacy_setups: dict[int, dict[str, Any]] = {}  # what parties with a budget said at the last setup
 
     @property
     def n_parties(self) -> int:
@@ -49,26 +51,47 @@ class Federation(ABC):
     def new_handle(self, prefix: str = "data") -> str:
         return f"{prefix}-{next(self._handles)}"
 
-    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
-        """Build the party program ``program`` at every party, each with its own config.
+    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int,
+              plans: Mapping[int, dict[str, Any]] | None = None) -> None:
+        """Build the party program ``program`` at every party, each with its own config (and, for a party that keeps
+        a differential-privacy budget, the method's privacy plan ``plans[k]``).
 
         Every party is asked, whatever the others answer: if any refuses (its policy, most often), one
         :class:`SetupRefused` names every party that refused and why, before anything was trained.
         """
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
-        self._setup_at(program, configs, seed, range(self.n_parties), tolerate=False)
+        self._setup_at(program, configs, seed, range(self.n_parties), tolerate=False, plans=plans)
 
     def _setup_at(self, program: str, configs: Sequence[dict[str, Any]], seed: int, parties: Iterable[int], *,
-                  tolerate: bool) -> dict[int, Reply]:
+                  tolerate: bool, plans: Mapping[int, dict[str, Any]] | None = None) -> dict[int, Reply]:
         """``setup`` at ``parties`` in one round, every refusal gathered into one :class:`SetupRefused`."""
         self.transport.new_step()
+        requests = {}
+        for k in parties:
+            meta = {"program": program, "config": dict(configs[k]), "seed": int(seed)}
+            if plans and k in plans:
+                meta["privacy"] = dict(plans[k])
+            requests[k] = Request("setup", {}, meta)
         try:
-            return self.transport.call_many(
-                {k: Request("setup", {}, {"program": program, "config": dict(configs[k]), "seed": int(seed)})
-                 for k in parties}, tolerate=tolerate, gather=True)
+            replies = self.transport.call_many(requests, tolerate=tolerate, gather=True)
         except PartiesRefused as e:
             raise SetupRefused(program, self.party_names, e.errors) from None
+        self.privacy_setups = {k: r.meta["privacy"] for k, r in replies.items() if "privacy" in r.meta}
+        return replies
+
+    def private_parties(self) -> dict[int, dict[str, float]]:
+        """The parties that keep a differential-privacy budget for their rows: ``{party: {"epsilon", "delta"}}``
+        (what they said about themselves; the coordinator cannot change it)."""
+        return {}
+
+    def privacy_reports(self, parties: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Each party's account of its budget: what its most-charged row spent (``privacy`` requests)."""
+        wanted = list(parties)
+        if not wanted:
+            return {}
+        self.transport.new_step()
+        return {k: dict(r.meta) for k, r in self.transport.broadcast(wanted, "privacy", tolerate=True).items()}
 
     def preprocess(self, handle: str, *, standardize: bool) -> None:
         """Have every party fit its own preprocessing on its rows under ``handle`` (statistics stay at the party)."""
@@ -85,6 +108,11 @@ class Federation(ABC):
         self.transport.new_step()
         self.transport.broadcast(range(self.n_parties), "load", dir=str(directory), **model_tag(model))
 
+    def party_dir(self, directory: str | Path) -> str:
+        """The ``dir`` a party program's own message names to read the state :meth:`save` wrote for ``directory``
+        (in one process: the directory itself; a deployment maps it to a path inside each party's state directory)."""
+        return str(directory)
+
     def forget(self, directory: str | Path) -> bool:
         """Have every reachable party delete the state it saved for ``directory`` (pruned checkpoints); whether
         every party answered (one that did not keeps its file until it is asked again)."""
@@ -94,6 +122,11 @@ class Federation(ABC):
 
     def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
         return self.transport.call(party, kind, tensors, **meta)
+
+    def announced_policies(self) -> list[dict[str, Any]]:
+        """What each party says of its policy (``PartyPolicy.announced``), for an honest coordinator to plan within
+        it (``{}``: nothing said); every party still checks every request against its whole policy."""
+        return [{} for _ in range(self.n_parties)]
 
     def close(self) -> None:
         self.transport.close()
@@ -120,6 +153,17 @@ def _reason(name: str, error: Exception) -> str:
     return text.removeprefix(f"party {name!r} refused 'setup': ")
 
 
+def _by_index(table: Mapping[int | str, Any], names: Sequence[str], what: str) -> dict[int, Any]:
+    """``table`` keyed by party index (keys may be party names or indices; an unknown one is an error naming it)."""
+    out = {}
+    for key, value in table.items():
+        k = names.index(key) if isinstance(key, str) and key in names else key
+        if not isinstance(k, int) or not 0 <= k < len(names):
+            raise ValueError(f"{what}: no party {key!r}; the parties are {list(names)}")
+        out[k] = value
+    return out
+
+
 def model_tag(model: str | None) -> dict[str, str]:
     """The ``model`` meta of a save/load request (a party keeps a model's state under its name), if any."""
     return {} if model is None else {"model": str(model)}
@@ -141,25 +185,41 @@ class LocalFederation(Federation):
         *,
         log: MessageLog | None = None,
         batched: bool = True,
+        policies: Mapping[int | str, PartyPolicy] | None = None,
         device: Any = "cpu",
         precision: str = "fp32",
         compile: bool = False,  # noqa: A002 - torch's word
     ) -> None:
+        chosen = _by_index(policies or {}, party_names, "policies")
         devices = list(device) if isinstance(device, list | tuple) else [device] * len(party_names)
         if len(devices) != len(party_names):
             raise ValueError(f"{len(devices)} devices for {len(party_names)} parties")
-        self.runtimes = [PartyRuntime(k, n, device=d, precision=precision, compile=compile)
+        self.runtimes = [PartyRuntime(k, n, policy=chosen.get(k), device=d, precision=precision, compile=compile)
                          for k, (n, d) in enumerate(zip(party_names, devices))]
         super().__init__(LocalTransport(self.runtimes, active_party, log, batched=batched), party_names, active_party)
 
     @classmethod
     def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None, batched: bool = True,
+                    policies: Mapping[int | str, PartyPolicy] | None = None,
+                    party_dp: Mapping[int | str, tuple[float, float]] | None = None,
                     device: Any = "cpu", precision: str = "fp32",
                     compile: bool = False) -> LocalFederation:  # noqa: A002 - torch's word
         """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport);
-        ``device``/``precision``/``compile``: where and how the parties compute."""
-        return cls(data.party_names, data.active_party, log=log, batched=batched, device=device, precision=precision,
-                   compile=compile)
+        ``device``/``precision``/``compile``: where and how the parties compute.
+
+        ``policies``: a party's own policy by name or index (default: research); ``party_dp``: ``{party: (epsilon,
+        delta)}``, the research policy with that differential-privacy budget (the in-process ``[policy] dp_epsilon,
+        dp_delta``).
+        """
+        chosen: dict[int | str, PartyPolicy] = dict(_by_index(policies or {}, data.party_names, "policies"))
+        for k, (eps, delta) in _by_index(party_dp or {}, data.party_names, "party_dp").items():
+            chosen[k] = chosen.get(k, PartyPolicy.research()).with_dp(eps, delta)
+        return cls(data.party_names, data.active_party, log=log, batched=batched, policies=chosen, device=device,
+                   precision=precision, compile=compile)
+
+    def private_parties(self) -> dict[int, dict[str, float]]:
+        return {k: {"epsilon": rt.privacy.budget.epsilon, "delta": rt.privacy.budget.delta}
+                for k, rt in enumerate(self.runtimes) if rt.privacy is not None}
 
     def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
         if data.n_parties != self.n_parties:
@@ -172,3 +232,6 @@ class LocalFederation(Federation):
     def release(self, handle: str) -> None:
         for rt in self.runtimes:
             rt.release(handle)
+
+    def announced_policies(self) -> list[dict[str, Any]]:
+        return [rt.policy.announced() for rt in self.runtimes]

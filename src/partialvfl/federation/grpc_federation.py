@@ -30,7 +30,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,9 @@ from partialvfl.federation.alignment import hex_ids, load_key, observed_from_has
 from partialvfl.federation.coordinator import Federation, model_tag
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
+from partialvfl.federation.pins import require_pins
 from partialvfl.federation.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
+from partialvfl.federation.sessions import SessionSecrets
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
@@ -60,9 +62,11 @@ FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
     "coordinator": ("identity", "active_party", "alignment", "hmac_key_file", "deadline_seconds", "max_message_mb",
                     "state_dir"),
     "tls": ("ca", "cert", "key"),
-    "labels": ("path", "id_column", "label_column", "task", "classes"),
-    "parties": ("name", "address", "identity"),
+    "labels": ("path", "id_column", "label_column", "task", "classes", "label_dp"),
+    "parties": ("name", "address", "identity", "ca", "certificate"),
 }
+#: where a coordinator keeps its session secrets (in its state directory, or with a fit's checkpoints)
+SESSIONS_FILE = "sessions.json"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class LabelSource:
     label_column: str
     task: str = "classification"
     classes: tuple[Any, ...] | None = None
+    label_dp: float | None = None  # the label holder's label DP (randomized response at this epsilon)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,19 @@ def load_federation_config(path: str | Path) -> FederationConfig:
     for i, t in enumerate(parties):
         if "name" not in t or "address" not in t:
             raise ValueError(f"{p}: party {i} needs 'name' and 'address'")
-        eps.append(PartyEndpoint(str(t["name"]), str(t["address"]), str(t.get("identity", t["name"]))))
+        if "ca" in t and "certificate" in t:
+            raise ValueError(f"{p}: party {t['name']!r}: pin its CA (ca) or its certificate (certificate), not both")
+        pin = t.get("ca", t.get("certificate"))
+        eps.append(PartyEndpoint(str(t["name"]), str(t["address"]), str(t.get("identity", t["name"])),
+                                 rel(str(pin)) if pin is not None else None))
+    tls_files = TlsFiles(rel(tls["ca"]), rel(tls["cert"]), rel(tls["key"]))
+    for ep in eps:
+        if ep.pin is not None and not ep.pin.is_file():
+            raise FileNotFoundError(f"{p}: party {ep.name!r}: pinned file not found: {ep.pin}")
+    if tls_files.ca.is_file():
+        require_pins([e.name for e in eps], [e.name for e in eps if e.pin is not None], tls_files.ca, str(p),
+                     "ca = the CA file that issues its certificate, or certificate = its certificate, in its "
+                     "[[parties]] table; partialvfl certs init writes them")
     names = [e.name for e in eps]
     active = coord.get("active_party")
     if active is None:
@@ -132,9 +149,14 @@ def load_federation_config(path: str | Path) -> FederationConfig:
                 raise ValueError(f"{p}: [labels] needs '{k}'")
         if lab.get("task", "classification") not in ("classification", "regression"):
             raise ValueError(f"{p}: [labels] task must be 'classification' or 'regression', got {lab['task']!r}")
+        label_dp = lab.get("label_dp")
+        if label_dp is not None and (isinstance(label_dp, bool) or not isinstance(label_dp, int | float)
+                                     or not 0 < label_dp < float("inf")):
+            raise ValueError(f"{p}: [labels] label_dp must be a positive number (an epsilon), got {label_dp!r}")
         labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
                              str(lab.get("task", "classification")),
-                             tuple(lab["classes"]) if "classes" in lab else None)
+                             tuple(lab["classes"]) if "classes" in lab else None,
+                             None if label_dp is None else float(label_dp))
     alignment = coord.get("alignment", "psu")
     if alignment not in ALIGNMENT_MODES:
         raise ValueError(f"{p}: [coordinator] alignment must be one of {list(ALIGNMENT_MODES)}, got {alignment!r}")
@@ -145,7 +167,7 @@ def load_federation_config(path: str | Path) -> FederationConfig:
         identity=str(coord.get("identity", "coordinator")),
         parties=tuple(eps),
         active_party=int(active),
-        tls=TlsFiles(rel(tls["ca"]), rel(tls["cert"]), rel(tls["key"])),
+        tls=tls_files,
         hmac_key_file=rel(coord["hmac_key_file"]) if alignment == "hmac" else None,
         labels=labels,
         deadline=float(coord.get("deadline_seconds", 30.0)),
@@ -189,12 +211,14 @@ class GrpcFederation(Federation):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         log: MessageLog | None = None,
         allow_absent: bool = False,
+        session_file: str | Path | None = None,
         alignment: str = "psu",
     ) -> None:
         transport = GrpcTransport(endpoints, active_party, tls, deadline=deadline,
                                   max_message_bytes=max_message_bytes, log=log)
         super().__init__(transport, [e.name for e in endpoints], active_party)
         self.key = key
+        self.sessions = SessionSecrets(session_file)  # what proves this coordinator holds its sessions
         self.alignment_mode = alignment
         self.aligner = make_alignment(alignment, transport, self.party_names, key=key)
         self.allow_absent = allow_absent
@@ -206,15 +230,25 @@ class GrpcFederation(Federation):
 
     @classmethod
     def from_config(cls, config: FederationConfig | str | Path, *, log: MessageLog | None = None,
-                    allow_absent: bool = False, connect: bool = True) -> GrpcFederation:
+                    allow_absent: bool = False, connect: bool = True,
+                    session_file: str | Path | None = None) -> GrpcFederation:
+        """The federation of a federation file.  ``session_file``: where this coordinator keeps the parties'
+        session secrets (default: ``sessions.json`` in ``[coordinator] state_dir``, if given; ``fit`` keeps them
+        with its checkpoints), so that a restarted coordinator resumes its sessions."""
         cfg = config if isinstance(config, FederationConfig) else load_federation_config(config)
         key = load_key(cfg.hmac_key_file) if cfg.hmac_key_file is not None else None
+        if session_file is None and cfg.state_dir is not None:
+            session_file = cfg.state_dir / SESSIONS_FILE
         fed = cls(cfg.parties, cfg.active_party, cfg.tls, key=key, deadline=cfg.deadline,
                   max_message_bytes=cfg.max_message_bytes, log=log, allow_absent=allow_absent,
-                  alignment=cfg.alignment)
+                  session_file=session_file, alignment=cfg.alignment)
         fed.config = cfg
         if connect:
-            fed.connect()
+            try:
+                fed.connect()
+            except BaseException:
+                fed.close()  # bye to the parties whose hello went through: they are not left waiting
+                raise
         return fed
 
     @property
@@ -226,11 +260,16 @@ class GrpcFederation(Federation):
     def connect(self) -> dict[int, dict[str, Any]]:
         """Open a session at every party (``hello``) and check each is the party the file says it is."""
         self.transport.new_step()
-        replies = self.transport.broadcast(range(self.n_parties), "hello", tolerate=self.allow_absent)
+        requests = {}
+        for k, name in enumerate(self.party_names):
+            secret = self.sessions.get(name)
+            requests[k] = Request("hello", {}, {"resume": secret} if secret else {})
+        replies = self.transport.call_many(requests, tolerate=self.allow_absent)
         self.absent = set(range(self.n_parties)) - set(replies)
         self._hashes.clear()
         self.aligner.reset()
         for k, r in replies.items():
+            self.sessions.set(self.party_names[k], r.meta.pop("session_secret", None))
             if r.meta.get("alignment", "hmac") != self.alignment_mode:
                 raise AlignmentError(f"party {k} ({self.party_names[k]!r}) aligns with alignment = "
                                      f"{r.meta.get('alignment', 'hmac')!r}, the federation file with "
@@ -241,6 +280,24 @@ class GrpcFederation(Federation):
                                  f"{k} ({self.party_names[k]!r})")
             self.party_info[k] = dict(r.meta)
         return self.party_info
+
+    def keep_sessions_with(self, directory: str | Path) -> None:
+        """Keep the session secrets in ``directory`` (a fit's checkpoints) unless the federation file's
+        ``[coordinator] state_dir`` keeps them; a restarted coordinator finds them there (``fit --resume``)."""
+        if self.sessions.path is None:
+            self.sessions = SessionSecrets(Path(directory) / SESSIONS_FILE)
+
+    def close(self) -> None:
+        """End the sessions (``bye``: the parties then accept another coordinator at once) and the channels."""
+        try:
+            self.transport.new_step()
+            replies = self.transport.broadcast(self._present(), "bye", tolerate=True)
+            if len(replies) == len(self._present()):
+                self.sessions.forget()
+        except Exception as e:  # noqa: BLE001 - closing: a party that refuses or is gone keeps its session
+            log.info("bye was not answered by every party (%s): their sessions end at their idle timeout", e)
+        finally:
+            super().close()
 
     def rejoin(self, timeout: float, poll: float = 1.0) -> dict[int, dict[str, Any]]:
         """Open a new session and wait (up to ``timeout`` seconds) until every party answers ``hello`` again.
@@ -258,6 +315,9 @@ class GrpcFederation(Federation):
                     raise
                 log.info("waiting for party %d (%s) to come back: %s", e.party, self.party_names[e.party], e.reason)
                 time.sleep(poll)
+
+    def announced_policies(self) -> list[dict[str, Any]]:
+        return [dict(self.party_info.get(k, {}).get("policy") or {}) for k in range(self.n_parties)]
 
     def _present(self) -> list[int]:
         return [k for k in range(self.n_parties) if k not in self.absent]
@@ -434,11 +494,16 @@ class GrpcFederation(Federation):
         self.transport.broadcast(self._present(), "release", tolerate=True, handle=handle)
 
     # ------------------------------------------------------------------ programs and their state
-    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int) -> None:
+    def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int,
+              plans: Mapping[int, dict[str, Any]] | None = None) -> None:
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
-        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent)
+        replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent, plans=plans)
         self.absent |= set(self._present()) - set(replies)
+
+    def private_parties(self) -> dict[int, dict[str, float]]:
+        """The parties whose ``hello`` said they keep a differential-privacy budget (``[policy] dp_epsilon``)."""
+        return {k: dict(info["dp"]) for k, info in self.party_info.items() if info.get("dp")}
 
     @staticmethod
     def party_dir_for(directory: str | Path) -> str:
@@ -468,6 +533,9 @@ class GrpcFederation(Federation):
         if not f.exists():
             raise FileNotFoundError(f"{directory} has no {PARTY_STATES_FILE}: it was not saved by a gRPC federation")
         return json.loads(f.read_text())["party_dir"]
+
+    def party_dir(self, directory: str | Path) -> str:
+        return self.saved_party_dir(directory)
 
     def forget(self, directory: str | Path) -> bool:
         """Have every party delete its state of ``directory`` (a pruned checkpoint); whether all of them did (an

@@ -116,6 +116,9 @@ class LocalDeployment:
         start_timeout: float = 60.0,
         policy: str | Mapping[str, Any] = "research",
         predict: Mapping[str, VerticalDataset] | None = None,
+        session_idle_seconds: float | None = None,
+        extra_cas: Sequence[str | Path] = (),
+        pins: bool = False,
         alignment: str = "psu",
         threads: int = 1,
     ) -> None:
@@ -138,6 +141,9 @@ class LocalDeployment:
         self.key_file = self.dir / "hmac.key"  # alignment = "hmac" only: every party and the coordinator
         self.alignment_key_file = self.dir / "alignment.key"  # the passive parties only
         self.federation_file = self.dir / "federation.toml"
+        self.session_idle_seconds = session_idle_seconds
+        self.extra_cas = [Path(c) for c in extra_cas]  # other institutions' CAs in everyone's bundle
+        self.pins = pins  # parties pin the coordinator's key, the coordinator each party's certificate
         self._prepare()
 
     def _prepare(self) -> None:
@@ -145,6 +151,10 @@ class LocalDeployment:
 
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
+        self.ca_bundle = self.certs / "ca.pem"
+        if self.extra_cas:  # as the docs advise for several institutions: their CA certificates concatenated
+            self.ca_bundle = self.certs / "bundle.pem"
+            self.ca_bundle.write_bytes(b"".join(p.read_bytes() for p in [self.certs / "ca.pem", *self.extra_cas]))
         if self.alignment == "hmac":
             write_key(self.key_file)
         else:
@@ -177,20 +187,30 @@ state_dir = {_q(self.dir / "state" / name)}
 allowed_peers = ["coordinator"]
 plugins = [{plugins}]
 threads = {self.threads}
-
+{self._idle_line()}
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}
 id_column = "id"
 feature_shape = [{shape}]
 {self._predict_tables(k)}
 [tls]
-ca = {_q(self.certs / "ca.pem")}
+ca = {_q(self.ca_bundle)}
 cert = {_q(self.certs / f"{name}.pem")}
 key = {_q(self.certs / f"{name}.key")}
-{policy_table({"max_request_mb": self.max_message_mb, **_policy_dict(self.policy[k])})}"""
+{self._peers_table()}{policy_table({"max_request_mb": self.max_message_mb, **_policy_dict(self.policy[k])})}"""
         p = self.party_config_file(k)
         p.write_text(text)
         return p
+
+    def _idle_line(self) -> str:
+        return "" if self.session_idle_seconds is None else f"session_idle_seconds = {self.session_idle_seconds}\n"
+
+    def _peers_table(self) -> str:
+        if not self.pins:
+            return ""
+        from partialvfl.federation.pins import spki_sha256  # cryptography: only where a deployment is made
+
+        return f'\n[peers.coordinator]\nspki_sha256 = "{spki_sha256((self.certs / "coordinator.pem").read_bytes())}"\n'
 
     def _alignment_lines(self, k: int | None) -> str:
         """A party's (``k``) or the coordinator's (``None``) alignment settings: the passive parties hold the
@@ -210,7 +230,7 @@ deadline_seconds = {self.deadline}
 max_message_mb = {self.max_message_mb}
 
 [tls]
-ca = {_q(self.certs / "ca.pem")}
+ca = {_q(self.ca_bundle)}
 cert = {_q(self.certs / "coordinator.pem")}
 key = {_q(self.certs / "coordinator.key")}
 
@@ -226,7 +246,7 @@ task = {_q(self.data.task.kind)}
 name = {_q(name)}
 address = "127.0.0.1:{self.ports.get(k, 0)}"
 identity = {_q(name)}
-""")
+""" + (f"certificate = {_q(self.certs / f'{name}.pem')}\n" if self.pins else ""))
         self.federation_file.write_text("".join(parts))
         return self.federation_file
 

@@ -5,13 +5,19 @@ users to predict) and nothing else, keeps one :class:`~partialvfl.federation.par
 forward state lives between the calls of a step), and answers the coordinator over mutual TLS.  Before a request
 reaches the runtime the server checks, in order:
 
-1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``; this is
-   checked when the call starts, *before* the request body is read (gRPC itself refuses bodies over the size limit
-   with ``RESOURCE_EXHAUSTED``, and at most ``max_concurrent_rpcs`` calls are served at once);
-2. the bytes are a well-formed frame of allowed dtypes -> else ``INVALID_ARGUMENT``;
-3. the message belongs to the current coordinator session, its sequence number is new, its step is not older
-   than the last one and its ``(step, round, kind)`` was not served yet -> else ``FAILED_PRECONDITION`` (stale)
-   or ``ALREADY_EXISTS`` (replay); a ``hello`` changes the session only once it passed every check;
+1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``, and its
+   certificate is the one the party pins for that name (``[peers.NAME]``: key fingerprint or CA,
+   :mod:`partialvfl.federation.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
+   the request body is read;
+2. the peer's bounds (:mod:`partialvfl.federation.grpc_limits`): calls in flight, the request's length (its header
+   states it; gRPC refuses any wire message over a chunk), request bytes held -> else ``RESOURCE_EXHAUSTED``; the
+   request is read into one buffer its tensors use in place, and it is a well-formed frame of allowed dtypes -> else
+   ``INVALID_ARGUMENT``;
+3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.sessions`: a ``hello``
+   while another session is live is refused, ``ABORTED``, unless it carries that session's secret), its sequence
+   number is new, its step is not older than the last one and its ``(step, round, kind)`` was not served yet ->
+   else ``FAILED_PRECONDITION`` (stale), ``ABORTED`` (another session's) or ``ALREADY_EXISTS`` (replay); a ``hello``
+   changes the session only once it passed every check;
 4. the party's policy (:mod:`partialvfl.federation.policy`) admits it: the program and its architecture at
    ``setup``, learning rates, weight sharing, the number of data sets held, and that rows of a prediction table
    are only predicted -> else ``PERMISSION_DENIED`` naming the rule;
@@ -26,16 +32,18 @@ unless the policy allows weight sharing.  Every request, served or refused, is w
 (:mod:`partialvfl.federation.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`, the default) or, with
-``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows of a table, named by
-their alignment tokens, at the given positions of the shared order under a handle), ``release``.
-``save``/``load`` directories are resolved
-inside the party's own state directory: a party's model state stays on its own disk.
+(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`,
+the default) or, with ``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows
+of a table, named by their alignment tokens, at the given positions of the shared order under a handle),
+``release``.  ``save``/``load`` directories are resolved inside the party's own state directory: a party's model
+state stays on its own disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import importlib
 import logging
 import os
@@ -56,8 +64,10 @@ from partialvfl.data.tables import feature_values, read_table, select_features, 
 from partialvfl.federation.access_log import AccessLog, AccessLogConfig, tensor_summary
 from partialvfl.federation.alignment import hash_ids, load_key
 from partialvfl.federation.audit import disclosed_state
+from partialvfl.federation.grpc_limits import PeerLimits, Refused, read_request
 from partialvfl.federation.grpc_transport import (
     CALL_METHOD,
+    MAX_WIRE_MESSAGE,
     SECONDS_KEY,
     SERVICE_NAME,
     WireError,
@@ -68,22 +78,30 @@ from partialvfl.federation.grpc_transport import (
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import NotSetUp, PartyRuntime
 from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
+from partialvfl.federation.pins import spki_sha256
 from partialvfl.federation.policy import InferenceGuard, PolicyViolation
 from partialvfl.federation.psu import PartyAligner, read_alignment_key
 from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
+from partialvfl.federation.sessions import SessionGuard
 
-__all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "TRAINING_TABLE", "import_plugins",
-           "load_party_config", "run", "serve"]
+__all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused", "SessionGuard", "TRAINING_TABLE",
+           "import_plugins", "load_party_config", "run", "serve"]
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
+#: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
+PRIVACY_LEDGER = "privacy-ledger.npz"
 
 #: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
 SERVER_MESSAGES: dict[str, MessageSpec] = {
-    "hello": MessageSpec(doc="Open a coordinator session; replies the party's name, index, row count, feature "
-                             "shape and the names and row counts of its prediction tables as metadata."),
+    "hello": MessageSpec(optional_meta=["resume"],
+                         doc="Open a coordinator session (refused while another one is live, unless `resume` is "
+                             "that session's secret); replies the party's name, index, row count, feature shape, the "
+                             "names and row counts of its prediction tables and the session's secret as metadata "
+                             "(and `dp`, its differential-privacy budget, where it keeps one)."),
+    "bye": MessageSpec(doc="End this coordinator session (another coordinator may then say hello)."),
     "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
                        doc="alignment = 'hmac' only: the IDs of the training table (or of prediction table `table`) "
                            "as HMAC-SHA256 hashes."),
@@ -100,14 +118,6 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
 }
 
 
-class Refused(Exception):
-    """A request the server refuses with a given gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 # ---------------------------------------------------------------------- the party's own table
 class PartyTable:
     """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only.
@@ -117,11 +127,13 @@ class PartyTable:
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
-    def __init__(self, cfg: PartyConfig, key: bytes | None) -> None:
+    def __init__(self, cfg: PartyConfig, key: bytes | None, *, training: bool = True) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
         if not cfg.data_path.is_file():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
         df, _ = read_table(where, cfg.data_path, cfg.id_column)
+        if not len(df) and training:
+            raise ValueError(f"{where}: the training table {cfg.data_path} has no rows")
         ids, _ = table_ids(where, df, cfg.id_column)
         cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
                                exclude=cfg.exclude_columns)
@@ -135,50 +147,6 @@ class PartyTable:
         self.feature_shape = tuple(int(s) for s in shape)
         self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
         self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
-
-
-# ---------------------------------------------------------------------- sessions
-class SessionGuard:
-    """Which coordinator session the party serves, and the replay rules within it.
-
-    :meth:`check` changes nothing; :meth:`commit` records a message that passed every check (a ``hello`` opens its
-    session only then, so a refused ``hello`` leaves a live session as it was).
-    """
-
-    def __init__(self) -> None:
-        self.session: str | None = None
-        self.last_seq = 0
-        self.last_step = -1
-        self.served: set[tuple[int, int, str]] = set()
-
-    def check(self, wire: WireRequest) -> None:
-        kind = wire.request.kind
-        if kind == "hello":
-            return
-        if self.session is None or wire.session != self.session:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          "stale session: this message is not from the coordinator session in progress "
-                          "(a coordinator must say hello first)")
-        if wire.seq <= self.last_seq:
-            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
-                          f"replayed message: sequence number {wire.seq} already seen (last {self.last_seq})")
-        if wire.step < self.last_step:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"stale message: step {wire.step} is older than the current step {self.last_step}")
-        if wire.step == self.last_step and (wire.step, wire.round, kind) in self.served:
-            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
-                          f"replayed message: {kind!r} was already served in step {wire.step} round {wire.round} "
-                          "(a method calling the same kind twice must start a new round in between)")
-
-    def commit(self, wire: WireRequest) -> None:
-        if wire.request.kind == "hello":
-            self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
-            self.served.clear()
-            return
-        if wire.step > self.last_step:
-            self.served.clear()
-        self.last_seq, self.last_step = wire.seq, wire.step
-        self.served.add((wire.step, wire.round, wire.request.kind))
 
 
 # ---------------------------------------------------------------------- the server
@@ -196,7 +164,8 @@ class PartyServer:
         self.tables = {TRAINING_TABLE: self.table}
         for spec in cfg.predict_tables:
             self.tables[spec.name] = self._predict_table(spec, key)
-        handlers = {"hello": self._hello, "ids": self._ids, "attach": self._attach, "release": self._release}
+        handlers = {"hello": self._hello, "bye": self._bye, "ids": self._ids, "attach": self._attach,
+                    "release": self._release}
         self.state_dir = cfg.state_dir.resolve()
         self.aligner = PartyAligner(  # the keyless alignment (unused with alignment = "hmac")
             cfg.name, read_alignment_key(cfg.alignment_key_file) if cfg.alignment_key_file else None,
@@ -207,10 +176,13 @@ class PartyServer:
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
         self.runtime = PartyRuntime(cfg.index, cfg.name, resolve_dir=self._state_path, builtins=builtins,
                                     policy=cfg.policy, feature_shape=self.table.feature_shape,
+                                    privacy_ledger=self.state_dir / PRIVACY_LEDGER,
                                     device=cfg.device, precision=cfg.precision)
         self.policy = cfg.policy
         self._lock = threading.Lock()
-        self.sessions = SessionGuard()
+        self.sessions = SessionGuard(cfg.name, cfg.session_idle_seconds)
+        self._session_reply: dict[str, Any] = {}  # what the hello being served adds to its reply
+        self.peers = PeerLimits(cfg.policy.max_peer_rpcs, int(cfg.policy.max_peer_mb * 2**20))
         self.inference = InferenceGuard()
         self.prediction_handles: set[str] = set()
         self.refusals = 0
@@ -227,19 +199,30 @@ class PartyServer:
         users has no label column to exclude (and one it has anyway, like any other extra column, is not read)."""
         cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
                                   feature_columns=self.table.feature_names, exclude_columns=())
-        table = PartyTable(cfg, key)
+        table = PartyTable(cfg, key, training=False)  # a party may hold none of the users to predict
         if table.feature_shape != self.table.feature_shape:
             raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "
                              f"{table.feature_shape}, the training table {self.table.feature_shape}")
         return table
 
     # -- checks
-    def _check_peer(self, context: grpc.ServicerContext) -> str:
+    def _check_peer(self, context: grpc.ServicerContext, entry: dict[str, Any]) -> str:
+        """The peer's allowlisted name (its certificate must match the pin of that name); ``entry`` records who
+        asked, refused or not."""
         auth = context.auth_context()
         names = [v.decode() for key in ("x509_common_name", "x509_subject_alternative_name")
                  for v in auth.get(key, [])]
         for n in names:
             if n in self.cfg.allowed_peers:
+                pin = self.cfg.peers.get(n)
+                cert = (auth.get("x509_pem_cert") or [b""])[0]
+                entry["peer"] = n
+                if cert:
+                    entry["peer_key"] = spki_sha256(cert)[:16]
+                why = pin.refusal(cert) if pin is not None else None
+                if why is not None:  # the right name from a CA or key this party does not trust for it
+                    raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"party {self.cfg.name!r} refused the peer: "
+                                                                   f"{why}")
                 return n
         raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                       f"party {self.cfg.name!r} does not accept peer {names or 'without certificate'}: not on its "
@@ -266,10 +249,17 @@ class PartyServer:
         self.aligner.new_session()  # keys, blindings and tokens are per session
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
-        return Reply(meta={"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
-                           "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
-                           "tables": tables, "feature_names": list(t.feature_names),
-                           "alignment": self.cfg.alignment})
+        meta = {"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
+                "feature_dim": int(t.features.shape[1]), "feature_shape": list(t.feature_shape),
+                "tables": tables, "feature_names": list(t.feature_names), "alignment": self.cfg.alignment,
+                "policy": self.policy.announced(), **self._session_reply}
+        if self.runtime.privacy is not None:  # the coordinator learns the budget; it cannot change it
+            budget = self.runtime.privacy.budget
+            meta["dp"] = {"epsilon": budget.epsilon, "delta": budget.delta}
+        return Reply(meta=meta)
+
+    def _bye(self, req: Request) -> Reply:
+        return Reply()
 
     def _attach(self, req: Request) -> Reply:
         handle = req.meta.get("handle")
@@ -330,20 +320,14 @@ class PartyServer:
 
     # -- the gRPC entry point
     def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-        """One call: the peer is checked when the call starts, the body is read only for an allowed peer."""
+        """One call: the peer is checked when the call starts, the body is read only for an allowed peer, within
+        the peer's bounds (:mod:`partialvfl.federation.grpc_limits`)."""
         entry: dict[str, Any] = {"peer": None, "address": context.peer(), "kind": "?"}
         try:
-            entry["peer"] = self._check_peer(context)
-            data = next(requests, None)
-            if data is None:
-                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              "no request arrived (larger than the party's size limit, or cancelled)")
-            entry["request_bytes"] = len(data)
-            try:
-                wire = decode_request(data, self.cfg.max_message_bytes)
-            except WireError as e:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}") from None
-            reply = self._serve(wire, entry)
+            peer = self._check_peer(context, entry)
+            with self.peers.call(peer), contextlib.ExitStack() as held:
+                reply = self._answer(requests, entry, lambda size: held.enter_context(
+                    self.peers.bytes(peer, size, context.time_remaining())))
             payload = encode_reply(reply)
             self._log(entry, "served", grpc.StatusCode.OK, reply_bytes=len(payload),
                       reply=tensor_summary(reply.tensors))
@@ -351,10 +335,35 @@ class PartyServer:
         except Refused as e:
             self._refuse(context, entry, e.code, str(e))
         except Exception as e:  # noqa: BLE001 - anything else is the party's own bug: report, keep serving
-            log.exception("internal error while serving %r", entry["kind"])
             self._refuse(context, entry, grpc.StatusCode.INTERNAL,
                          f"party {self.cfg.name!r} failed on {entry['kind']!r}: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")  # context.abort raises
+
+    def _answer(self, requests: Iterator[bytes], entry: dict[str, Any], hold: Callable[[int], object]) -> Reply:
+        """Read, decode and serve one request.  Its buffer (which the request's tensors are views of) is freed
+        before this returns or raises, so that the peer's byte budget is released only once the memory is: a
+        failure is re-raised without the traceback that would keep the request alive."""
+        data: bytearray | None = None
+        wire: WireRequest | None = None
+        try:
+            data = read_request(requests, self.cfg.max_message_bytes, hold)
+            entry["request_bytes"] = len(data)
+            try:
+                wire = decode_request(data, self.cfg.max_message_bytes)
+            except WireError as e:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}") from None
+            data = None  # the tensors are views of it: it lives as long as they do
+            return self._serve(wire, entry)
+        except Exception as e:  # noqa: BLE001 - re-raised below, without the frames that hold the request
+            if not isinstance(e, Refused):
+                log.exception("internal error while serving %r", entry["kind"])
+            failure = e
+        data = wire = None
+        failure.__context__ = failure.__cause__ = None
+        failure = failure.with_traceback(None)
+        if entry.get("request_bytes", 0) > MAX_WIRE_MESSAGE:
+            gc.collect(1)  # the failed request's frames may sit in young reference cycles
+        raise failure
 
     def _serve(self, wire: WireRequest, entry: dict[str, Any]) -> Reply:
         request = wire.request
@@ -387,11 +396,16 @@ class PartyServer:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                               f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None
             self._check_disclosure(kind, reply)
+            if self.runtime.privacy is not None and kind not in self.runtime.builtins:
+                entry["dp_epsilon_spent"] = self.runtime.privacy.ledger.epsilon_spent()
+            self.sessions.touch(wire.session)
+            if self.runtime.clipped_rows:
+                entry["clipped_rows"] = self.runtime.clipped_rows
             return Reply(reply.tensors, {**reply.meta, SECONDS_KEY: time.perf_counter() - t0})
 
     def _accepted(self, wire: WireRequest) -> None:
         """A request passed every check: record it as served (and, for ``setup``, forget the old program's rows)."""
-        self.sessions.commit(wire)
+        self._session_reply = self.sessions.commit(wire)
         if wire.request.kind == "setup":
             self.inference.reset()
         elif wire.request.kind not in self.runtime.builtins:
@@ -460,9 +474,9 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs),
         handlers=[generic_handler(handler.handle_stream)],
-        options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
+        options=[("grpc.max_receive_message_length", min(cfg.max_message_bytes, MAX_WIRE_MESSAGE)),  # a chunk
                  ("grpc.max_send_message_length", cfg.max_message_bytes),
-                 ("grpc.so_reuseport", 0)],
+                 ("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)],
         maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
     )
     try:

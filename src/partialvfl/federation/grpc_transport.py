@@ -4,8 +4,12 @@ Every message is one safetensors blob: the named tensors plus, in the safetensor
 (``kind``, ``meta``, ``step``, ``round``, ``session``, ``seq`` for a request; ``meta`` for a reply).  Nothing is
 unpickled and nothing executable crosses: a malformed blob is a :class:`WireError`, never code.
 
-One gRPC method carries everything, ``/partialvfl.Party/Call`` (unary, bytes in and out), registered with gRPC's
-generic handlers so no protoc step is needed.  :class:`GrpcTransport` is a drop-in
+One gRPC method carries everything, ``/partialvfl.Party/Call`` (a stream of request chunks in, one reply out,
+bytes), registered with gRPC's generic handlers so no protoc step is needed.  A request frame travels in chunks of
+at most :data:`CHUNK_BYTES` (the first holds the whole header, so the party knows the frame's length before it
+allocates anything and reads the rest into one buffer whose tensors it uses in place, :func:`frame_length`,
+:func:`decode_request`): a party's memory per request is about the request's size, and gRPC refuses any single
+message larger than a chunk.  :class:`GrpcTransport` is a drop-in
 :class:`~partialvfl.federation.transport.Transport`: it keeps one mutually-authenticated TLS channel per party,
 puts a deadline on every call, issues the requests of ``call_many`` concurrently, and turns a party that is down,
 too slow or crashed into :class:`~partialvfl.federation.transport.PartyUnavailable` (so ``tolerate=True`` callers
@@ -16,11 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import secrets
 import struct
+import sys
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +44,10 @@ from partialvfl.utils.devices import host
 from partialvfl.utils.jsonable import json_default
 
 __all__ = [
-    "ALLOWED_DTYPES", "CALL_METHOD", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport", "PartyEndpoint", "PartyError",
-    "TlsFiles", "WireError", "decode_reply", "decode_request", "encode_reply", "encode_request",
+    "ALLOWED_DTYPES", "CALL_METHOD", "CHUNK_BYTES", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport", "MAX_WIRE_MESSAGE",
+    "PartyEndpoint",
+    "PartyError", "TlsFiles", "WireError", "chunks", "decode_reply", "decode_request", "encode_reply",
+    "encode_request", "frame_length",
 ]
 
 CALL_METHOD = "/partialvfl.Party/Call"
@@ -47,6 +55,13 @@ SECONDS_KEY = "_party_seconds"  # reply meta: the party's handling time (the tra
 SERVICE_NAME = "partialvfl.Party"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 1 << 20
+#: the pieces a request frame travels in (the first one holds the whole header, at most 1 MiB): small pieces keep
+#: what gRPC and Python buffer per request small next to the request itself
+CHUNK_BYTES = 512 << 10
+#: the largest single wire message a party accepts (the first chunk with the largest header)
+MAX_WIRE_MESSAGE = 8 + MAX_HEADER_BYTES + CHUNK_BYTES
+_TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                 "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8, "BOOL": torch.bool}
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}$")
 # safetensors dtype codes accepted on the wire (everything a method sends: floats, indices, masks, hashes)
 ALLOWED_DTYPES = {"F16", "BF16", "F32", "F64", "I32", "I64", "U8", "BOOL"}
@@ -83,21 +98,87 @@ def _frame(tensors: Mapping[str, torch.Tensor], header: dict[str, Any]) -> bytes
     return st_save(clean, metadata={"partialvfl": json.dumps(header, default=json_default)})
 
 
-def _unframe(data: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any], TensorDict]:
-    """Parse and check a frame *before* building any tensor; then load the tensors (copying, no pickle)."""
-    if max_bytes is not None and len(data) > max_bytes:
-        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+def _table(data: bytes | bytearray) -> tuple[int, dict[str, Any]]:
+    """The safetensors header of a frame (whose first bytes ``data`` are): its length and its JSON table."""
     if len(data) < 8:
         raise WireError(f"message of {len(data)} bytes is too short to be a safetensors frame")
-    (n,) = struct.unpack("<Q", data[:8])
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
         raise WireError(f"frame header length {n} is out of bounds for a {len(data)}-byte message")
     try:
-        table = json.loads(data[8:8 + n])
+        table = json.loads(bytes(data[8:8 + n]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise WireError(f"frame header is not JSON: {e}") from None
     if not isinstance(table, dict):
         raise WireError("frame header is not a JSON object")
+    return n, table
+
+
+def _spans(table: Mapping[str, Any]) -> list[tuple[int, int, str, torch.dtype, list[int]]]:
+    """Every tensor's byte range, dtype and shape, checked: sizes that match, ranges that do not overlap."""
+    spans = []
+    for name, info in table.items():
+        if name == "__metadata__":
+            continue
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        if dtype not in ALLOWED_DTYPES:
+            raise WireError(f"tensor {name!r} has dtype {dtype!r}; allowed: {', '.join(sorted(ALLOWED_DTYPES))}")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(v, int) and v >= 0 for v in shape)
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(v, int) and v >= 0 for v in offsets) and offsets[0] <= offsets[1]):
+            raise WireError(f"tensor {name!r} has a malformed shape or byte range")
+        t = _TORCH_DTYPES[dtype]
+        size = math.prod(shape) * torch.empty(0, dtype=t).element_size()
+        if offsets[1] - offsets[0] != size:
+            raise WireError(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype}")
+        spans.append((offsets[0], offsets[1], name, t, shape))
+    spans.sort()
+    for (_, end, a, *_), (begin, _, b, *_) in zip(spans, spans[1:]):
+        if begin < end:
+            raise WireError(f"tensors {a!r} and {b!r} overlap")
+    return spans
+
+
+def frame_length(first: bytes | bytearray) -> int:
+    """The length of the whole frame whose first chunk (holding the whole header) is ``first``."""
+    n, table = _table(first)
+    spans = _spans(table)
+    return 8 + n + (spans[-1][1] if spans else 0)
+
+
+def chunks(payload: bytes, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """``payload`` in pieces of at most ``size`` bytes, the first one holding the whole header."""
+    first = max(size, 8 + struct.unpack("<Q", payload[:8])[0]) if len(payload) >= 8 else size
+    yield payload[:first]
+    for start in range(first, len(payload), size):
+        yield payload[start:start + size]
+
+
+def _in_place(data: bytearray, base: int, spans: list[tuple[int, int, str, torch.dtype, list[int]]]) -> TensorDict:
+    """The tensors as views of ``data`` (no copy; ``data`` is the request's own buffer)."""
+    out: TensorDict = {}
+    for begin, end, name, dtype, shape in spans:
+        size = torch.empty(0, dtype=dtype).element_size()
+        numel = (end - begin) // size
+        if numel == 0:
+            t = torch.empty(shape, dtype=dtype)
+        elif (base + begin) % size == 0 and sys.byteorder == "little":
+            t = torch.frombuffer(data, dtype=dtype, count=numel, offset=base + begin).view(shape)
+        else:  # unaligned (not what safetensors writes): copy this one
+            t = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=dtype).view(shape)
+        if dtype == torch.bool and bool((t.view(torch.uint8) > 1).any()):
+            raise WireError(f"tensor {name!r} holds bytes that are not booleans")
+        out[name] = t
+    return out
+
+
+def _unframe(data: bytes | bytearray, max_bytes: int | None = None) -> tuple[dict[str, Any], TensorDict]:
+    """Parse and check a frame *before* building any tensor; then load the tensors (no pickle): as views of
+    ``data`` when it is a ``bytearray`` (a request assembled by the party), else copied by safetensors."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    n, table = _table(data)
     meta = table.pop("__metadata__", None)
     if not isinstance(meta, dict) or "partialvfl" not in meta:
         raise WireError("frame carries no partialvfl header")
@@ -107,10 +188,12 @@ def _unframe(data: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any],
         raise WireError(f"partialvfl header is not JSON: {e}") from None
     if not isinstance(header, dict):
         raise WireError("partialvfl header is not a JSON object")
-    for name, info in table.items():
-        dtype = info.get("dtype") if isinstance(info, dict) else None
-        if dtype not in ALLOWED_DTYPES:
-            raise WireError(f"tensor {name!r} has dtype {dtype!r}; allowed: {', '.join(sorted(ALLOWED_DTYPES))}")
+    spans = _spans(table)
+    if 8 + n + (spans[-1][1] if spans else 0) != len(data):
+        raise WireError(f"the frame's header describes {8 + n + (spans[-1][1] if spans else 0)} bytes, the message "
+                        f"has {len(data)}")
+    if isinstance(data, bytearray):
+        return header, _in_place(data, 8 + n, spans)
     try:
         tensors = st_load(data)
     except (SafetensorError, RuntimeError, ValueError) as e:
@@ -136,8 +219,9 @@ class WireRequest:
     seq: int
 
 
-def decode_request(data: bytes, max_bytes: int | None = None) -> WireRequest:
-    """Parse a request frame; raises :class:`WireError` naming what is wrong."""
+def decode_request(data: bytes | bytearray, max_bytes: int | None = None) -> WireRequest:
+    """Parse a request frame; raises :class:`WireError` naming what is wrong.  From a ``bytearray`` the tensors are
+    views of it (the party assembled the request there; nothing is copied)."""
     header, tensors = _unframe(data, max_bytes)
     kind = header.get("kind")
     if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
@@ -191,11 +275,13 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class PartyEndpoint:
-    """Where a party listens and the identity (certificate CN/SAN) its server must present."""
+    """Where a party listens, the identity (certificate CN/SAN) its server must present and, if pinned, the one PEM
+    file (the CA that issues its certificate, or the certificate itself) the channel to it trusts."""
 
     name: str
     address: str
     identity: str
+    pin: Path | None = None
 
 
 class GrpcTransport(Transport):
@@ -235,10 +321,11 @@ class GrpcTransport(Transport):
         self.party_seconds = 0.0  # sum of the parties' handling times (compute at the parties)
         self.wait_seconds = 0.0  # time the coordinator spent waiting for replies
         ca, cert, key = tls.read()
-        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
         self._channels = []
         self._calls = []
         for ep in self.endpoints:
+            root = ca if ep.pin is None else Path(ep.pin).read_bytes()  # a pinned party: only its own anchor
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
             options = [
                 ("grpc.ssl_target_name_override", ep.identity),
                 ("grpc.max_send_message_length", self.max_message_bytes),
@@ -248,7 +335,7 @@ class GrpcTransport(Transport):
             ]
             ch = grpc.secure_channel(ep.address, creds, options=options)
             self._channels.append(ch)
-            self._calls.append(ch.unary_unary(CALL_METHOD))
+            self._calls.append(ch.stream_unary(CALL_METHOD))
         # call_many runs the parties' blocking calls on these long-lived threads: gRPC's ``.future()`` starts a
         # fresh "channel spin" thread per call, which was about half of a federated step's coordinator time
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)), thread_name_prefix="grpc-call")
@@ -274,6 +361,13 @@ class GrpcTransport(Transport):
             data = get()
         except grpc.RpcError as e:
             code, details = e.code(), e.details() or ""
+            if "CERTIFICATE_VERIFY_FAILED" in details:  # the server is not the party this coordinator trusts
+                ep = self.endpoints[party]
+                trusted = f"its pinned {ep.pin}" if ep.pin is not None else "the CA bundle"
+                raise PartyError(party, grpc.StatusCode.UNAUTHENTICATED,
+                                 f"the server at {ep.address} presented a certificate for {ep.identity!r} that "
+                                 f"{trusted} does not vouch for: not party {ep.name!r} (TLS handshake refused)") \
+                    from None
             if code in _UNAVAILABLE_CODES:
                 raise PartyUnavailable(party, f"{code.name}: {details}") from None
             raise PartyError(party, code, details) from None
@@ -295,7 +389,7 @@ class GrpcTransport(Transport):
             req = self._admit(party, req)
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = req, self._pool.submit(self._calls[party], payload, timeout=timeout)
+            futures[party] = req, self._pool.submit(self._calls[party], chunks(payload), timeout=timeout)
         t0 = time.perf_counter()
         try:
             for party, (req, fut) in futures.items():

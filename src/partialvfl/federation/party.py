@@ -36,9 +36,11 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.preprocessing import ColumnScaler
+from partialvfl.federation.dp import DPBudget, PartyPrivacy, private_reply
+from partialvfl.federation.guards import RewindGuard, clip_gradient_rows
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy
-from partialvfl.federation.schema import Messages, MessageSpec, UnknownKindError, check_reply, check_request
+from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
+from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
 from partialvfl.federation.setup_shape import SetupShape
 from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
 
@@ -50,8 +52,13 @@ PROGRAMS: dict[str, type[PartyProgram]] = {}
 #: The runtime's own message kinds.
 RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
-    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config"],
-                         doc="Build the named party program with this config and seed."),
+    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config", "privacy"],
+                         doc="Build the named party program with this config and seed. `privacy`: the method's plan "
+                             "for a party with a differential-privacy budget (charges per row, clip norms); such a "
+                             "party refuses a setup without one. Replies `privacy` (the party's budget, what it "
+                             "spent, the noise it will add) where the party has a budget."),
+    "privacy": MessageSpec(doc="The party's differential-privacy budget and what its most-charged row has spent "
+                               "(`enabled` false where it keeps none)."),
     "preprocess": MessageSpec(meta=["data", "standardize"],
                               doc="Fit this party's own preprocessing on its rows attached under `data` (with "
                                   "`standardize`: per-column mean and scale; else none). The statistics stay at the "
@@ -122,6 +129,20 @@ class PartyProgram:
     #: kind -> declaration of its request and reply, its role and what its reply releases per row
     #: (see :mod:`partialvfl.federation.schema`)
     messages: ClassVar[Messages] = {}
+    #: whether the program can run at a party with a differential-privacy budget: it says which rows its releases
+    #: are about (:meth:`released_rows`) and makes its own updates DP-SGD (``runtime.privacy.private_sum``)
+    supports_privacy: ClassVar[bool] = False
+
+    @classmethod
+    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+        """Why ``config`` cannot run under a differential-privacy budget (``None``: it can)."""
+        return None if cls.supports_privacy else (f"program {cls.program_name!r} cannot keep a differential-privacy "
+                                                  "budget (its updates are not DP-SGD)")
+
+    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
+        """For each reply tensor of ``kind`` that the declaration lists in ``releases``: ``(data handle, shared-order
+        rows, the axis the rows run along)`` (a party with a budget charges and noises those rows)."""
+        raise NotImplementedError(f"program {self.program_name!r} does not say which rows its replies are about")
 
     @classmethod
     def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape | None:
@@ -185,7 +206,9 @@ class PartyRuntime:
     ``builtins`` adds kinds a server answers itself (``{kind: (declaration, handler)}``); ``resolve_dir`` maps the
     ``dir`` of ``save``/``load``/``forget`` to a path (a server keeps states inside its own state directory).
     ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
-    simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).
+    simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).  A policy
+    with ``dp_epsilon``/``dp_delta`` gives the party a differential-privacy budget (``self.privacy``,
+    :mod:`partialvfl.federation.dp`), its ledger kept in ``privacy_ledger`` (a file) if given.
     ``device`` and ``precision`` (``fp32`` or ``bf16`` autocast) are where and how its programs compute: requests'
     floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`);
     ``compile``: whether its programs run their hot steps through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
@@ -193,8 +216,9 @@ class PartyRuntime:
 
     def __init__(self, index: int, name: str, *, builtins: Mapping[str, tuple[MessageSpec, Handler]] | None = None,
                  resolve_dir: Callable[[Any], str | Path] = Path, policy: PartyPolicy | None = None,
-                 feature_shape: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
-                 precision: str = "fp32", compile: bool = False) -> None:  # noqa: A002 - torch's word
+                 feature_shape: tuple[int, ...] | None = None, privacy_ledger: str | Path | None = None,
+                 device: str | torch.device = "cpu", precision: str = "fp32",
+                 compile: bool = False) -> None:  # noqa: A002 - torch's word
         self.index = index
         self.name = name
         self.device = resolve_device(device, what=f"party {index} ({name!r}) device")
@@ -202,14 +226,21 @@ class PartyRuntime:
         self.compile = bool(compile)  # compiled hot steps (nn.compiled), where a program has them
         self._tables: dict[str, torch.Tensor] = {}  # handle -> its (preprocessed) features on the device
         self.policy = policy if policy is not None else PartyPolicy.research()
+        self.privacy: PartyPrivacy | None = None
+        if self.policy.dp_epsilon is not None and self.policy.dp_delta is not None:
+            self.privacy = PartyPrivacy(DPBudget(self.policy.dp_epsilon, self.policy.dp_delta),
+                                        f"party {index} ({name!r})", privacy_ledger)
         self.feature_shape = feature_shape
         self._data: dict[str, PartyView] = {}
         self._scaled: dict[str, PartyView] = {}
         self.scaler: ColumnScaler | None = None  # the party's own standardisation (None: features as they are)
         self.program: PartyProgram | None = None
         self.resolve_dir = resolve_dir
+        self.rewinds = RewindGuard()  # no training again and again from one saved state ([policy] max_rewinds)
+        self.clipped_rows = 0  # gradient rows the last admitted request had clipped ([policy] max_grad_norm)
         own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "preprocess": self._preprocess,
-                                   "save": self._save, "load": self._load, "forget": self._forget}
+                                   "save": self._save, "load": self._load, "forget": self._forget,
+                                   "privacy": self._privacy}
         self.builtins: dict[str, tuple[MessageSpec, Handler]] = {k: (RUNTIME_MESSAGES[k], h) for k, h in own.items()}
         for kind, entry in (builtins or {}).items():
             if kind in self.builtins:
@@ -315,32 +346,67 @@ class PartyRuntime:
         ``reply_device`` (the CPU, the wire's, unless an in-process transport asks for the coordinator's).
         """
         spec, fn, where, config = self._declaration(request.kind)
-        self._check_request(request, spec, where, config)
+        request = self._admit(request, spec, where, config)
         if accepted is not None:
             accepted()
         with self.computing():
             reply = fn(self.arrive(request))
         reply = self.depart(spec, reply, reply_device)
         check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+        if self.privacy is not None and request.kind not in self.builtins:
+            reply = self._private(spec, request, reply)
         return reply
 
-    def check(self, request: Request, reply: Reply | None = None) -> None:
-        """The checks of :meth:`handle` without the handler: the request, and the reply if given.
+    def _private(self, spec: MessageSpec, request: Request, reply: Reply) -> Reply:
+        """The reply as the party's budget lets it leave: declared releases only, clipped, noised and charged."""
+        assert self.privacy is not None and self.program is not None
+        if not reply.tensors and not reply.meta:
+            return reply
+        rows = self.program.released_rows(request.kind, request, reply) if reply.tensors else {}
+        keys = {}
+        for name, (handle, positions, axis) in rows.items():
+            view = self.raw_data(str(handle))
+            keys[name] = (view.ids[view.position_of_rows(np.asarray(positions, dtype=np.int64))], axis)
+        return Reply(private_reply(self.privacy, spec, request.kind, reply.tensors, reply.meta, keys))
+
+    def row_keys(self, handle: str, rows: np.ndarray) -> list[str]:
+        """The ledger's keys (the rows' IDs in the party's own table) of shared-order ``rows`` of ``handle``."""
+        view = self.raw_data(handle)
+        return [str(i) for i in view.ids[view.position_of_rows(np.asarray(rows, dtype=np.int64))]]
+
+    def check(self, request: Request, reply: Reply | None = None) -> Request:
+        """The checks of :meth:`handle` without the handler: the request (returned as the program gets it), and the
+        reply if given.
 
         For an in-process transport that answers several parties' requests in one batched computation
-        (:meth:`PartyProgram.handle_batch`): every message is still checked against its declaration.
+        (:meth:`PartyProgram.handle_batch`): every message is still checked against its declaration and admitted
+        by the party's policy.
         """
         spec, _, where, config = self._declaration(request.kind)
         if reply is None:
-            self._check_request(request, spec, where, config)
-        else:
-            check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+            return self._admit(request, spec, where, config)
+        if self.privacy is not None and request.kind not in self.builtins:
+            raise RuntimeError(f"{where}: a reply computed outside the party's runtime cannot pass its "
+                               "differential-privacy budget (answer it through PartyRuntime.handle)")
+        check_reply(spec, request.tensors, reply.tensors, where=where, kind=request.kind, config=config)
+        return request
 
-    def _check_request(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> None:
-        """The party's policy (for its program's kinds), then the kind's declaration."""
-        if request.kind not in self.builtins and self.program is not None:
+    def _admit(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> Request:
+        """The party's policy (for its program's kinds), then the kind's declaration; the request as the program
+        gets it: every declared gradient row clipped to ``max_grad_norm``, a training request counted against
+        ``max_rewinds`` (:mod:`partialvfl.federation.guards`)."""
+        program_kind = request.kind not in self.builtins and self.program is not None
+        if program_kind:
             self.policy.check_request(spec, request.kind, request.meta)
         check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
+        self.clipped_rows = 0
+        if not program_kind:
+            return request
+        tensors, self.clipped_rows = clip_gradient_rows(spec, request.tensors, self.policy.max_grad_norm,
+                                                        request.kind)
+        if spec.role == TRAINS:
+            self.rewinds.training(self.policy.max_rewinds)
+        return Request(request.kind, tensors, request.meta) if self.clipped_rows else request
 
     # ------------------------------------------------------------------ built-ins
     def _ping(self, request: Request) -> Reply:
@@ -357,8 +423,22 @@ class PartyRuntime:
         shadowed = sorted(set(PROGRAMS[name].messages) & set(self.builtins))
         if shadowed:
             raise ValueError(f"party program {name!r} declares this party's built-in kind(s) {shadowed}")
-        self.program = PROGRAMS[name](self, config, self.policy.init_seed(int(request.meta["seed"])))
-        return Reply(meta={"ok": True})
+        seed = self.policy.init_seed(int(request.meta["seed"]))
+        meta: dict[str, Any] = {"ok": True}
+        if self.privacy is not None:
+            why = PROGRAMS[name].private_setup_refusal(config)
+            if why is not None:
+                raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
+                                      f"({self.privacy.budget.describe()}) and {why}", name)
+            meta["privacy"] = self.privacy.configure(request.meta.get("privacy"), seed)
+        self.program = PROGRAMS[name](self, config, seed)
+        self.rewinds.setup()
+        return Reply(meta=meta)
+
+    def _privacy(self, request: Request) -> Reply:
+        if self.privacy is None:
+            return Reply(meta={"enabled": False})
+        return Reply(meta={"enabled": True, **self.privacy.report()})
 
     def _program(self, kind: str) -> PartyProgram:
         if self.program is None:
@@ -382,7 +462,7 @@ class PartyRuntime:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         torch.save({"program": program.program_name, "seed": program.seed, "state": program.state_dict(),
-                    "model": request.meta.get("model"),
+                    "model": request.meta.get("model"), "state_id": self.rewinds.on_save(),
                     "preprocessing": self.scaler.state_dict() if self.scaler is not None else None}, tmp)
         os.replace(tmp, path)  # a crash leaves the previous file or the new one, never half of one
         return Reply(meta={"path": str(path)})
@@ -423,4 +503,5 @@ class PartyRuntime:
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise StateFileError(f"{who}: {path} does not fit this model ({type(e).__name__}: {e})") from None
         self._set_scaler(scaler)  # files saved before party preprocessing existed hold none: features as they are
+        self.rewinds.on_load(saved.get("state_id"), str(request.meta["dir"]))
         return Reply(meta={"ok": True, "model": got})

@@ -12,7 +12,9 @@ from typing import Any
 
 from partialvfl.federation.access_log import AccessLogConfig
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
+from partialvfl.federation.pins import PeerPin, read_pins, require_pins
 from partialvfl.federation.policy import PartyPolicy
+from partialvfl.federation.sessions import DEFAULT_IDLE_SECONDS
 from partialvfl.utils.devices import check_precision, resolve_device
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
@@ -58,20 +60,23 @@ class PartyConfig:
     predict_tables: tuple[PredictTable, ...] = ()
     access_log: AccessLogConfig | None = None  # default: access.log in the state directory
     max_concurrent_rpcs: int = 4
+    peers: dict[str, PeerPin] = field(default_factory=dict)  # [peers.<name>]: what each allowed peer must present
+    session_idle_seconds: float = DEFAULT_IDLE_SECONDS
     alignment: str = "psu"  # or "hmac" (one trust domain only)
     alignment_key_file: Path | None = None  # the passive parties' shared alignment secret (never the label holder's)
 
 
 #: every section and key of a party file (docs/deployment.md); anything else is an error naming it ([policy] keys are
 #: checked by :meth:`PartyPolicy.from_table`)
-PARTY_KEYS: dict[str, tuple[str, ...]] = {
+PARTY_KEYS: dict[str, tuple[str, ...] | None] = {
     "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
-              "alignment_key_file", "allowed_peers",
-              "max_message_mb", "plugins", "threads", "max_concurrent_rpcs", "device", "precision"),
+              "alignment_key_file", "allowed_peers", "max_message_mb", "plugins", "threads", "max_concurrent_rpcs",
+              "session_idle_seconds", "device", "precision"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
     "policy": PartyPolicy.keys(),
     "access_log": ("path", "max_mb", "backups"),
+    "peers": None,  # one table per allowed peer name, checked by read_pins
 }
 
 
@@ -139,6 +144,17 @@ def load_party_config(path: str | Path) -> PartyConfig:
     policy = PartyPolicy.from_table(policy_table, f"{p}: [policy]")
     access = raw.get("access_log", {})
     state_dir = rel(party.get("state_dir", f"state-{party.get('name', 'party')}"))
+    allowed = tuple(party.get("allowed_peers", ["coordinator"]))
+    tls_files = TlsFiles(rel(_need(tls, "ca", "tls", p)), rel(_need(tls, "cert", "tls", p)),
+                         rel(_need(tls, "key", "tls", p)))
+    peers = read_pins(raw.get("peers", {}), allowed, rel, str(p))
+    if tls_files.ca.is_file():
+        require_pins(allowed, peers, tls_files.ca, str(p), "[peers.NAME] spki_sha256 = the SHA-256 of its "
+                     "certificate's public key, or ca = the CA file that issues it; partialvfl certs init writes "
+                     "them")
+    idle = float(party.get("session_idle_seconds", DEFAULT_IDLE_SECONDS))
+    if not idle > 0:
+        raise ValueError(f"{p}: [party] session_idle_seconds must be a positive number of seconds")
     fc = data.get("feature_columns")
     shape = data.get("feature_shape")
     return PartyConfig(
@@ -147,13 +163,12 @@ def load_party_config(path: str | Path) -> PartyConfig:
         address=str(party.get("address", "127.0.0.1:0")),
         data_path=rel(_need(data, "path", "data", p)),
         id_column=str(_need(data, "id_column", "data", p)),
-        tls=TlsFiles(rel(_need(tls, "ca", "tls", p)), rel(_need(tls, "cert", "tls", p)),
-                     rel(_need(tls, "key", "tls", p))),
+        tls=tls_files,
         state_dir=state_dir,
         hmac_key_file=rel(party["hmac_key_file"]) if "hmac_key_file" in party else None,
         alignment=_alignment(party, p),
         alignment_key_file=rel(party["alignment_key_file"]) if "alignment_key_file" in party else None,
-        allowed_peers=tuple(party.get("allowed_peers", ["coordinator"])),
+        allowed_peers=allowed,
         feature_columns=tuple(fc) if fc is not None else None,
         exclude_columns=tuple(data.get("exclude_columns", [])),
         feature_shape=tuple(int(s) for s in shape) if shape is not None else None,
@@ -169,4 +184,6 @@ def load_party_config(path: str | Path) -> PartyConfig:
         access_log=AccessLogConfig(rel(access.get("path", str(state_dir / "access.log"))),
                                    int(float(access.get("max_mb", 10)) * 2**20), int(access.get("backups", 5))),
         max_concurrent_rpcs=max(1, int(party.get("max_concurrent_rpcs", 4))),
+        peers=peers,
+        session_idle_seconds=idle,
     )

@@ -117,8 +117,22 @@ class PartyPolicy:
     max_request_mb: float = 64.0
     allow_weight_sharing: bool = False
     seed: str | int = "secret"
+    max_setup_width_ratio: float | None = None  # None: twice max_width_ratio
+    max_lr: float | None = 1.0
+    max_weight_decay: float | None = 0.01
+    max_momentum: float | None = 0.99
+    max_grad_norm: float | None = 100.0
+    max_rewinds: int | None = 3
+    max_peer_rpcs: int = 2
+    max_peer_mb: float = 64.0
+    allow_likelihood_release: bool = False
+    min_latent_scale: float | None = 0.3
     max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
     persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
+    # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
+    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
+    dp_epsilon: float | None = None
+    dp_delta: float | None = None
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -130,7 +144,9 @@ class PartyPolicy:
         """The in-process simulation's policy: anything, seeded by the coordinator (benchmarks reproduce)."""
         return cls(preset="research", programs=None, encoders=None, min_hidden_layers=0, max_width_ratio=None,
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
-                   allow_weight_sharing=True, seed="coordinator", max_lookups=None)
+                   allow_weight_sharing=True, seed="coordinator", max_setup_width_ratio=None, max_lr=None,
+                   max_weight_decay=None, max_momentum=None, max_grad_norm=None, max_rewinds=None,
+                   allow_likelihood_release=True, min_latent_scale=None, max_lookups=None)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -155,6 +171,13 @@ class PartyPolicy:
         policy = replace(base, **changes)
         if isinstance(policy.seed, str) and policy.seed not in SEED_MODES:
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {policy.seed!r}")
+        _check_dp(policy, where)
+        return policy
+
+    def with_dp(self, epsilon: float, delta: float) -> PartyPolicy:
+        """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)."""
+        policy = replace(self, dp_epsilon=float(epsilon), dp_delta=float(delta))
+        _check_dp(policy, "the policy")
         return policy
 
     def changed(self) -> dict[str, Any]:
@@ -207,8 +230,9 @@ class PartyPolicy:
         d = n_features if n_features is not None else (math.prod(shape.feature_shape) if shape.feature_shape
                                                         else None)
         refused = _joined([self._families(shape.networks), self._depth(shape.networks), self._width(shape.networks, d),
-                           self._size(program, shape.networks), self._rates(shape.learning_rates),
-                           self._sharing(program, shape)])
+                           self._setup_width(program, shape, d), self._size(program, shape.networks),
+                           self._rates(shape.learning_rates), *self._optimiser_settings(shape),
+                           self._sharing(program, shape), self._oracle(program, shape)])
         if refused is not None:
             raise refused
         return shape
@@ -236,7 +260,10 @@ class PartyPolicy:
 
     def _bounds_architecture(self) -> bool:
         return (self.encoders is not None or self.min_hidden_layers > 0 or self.max_width_ratio is not None
-                or self.min_lr is not None or self.max_parameters is not None or not self.allow_weight_sharing)
+                or self.min_lr is not None or self.max_parameters is not None or not self.allow_weight_sharing
+                or self.setup_width_ratio is not None or self.max_lr is not None
+                or self.max_weight_decay is not None or self.max_momentum is not None
+                or not self.allow_likelihood_release or bool(self.min_latent_scale))
 
     # ------------------------------------------------------------------ one rule each, over every network
     def _families(self, nets: Sequence[Network]) -> PolicyViolation | None:
@@ -271,6 +298,24 @@ class PartyPolicy:
                                f"from {d} features: more than {ratio:g} x {d}", net.sent_width,
                                {"max_width_ratio": _ceil_ratio(int(net.sent_width or 0), d)})
 
+    @property
+    def setup_width_ratio(self) -> float | None:
+        """The cap on a whole setup's values per row: ``max_setup_width_ratio``, or twice ``max_width_ratio``."""
+        if self.max_setup_width_ratio is not None:
+            return self.max_setup_width_ratio
+        return None if self.max_width_ratio is None else 2 * self.max_width_ratio
+
+    def _setup_width(self, program: str, shape: SetupShape, d: int | None) -> PolicyViolation | None:
+        """The values per row of a setup's networks together (16 models of 2d are 32d values per row); a setup of
+        one sending network is bounded by ``max_width_ratio`` alone."""
+        ratio, sent = self.setup_width_ratio, shape.sent_width
+        crossing = [n for n in shape.networks if n.sent_width]
+        if ratio is None or not d or len(crossing) < 2 or sent <= ratio * d:
+            return None
+        return PolicyViolation("max_setup_width_ratio", f"the {program!r} setup's {len(crossing)} network(s) would "
+                               f"send {sent} values per row together, computed from {d} features: more than "
+                               f"{ratio:g} x {d}", sent, {"max_setup_width_ratio": _ceil_ratio(sent, d)})
+
     def _size(self, program: str, nets: Sequence[Network]) -> PolicyViolation | None:
         total = sum(n.parameters() for n in nets)
         if self.max_parameters is None or total <= self.max_parameters:
@@ -280,10 +325,33 @@ class PartyPolicy:
 
     def _rates(self, rates: Mapping[str, float]) -> PolicyViolation | None:
         bad = [v for v in (self._lr_violation(lr, name) for name, lr in rates.items()) if v is not None]
-        if not bad or "min_lr" not in bad[0].accept:
-            return bad[0] if bad else None
-        floor = min(v.accept.get("min_lr", math.inf) for v in bad)
-        return PolicyViolation(bad[0].rule, bad[0].detail, bad[0].value, {"min_lr": floor})
+        if not bad:
+            return None
+        accept: dict[str, Any] = {}
+        for key, pick in (("min_lr", min), ("max_lr", max)):
+            values = [v.accept[key] for v in bad if key in v.accept]
+            if values:
+                accept[key] = pick(values)
+        other = [v for v in bad if v.rule != bad[0].rule][:1]
+        return PolicyViolation(bad[0].rule, bad[0].detail, bad[0].value, accept, also=other)
+
+    def _optimiser_settings(self, shape: SetupShape) -> list[PolicyViolation | None]:
+        return [self._bounded(v, f"{name} (weight decay)", "max_weight_decay")
+                for name, v in shape.weight_decays.items()] + [
+                self._bounded(v, f"{name} (momentum)", "max_momentum") for name, v in shape.momenta.items()]
+
+    def _oracle(self, program: str, shape: SetupShape) -> PolicyViolation | None:
+        floor, least = shape.latent_scale_floor, self.min_latent_scale
+        if floor is not None and least is not None and floor < least:
+            return PolicyViolation("min_latent_scale", f"{program!r} would evaluate this party's likelihood at "
+                                   f"latents of scale {floor:g}, under this party's floor of {least:g}", floor,
+                                   {"min_latent_scale": floor})
+        if not shape.likelihood_oracle or self.allow_likelihood_release:
+            return None
+        return PolicyViolation("allow_likelihood_release", f"{program!r} as configured would answer the likelihood "
+                               "of this party's rows at latents the coordinator chooses freely, an exact linear "
+                               "oracle on the raw rows (docs/deployment.md, threat model); a program that draws its "
+                               "latents itself is accepted", True, {"allow_likelihood_release": True})
 
     def _sharing(self, program: str, shape: SetupShape) -> PolicyViolation | None:
         if not shape.shares_weights or self.allow_weight_sharing:
@@ -304,10 +372,31 @@ class PartyPolicy:
         if self.min_lr is not None and value < self.min_lr:
             return PolicyViolation("min_lr", f"{what} {value:g} is under this party's floor of {self.min_lr:g}",
                                    value, {"min_lr": value})
+        if self.max_lr is not None and value > self.max_lr:
+            return PolicyViolation("max_lr", f"{what} {value:g} is over this party's ceiling of {self.max_lr:g} (a "
+                                   "huge step replaces the weights with what the coordinator's gradients say)",
+                                   value, {"max_lr": value})
+        return None
+
+    def _bounded(self, value: Any, what: str, key: str) -> PolicyViolation | None:
+        """An optimiser setting within ``[0, getattr(self, key)]`` (weight decay, momentum)."""
+        limit = getattr(self, key)
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return PolicyViolation(key, f"{what} {value!r} is not a number", value)
+        if not math.isfinite(v) or v < 0:
+            return PolicyViolation(key, f"{what} {v:g} must be a finite number >= 0", v)
+        if limit is not None and v > limit:
+            why = ("one step shrinks every weight by lr x weight decay: a large one zeroes the model"
+                   if key == "max_weight_decay" else "a momentum of 1 or more never forgets a step")
+            return PolicyViolation(key, f"{what} {v:g} is over this party's limit of {limit:g} ({why})", v,
+                                   {key: v} if key != "max_momentum" or v < 1 else None)
         return None
 
     def check_lr(self, lr: Any, what: str = "lr") -> None:
-        """Refuse a learning rate under the floor (a frozen model is a fixed, probeable function of the data)."""
+        """Refuse a learning rate under the floor (a frozen model is a fixed, probeable function of the data) or
+        over the ceiling (a huge step resets the model to what the coordinator's gradients say)."""
         refused = self._lr_violation(lr, what)
         if refused is not None:
             raise refused
@@ -318,18 +407,30 @@ class PartyPolicy:
         if spec.role == SHARES_WEIGHTS and not self.allow_weight_sharing:
             raise PolicyViolation("allow_weight_sharing", f"{kind!r} would send this party's weights to the "
                                   "coordinator", kind, {"allow_weight_sharing": True})
-        if self.min_lr is None:
-            return
-        for path in spec.learning_rates:
-            found, value = meta_path(meta, path)
-            if found:
-                self.check_lr(value, f"{kind} {path.replace('.', ' ')}")
+        found_values = []
+        for paths, check in ((spec.learning_rates, lambda v, w: self._lr_violation(v, w)),
+                             (spec.weight_decays, lambda v, w: self._bounded(v, w, "max_weight_decay")),
+                             (spec.momenta, lambda v, w: self._bounded(v, w, "max_momentum"))):
+            for path in paths:
+                found, value = meta_path(meta, path)
+                if found:
+                    found_values.append(check(value, f"{kind} {path.replace('.', ' ')}"))
+        refused = _joined(found_values)
+        if refused is not None:
+            raise refused
 
     def check_handles(self, held: int, handle: str, existing: bool) -> None:
         """Refuse one more attached data set beyond ``max_handles``."""
         if not existing and self.max_handles is not None and held >= self.max_handles:
             raise PolicyViolation("max_handles", f"attaching {handle!r} would make {held + 1} data sets held at "
                                   f"once; at most {self.max_handles}", held + 1, {"max_handles": held + 1})
+
+    def announced(self) -> dict[str, Any]:
+        """What the party tells a coordinator in its ``hello`` so that an honest one can plan within the policy
+        (e.g. whether a program may release likelihoods at latents it chooses); the party still checks every
+        request against the whole policy."""
+        return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
+                "max_request_mb": self.max_request_mb}
 
     def describe(self) -> str:
         """One line for the party's start-up log, saying which keys its file changed from the preset."""
@@ -339,12 +440,32 @@ class PartyPolicy:
             "the package's own programs" if p == PACKAGE_PROGRAMS else p for p in self.programs)
         changed = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.changed().items())
         how = f" changed by party.toml ({changed})" if changed else " (the preset unchanged)"
+        dp = (f"; differential privacy: epsilon {self.dp_epsilon:g}, delta {self.dp_delta:g} per row"
+              if self.dp_epsilon is not None else "")
         return (f"policy {self.preset}{how}: {progs}; {seed}; weight sharing "
-                f"{'allowed' if self.allow_weight_sharing else 'refused'}")
+                f"{'allowed' if self.allow_weight_sharing else 'refused'}{dp}")
 
 
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_lookups"}
-_FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb"}
+def _check_dp(policy: PartyPolicy, where: str) -> None:
+    """``dp_epsilon`` and ``dp_delta`` come together: epsilon > 0, 0 < delta < 1."""
+    eps, delta = policy.dp_epsilon, policy.dp_delta
+    if eps is None and delta is None:
+        return
+    if eps is None or delta is None:
+        missing = "dp_delta" if delta is None else "dp_epsilon"
+        raise ValueError(f"{where}: a differential-privacy budget needs both dp_epsilon and dp_delta; {missing} is "
+                         "missing (e.g. dp_epsilon = 8, dp_delta = 1e-5)")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"{where}: dp_epsilon must be a positive number, got {eps!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
+
+
+_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups"}
+_FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
+               "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
+               "dp_delta"}
+_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 
@@ -354,7 +475,7 @@ def _policy_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{where}: {key} must be a list of names, got {value!r}")
         return tuple(value)
-    if key in ("allow_weight_sharing", "persist_alignment"):
+    if key in _BOOL_KEYS:
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         return value

@@ -27,7 +27,10 @@ without learning unless its request sets ``train``: the only kinds a prediction 
 ``"shares_weights"`` (its reply carries the party's own parameters: refused unless the party allows weight sharing).
 ``releases`` names the reply tensors that carry values per row computed from the party's features (what a privacy
 budget meters), ``learning_rates`` the request metadata holding learning rates (dotted paths, e.g.
-``"simsiam.lr"``; the policy holds them to its floor).
+``"simsiam.lr"``; the policy holds them within its floor and ceiling), ``weight_decays`` and ``momenta`` the metadata
+holding those optimiser settings (bounded by the policy: a huge weight decay zeroes every weight in one step), and
+``gradients`` the request tensors that are gradients per row (the party clips each row's norm to its policy's
+``max_grad_norm`` before the handler sees it, so that no gradient scaling undoes the learning-rate bounds).
 
 :func:`check_request` / :func:`check_reply` raise :class:`MessageError`, naming the program, the kind, the
 direction and the tensor; :meth:`~partialvfl.federation.party.PartyRuntime.handle` calls them for every message,
@@ -123,8 +126,10 @@ class TensorSpec:
         return None if m is None else m.groupdict()
 
     def applies(self, config: Mapping[str, Any]) -> bool:
-        """Whether the program's config admits this tensor (its ``when`` conditions hold)."""
-        return all(config.get(k) == v for k, v in self.when)  # type: ignore[misc]
+        """Whether the program's config admits this tensor (its ``when`` conditions hold; a tuple of values: any
+        of them)."""
+        return all(config.get(k) in v if isinstance(v, tuple) else config.get(k) == v
+                   for k, v in self.when)  # type: ignore[misc]
 
     def describe(self) -> str:
         shape = "any shape" if self.shape is None else f"shape ({', '.join(map(str, self.shape))})"
@@ -134,7 +139,9 @@ class TensorSpec:
 @dataclass(frozen=True)
 class MessageSpec:
     """One message kind: request tensors, reply tensors, required and optional metadata keys of the request; its
-    ``role``, the reply tensors it ``releases`` per row and the metadata holding ``learning_rates``."""
+    ``role``, the reply tensors it ``releases`` per row, the metadata holding ``learning_rates``, ``weight_decays``
+    and ``momenta`` (optimiser settings the policy bounds), and the request tensors that are ``gradients`` per row
+    (a name, or ``{name: row dimension}``; the party bounds each row's norm: ``[policy] max_grad_norm``)."""
 
     request: Sequence[TensorSpec] = ()
     reply: Sequence[TensorSpec] = ()
@@ -144,10 +151,16 @@ class MessageSpec:
     role: str = TRAINS
     releases: Sequence[str] = ()
     learning_rates: Sequence[str] = ()
+    gradients: Sequence[str] | Mapping[str, int] = ()
+    weight_decays: Sequence[str] = ()
+    momenta: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for attr in ("request", "reply", "meta", "optional_meta", "releases", "learning_rates"):
+        for attr in ("request", "reply", "meta", "optional_meta", "releases", "learning_rates", "weight_decays",
+                     "momenta"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
+        grads = self.gradients.items() if isinstance(self.gradients, Mapping) else ((g, 0) for g in self.gradients)
+        object.__setattr__(self, "gradients", tuple((str(n), int(d)) for n, d in grads))
         for side in (self.request, self.reply):
             names = [t.name for t in side]
             if len(set(names)) != len(names):
@@ -161,9 +174,14 @@ class MessageSpec:
         if unknown:
             raise ValueError(f"releases names {unknown}, which are not reply tensors of the message")
         keys = set(self.meta) | set(self.optional_meta)
-        stray = sorted(p for p in self.learning_rates if p.split(".", 1)[0] not in keys)
+        for attr in ("learning_rates", "weight_decays", "momenta"):
+            stray = sorted(p for p in getattr(self, attr) if p.split(".", 1)[0] not in keys)
+            if stray:
+                raise ValueError(f"{attr} names {stray}, which are not meta keys of the message")
+        requested = {t.name for t in self.request}
+        stray = sorted(n for n, _ in self.gradients if n not in requested)
         if stray:
-            raise ValueError(f"learning_rates names {stray}, which are not meta keys of the message")
+            raise ValueError(f"gradients names {stray}, which are not request tensors of the message")
 
 
 Messages = Mapping[str, MessageSpec]
@@ -273,7 +291,7 @@ class _Exchange:
 
 
 def _when(s: TensorSpec) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in s.when)
+    return ", ".join(f"{k} in {list(v)!r}" if isinstance(v, tuple) else f"{k}={v!r}" for k, v in s.when)
 
 
 def _check_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> None:
@@ -351,7 +369,15 @@ def _role_markdown(spec: MessageSpec) -> str:
     released = ", ".join(f"`{n}`" for n in spec.releases) or "nothing"
     line = f"Role: {spec.role}. Released per row: {released}."
     if spec.learning_rates:
-        line += f" Learning rates (held to the party's `min_lr`): {', '.join(f'`{p}`' for p in spec.learning_rates)}."
+        line += (" Learning rates (held within the party's `min_lr`/`max_lr`): "
+                 f"{', '.join(f'`{p}`' for p in spec.learning_rates)}.")
+    for attr, key in (("weight_decays", "max_weight_decay"), ("momenta", "max_momentum")):
+        if getattr(spec, attr):
+            line += (f" {attr.replace('_', ' ').capitalize()} (held to the party's `{key}`): "
+                     f"{', '.join(f'`{p}`' for p in getattr(spec, attr))}.")
+    if spec.gradients:
+        line += (" Gradients per row (each row's norm clipped to the party's `max_grad_norm`): "
+                 f"{', '.join(f'`{n}`' for n, _ in spec.gradients)}.")
     return line
 
 

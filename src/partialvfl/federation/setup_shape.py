@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Network", "SetupShape", "feature_shape_of", "widths"]
+__all__ = ["Network", "SetupShape", "feature_shape_of", "optimiser_settings", "widths"]
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,26 @@ class Network:
 
 @dataclass(frozen=True)
 class SetupShape:
-    """What a ``setup`` would build: its networks, the learning rates it sets, whether it shares weights."""
+    """What a ``setup`` would build: its networks, the optimiser settings it uses (learning rates, weight decays,
+    momenta, by the config key they come from), whether it shares weights, and whether it answers
+    ``likelihood_oracle`` queries: the likelihood of the party's rows under a model evaluated at points (latents)
+    the coordinator chooses freely (e.g. FALSE-VFL's ``decode`` with the ``lean`` or ``samples`` wire), an exact
+    oracle on the party's raw rows that a party releases only if its policy allows it."""
 
     networks: tuple[Network, ...]
     learning_rates: Mapping[str, float] = field(default_factory=dict)
     shares_weights: bool = False
     feature_shape: tuple[int, ...] | None = None
+    weight_decays: Mapping[str, float] = field(default_factory=dict)
+    momenta: Mapping[str, float] = field(default_factory=dict)
+    likelihood_oracle: bool = False
+    latent_scale_floor: float | None = None  # a program drawing its own latents: the smallest scale it evaluates
+
+    @property
+    def sent_width(self) -> int:
+        """Values per row the whole setup can send: the sum over its networks (several models are several
+        outputs)."""
+        return sum(n.sent_width or 0 for n in self.networks)
 
 
 def widths(value: Any) -> tuple[int, ...]:
@@ -76,3 +90,15 @@ def widths(value: Any) -> tuple[int, ...]:
 def feature_shape_of(config: Mapping[str, Any]) -> tuple[int, ...]:
     """The party's feature shape as the config states it (every program's config carries ``feature_shape``)."""
     return tuple(int(s) for s in config["feature_shape"])
+
+
+def optimiser_settings(**optimisers: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``SetupShape`` keyword arguments for optimiser configs (``{"name", "lr", "weight_decay", "momentum"}``)
+    by config key: their learning rates, weight decays and, for SGD, momenta (Adam does not use one)."""
+    out: dict[str, dict[str, float]] = {"learning_rates": {}, "weight_decays": {}, "momenta": {}}
+    for key, opt in optimisers.items():
+        out["learning_rates"][f"{key}.lr"] = float(opt["lr"])
+        out["weight_decays"][f"{key}.weight_decay"] = float(opt.get("weight_decay", 0.0))
+        if str(opt.get("name", "adam")) == "sgd":
+            out["momenta"][f"{key}.momentum"] = float(opt.get("momentum", 0.0))
+    return out

@@ -253,7 +253,7 @@ class LocalTransport(Transport):
         try:
             for parties in groups.values():
                 for p in parties:
-                    self.runtimes[p].check(stamped[p])
+                    stamped[p] = self.runtimes[p].check(stamped[p])  # admitted: gradients clipped by policy
         except (MessageError, PolicyViolation):
             return {}
         answers: dict[int, tuple[Request, Reply]] = {}
@@ -271,8 +271,8 @@ class LocalTransport(Transport):
         order)."""
         groups: dict[tuple[type, Any, str], list[int]] = {}
         for party, req in sorted(requests.items()):
-            if party in self.down:
-                continue
+            if party in self.down or getattr(self.runtimes[party], "privacy", None) is not None:
+                continue  # a party with a privacy budget answers through its runtime (noise, ledger, DP-SGD)
             program = self.runtimes[party].program
             if program is None or req.kind not in program.messages:
                 continue

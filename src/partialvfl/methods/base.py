@@ -34,7 +34,7 @@ import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -46,9 +46,21 @@ from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDa
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.federation.party import StateFileError
+from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, with_common
+from partialvfl.methods.private_fit import (
+    PrivacyHooks,
+    check_dp_options,
+    label_dp_view,
+    label_prior,
+    plans_for,
+    privacy_report,
+    private_parties,
+    restore_privacy,
+)
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.jsonable import json_default
@@ -102,7 +114,7 @@ class IndexInfo:
                    None if names is None else tuple(tuple(f) for f in names))
 
 
-class VFLMethod(TypedParams, ABC):
+class VFLMethod(PrivacyHooks, TypedParams, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -117,7 +129,9 @@ class VFLMethod(TypedParams, ABC):
             cls.presets = cls.params.preset_names
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
-                 precision: str = "fp32", compile: bool = False, **params: Any) -> None:  # noqa: A002 - torch's word
+                 precision: str = "fp32", compile: bool = False,  # noqa: A002 - torch's word
+                 label_dp: float | None = None, label_dp_seed: int | None = None, label_dp_prior: bool = False,
+                 dp_options: Mapping[str, Any] | None = None, **params: Any) -> None:
         """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
         not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
         from partialvfl.utils.devices import check_precision, resolve_device
@@ -136,6 +150,12 @@ class VFLMethod(TypedParams, ABC):
         self.compile = bool(compile)
         self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
+        if label_dp is not None:
+            rr_keep_probability(label_dp, 2)  # a positive, finite epsilon, or an error naming it
+        self.label_dp = None if label_dp is None else float(label_dp)
+        self.label_dp_seed = None if label_dp_seed is None else int(label_dp_seed)
+        self.label_dp_prior = bool(label_dp_prior)
+        self.dp_options_ = check_dp_options(dp_options)
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -167,8 +187,10 @@ class VFLMethod(TypedParams, ABC):
         return [k for k in cls.default_params() if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
 
     def resolve_params(self, dataset: str | None) -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated)."""
-        return self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name)
+        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated); a
+        schedule's ``min_steps = null`` resolved (:func:`~partialvfl.methods.schedule.resolve_min_steps`)."""
+        return resolve_min_steps(self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name),
+                                 self.overrides)
 
     def get_params(self) -> dict[str, Any]:
         return {"preset": self.preset, "seed": self.seed, **self.overrides}
@@ -190,6 +212,10 @@ class VFLMethod(TypedParams, ABC):
         """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
+    def _plan(self, federation: Federation) -> None:  # noqa: B027 - optional
+        """Fix the parameters a method derives from what the parties announce (``federation.announced_policies()``;
+        e.g. a wire protocol within their policies), in ``params_``, before anything is set up."""
+
     def _build_coordinator(self) -> None:  # noqa: B027 - optional
         """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
 
@@ -199,6 +225,7 @@ class VFLMethod(TypedParams, ABC):
 
     def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
         """Restore :meth:`_coordinator_extra_state`."""
+
 
     def _coordinator_state(self) -> dict[str, Any]:
         """The active party's part of a saved model or checkpoint: module weights by name, plus extras."""
@@ -256,15 +283,20 @@ class VFLMethod(TypedParams, ABC):
 
     # ------------------------------------------------------------------ estimator API
     def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
-            checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None) -> Self:
+            checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None,
+            party_dp: Mapping[int | str, tuple[float, float]] | None = None) -> Self:
         """Fit on ``train`` (labelled and unlabelled samples, any per-sample observed mask), in process by default.
 
         ``checkpointer`` checkpoints every N steps and resumes from its last checkpoint; ``on_epoch(stage, epoch,
-        metrics)`` is called after every epoch.
+        metrics)`` is called after every epoch; ``party_dp``: ``{party: (epsilon, delta)}``, the in-process parties'
+        own differential-privacy budgets (``[policy] dp_epsilon, dp_delta`` of a deployed party).
         Without ``federation`` the parties run in this process on the model's ``device`` and ``precision``.
         """
-        fed = federation or LocalFederation.for_dataset(train, log=log, device=self.device_, precision=self.precision,
-                                                        compile=self.compile)
+        if federation is not None and party_dp:
+            raise ValueError("party_dp sets the budgets of the in-process parties; a given federation's parties "
+                             "keep their own (LocalFederation.for_dataset(..., party_dp=...))")
+        fed = federation or LocalFederation.for_dataset(train, log=log, party_dp=party_dp, device=self.device_,
+                                                        precision=self.precision, compile=self.compile)
         handle = fed.attach(train, "train")
         dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
         self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -289,26 +321,69 @@ class VFLMethod(TypedParams, ABC):
         federation.transport.device = self.device_  # replies arrive on the coordinator's device
         self.index_ = IndexInfo.of(view)
         self.params_ = self.resolve_params(dataset)
+        self._plan(federation)
         self.data_info_ = dict(data_info or {})
-        self.label_prior_ = _label_prior(view)
+        private = private_parties(self, federation)  # refuses a method without differential privacy, naming it
+        # the labels the coordinator trains with (randomized under label DP; RRWithPrior: a first fit gives priors)
+        view = label_dp_view(self, view, federation, handle, dataset)
+        prior = label_prior(self, view)
+        self.label_prior_ = _label_prior(view) if prior is None else prior
         self.history_ = []
-        federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed)
+        schedule = self.schedule_ = plan_schedule(self.settings_, view, self.seed) if self._has_schedule() else None
+        federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed,
+                         plans=plans_for(self, private, "fit"))
         self.preprocessing_ = self._preprocess(federation, handle)
         if checkpointer is not None:
             checkpointer.bind(federation)
+        train_view = view
+        stopping = None
+        if schedule is not None and schedule.early_stopping:
+            train_view = dataclasses.replace(view, labeled=view.labeled & ~np.isin(np.arange(view.n_samples),
+                                                                                  schedule.rows))
+            stopping = self._early_stopping(schedule, train_view, view, handle, checkpointer)
         loop = TrainingLoop(
             federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
             save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
             checkpointer=checkpointer, fingerprint=self._fingerprint(view),
-            show_progress=progress_mode(self.progress)[0],
+            show_progress=progress_mode(self.progress)[0], stopping=stopping,
         )
         t0 = time.perf_counter()
-        with self._computing():
-            self._fit(view, handle, loop)
+        try:
+            with self._computing():
+                self._fit(train_view, handle, loop)
+        finally:
+            if stopping is not None:
+                stopping.close()
         loop.finish()
+        if schedule is not None and loop.stopping_result is not None:
+            schedule.result = loop.stopping_result
         self.fit_seconds_ = time.perf_counter() - t0
         self.resumed_step_ = loop.resumed_step
+        self.privacy_ = privacy_report(self, federation, private)
         return self
+
+    def _has_schedule(self) -> bool:
+        """Whether the method declares the schedule parameters (every built-in method does; plugins may not)."""
+        return "min_steps" in self.param_space().names
+
+    def _early_stopping(self, schedule: SchedulePlan, train_view: CoordinatorView, view: CoordinatorView,
+                        handle: str, checkpointer: Checkpointer | None) -> EarlyStopping:
+        """Early stopping on the held-out rows: scored with the model's own prediction on the training data
+        (their labels were hidden from training); parties keep their best state beside the checkpoints, if any."""
+        rows, y = schedule.rows, view.y[schedule.rows]
+        classification = view.task is None or view.task.is_classification
+
+        def validate() -> tuple[float, float]:
+            return validation_score(self._predict(train_view, handle, rows), y, classification)
+
+        where = checkpointer.directory / "early-stopping" if checkpointer is not None else None
+        return EarlyStopping(validate, schedule.patience, self.federation_, where)
+
+    def _supervised_epochs(self, stage: str, epochs: int, steps_per_epoch: int) -> int:
+        """The epochs the supervised stage runs: ``epochs`` raised to the schedule's ``min_steps`` (recorded in
+        ``schedule_``); methods without a schedule run ``epochs``."""
+        schedule = getattr(self, "schedule_", None)
+        return epochs if schedule is None else schedule.stage(stage, epochs, steps_per_epoch)
 
     def _preprocess(self, federation: Federation, handle: str) -> dict[str, Any]:
         """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
@@ -433,7 +508,10 @@ class VFLMethod(TypedParams, ABC):
             "preprocessing": getattr(self, "preprocessing_", None),
             "data_info": self.data_info_,
             "fit_seconds": getattr(self, "fit_seconds_", None),
+            "schedule": schedule.to_dict() if (schedule := getattr(self, "schedule_", None)) is not None else None,
             "history": self.history_,
+            **({"privacy": {**self.privacy_, "dp_options": self.dp_options_}}
+               if getattr(self, "privacy_", None) else {}),
         }
 
     def save(self, directory: str | Path) -> Path:
@@ -471,7 +549,8 @@ class VFLMethod(TypedParams, ABC):
                                             device=obj.device_, precision=obj.precision, compile=obj.compile)
         fed.transport.device = obj.device_
         obj.federation_ = fed
-        fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed)
+        fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed,
+                  plans=plans_for(obj, private_parties(obj, fed), "predict"))
         try:
             fed.load(d, model=meta.get("digest"))
         except StateFileError as e:
@@ -501,10 +580,12 @@ class VFLMethod(TypedParams, ABC):
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
                                  f"({type(e).__name__}: {e})") from None
+        restore_privacy(obj, meta)
         obj.preprocessing_ = meta.get("preprocessing")
         obj.data_info_ = meta.get("data_info", {})
         obj.history_ = meta.get("history", [])
         obj.fit_seconds_ = meta.get("fit_seconds")
+        obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
         return obj
 
 

@@ -198,6 +198,12 @@ class LaserVFL(SplitNNMethod):
     def _head(self, k: int) -> nn.Module:
         return self.heads_["g"] if "g" in self.heads_ else self.heads_[f"g{k}"]
 
+    def _steps_per_epoch(self, view: CoordinatorView, rows: np.ndarray) -> int:
+        if self.settings_.batching == "per-sample":
+            return super()._steps_per_epoch(view, rows)
+        _, counts = np.unique(view.observed[rows], axis=0, return_counts=True)
+        return int(np.ceil(counts / self.settings_.batch_size).sum())
+
     def _batches(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> Iterator[np.ndarray]:
         if self.settings_.batching == "per-sample":
             yield from super()._batches(view, rows, rng)

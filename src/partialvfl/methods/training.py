@@ -16,6 +16,10 @@ whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step
   (:class:`~partialvfl.federation.checkpoint.PartyLost`; the step's partial effects are discarded with the process
   state, the last checkpoint is intact), and a stop requested by a signal checkpoints at the next step boundary
   (:class:`~partialvfl.federation.checkpoint.FitInterrupted`);
+* early stopping of the method's supervised stage (``Stage.supervised``), when the fit has it on
+  (:class:`~partialvfl.methods.schedule.EarlyStopping`): validation checks at epoch ends (reported with the epoch's
+  metrics as ``val_score`` / ``val_loss``), a stop after ``patience`` checks without improvement, and the best
+  checked state restored at the stage's end; its state is part of every checkpoint;
 * checkpoints every N steps through a :class:`~partialvfl.federation.checkpoint.Checkpointer` and an exact resume:
   parties are rolled back by ``Checkpointer.restore``; the loop skips the stages and epochs before the checkpoint,
   replays the checkpointed epoch's item iterator from the generator state saved at that epoch's start (so lazily
@@ -42,6 +46,7 @@ from partialvfl.utils.progress import progress
 if TYPE_CHECKING:
     from partialvfl.federation.checkpoint import Checkpointer
     from partialvfl.federation.transport import Transport
+    from partialvfl.methods.schedule import EarlyStopping
 
 __all__ = ["EpochCallback", "Metrics", "NonFiniteError", "Stage", "TrainingLoop", "check_finite_output"]
 
@@ -78,7 +83,9 @@ class Stage:
     ``step(item, rng)`` processes one item through the transport and returns its :data:`Metrics` (or ``None``).
     ``state``/``load_state`` save and restore what the stage keeps besides the coordinator's modules (optimisers,
     flags); ``on_epoch_start(epoch)`` runs before each epoch, also the one a resume lands in (e.g. learning-rate
-    schedules: it must be idempotent).
+    schedules: it must be idempotent).  ``supervised`` marks the stage that learns from labels (the one early
+    stopping applies to); ``parties_train`` whether its steps change the parties' states (then early stopping keeps
+    and restores them too).
     """
 
     name: str
@@ -89,13 +96,16 @@ class Stage:
     state: Callable[[], dict[str, Any]] | None = None
     load_state: Callable[[dict[str, Any]], None] | None = None
     on_epoch_start: Callable[[int], None] | None = None
+    supervised: bool = False
+    parties_train: bool = True
 
 
 class TrainingLoop:
     """Runs a method's stages through its transport, reporting, checkpointing and resuming.
 
     ``save_coordinator``/``load_coordinator`` give and restore the coordinator's modules; ``history`` is the
-    method's list of epoch reports (kept in checkpoints); ``report(stage, epoch, metrics)`` records one epoch.
+    method's list of epoch reports (kept in checkpoints); ``report(stage, epoch, metrics)`` records one epoch;
+    ``stopping`` early-stops the supervised stage (``None``: it runs all its epochs).
     """
 
     def __init__(
@@ -110,8 +120,11 @@ class TrainingLoop:
         checkpointer: Checkpointer | None = None,
         fingerprint: dict[str, Any] | None = None,
         show_progress: bool = False,
+        stopping: EarlyStopping | None = None,
     ) -> None:
         self.transport = transport
+        self.stopping = stopping
+        self.stopping_result: dict[str, Any] | None = None
         self.name = name
         self.history = history
         self.report = report
@@ -150,14 +163,28 @@ class TrainingLoop:
         if self.resume is not None and self.resume["stage"] != stage.name:
             return  # the whole stage lies before the checkpoint: its effects are in the restored states
         first_epoch = int(self.resume["epoch"]) if self.resume is not None else 0
+        stopper = self.stopping if stage.supervised else None
+        if stopper is not None:
+            stopper.begin(stage.epochs, stage.parties_train)
         for epoch in progress(range(first_epoch, stage.epochs), f"{self.name} {stage.name}", self.show_progress):
-            self._run_epoch(stage, epoch)
+            self._run_epoch(stage, epoch, stopper)
+            if stopper is not None and stopper.stopped:
+                break
+        if stopper is not None:
+            self.stopping_result = self._guarded(lambda: stopper.finish(self.load_coordinator))
 
-    def _run_epoch(self, stage: Stage, epoch: int) -> None:
+    def _guarded(self, action: Callable[[], Any]) -> Any:
+        """Run a between-steps action that talks to the parties; a party that fails stops the fit there."""
+        try:
+            return action()
+        except PartyUnavailable as e:
+            raise PartyLost(e.party, e.reason, self.step_count) from None
+
+    def _run_epoch(self, stage: Stage, epoch: int, stopper: EarlyStopping | None = None) -> None:
         if stage.on_epoch_start is not None:
             stage.on_epoch_start(epoch)
         if self.resume is not None:
-            index, sums, epoch_rng, items = self._fast_forward(stage)
+            index, sums, epoch_rng, items = self._fast_forward(stage, stopper)
         else:
             index, sums, epoch_rng = 0, {}, rng_state(stage.rng)
             items = iter(stage.items(epoch, stage.rng))
@@ -178,8 +205,11 @@ class TrainingLoop:
                 acc[0] += float(value)
                 acc[1] += float(weight)
             index += 1
-            self._maybe_checkpoint(stage, epoch, index, epoch_rng, sums)
-        self.report(stage.name, epoch + 1, {k: s / w if w else s for k, (s, w) in sums.items()})
+            self._maybe_checkpoint(stage, epoch, index, epoch_rng, sums, stopper)
+        metrics = {k: s / w if w else s for k, (s, w) in sums.items()}
+        if stopper is not None and stopper.due(epoch):
+            metrics.update(self._guarded(lambda: stopper.check(epoch, self.save_coordinator)))
+        self.report(stage.name, epoch + 1, metrics)
 
     def _check_finite(self, stage: Stage, epoch: int, key: str, value: float) -> None:
         if not math.isfinite(float(value)):
@@ -187,7 +217,8 @@ class TrainingLoop:
                 f"{self.name}: the {key} is {float(value)} at step {self.step_count} (stage {stage.name!r}, epoch "
                 f"{epoch + 1}); training stopped. Likely cause: {LIKELY_CAUSES}")
 
-    def _fast_forward(self, stage: Stage) -> tuple[int, dict[str, list[float]], Any, Iterator[Any]]:
+    def _fast_forward(self, stage: Stage, stopper: EarlyStopping | None = None
+                      ) -> tuple[int, dict[str, list[float]], Any, Iterator[Any]]:
         """Land on the checkpointed position of this epoch: replay the items before it, restore every state.
 
         Returns the position, the running sums, the generator state at the epoch's start and the iterator that
@@ -210,13 +241,15 @@ class TrainingLoop:
         self.load_coordinator(saved["coordinator"])
         if stage.load_state is not None:
             stage.load_state(saved["stage_state"])
+        if stopper is not None:
+            stopper.load_state_dict(saved["stopping"])
         self.step_count = int(saved["step"])
         self.resume = None
         sums = {k: [float(v[0]), float(v[1])] for k, v in saved["sums"].items()}
         return index, sums, saved["rng_epoch"], items
 
     def _maybe_checkpoint(self, stage: Stage, epoch: int, index: int, epoch_rng: Any,
-                          sums: dict[str, list[float]]) -> None:
+                          sums: dict[str, list[float]], stopper: EarlyStopping | None = None) -> None:
         if self.checkpointer is None:
             return
 
@@ -229,6 +262,7 @@ class TrainingLoop:
                 "history": [dict(row) for row in self.history],
                 "coordinator": self.save_coordinator(),
                 "stage_state": stage.state() if stage.state is not None else {},
+                **({"stopping": stopper.state_dict()} if stopper is not None else {}),
             }
 
         self.checkpointer.after_step(self.step_count, state)

@@ -119,7 +119,8 @@ def make_checkpointer(options: FitOptions, stop: StopRequest | None = None) -> C
 
 def run_fit(method: VFLMethod, data: Any, options: FitOptions | None = None, *, stop: StopRequest | None = None,
             log: MessageLog | None = None, on_epoch: EpochCallback | None = None,
-            notify: Callable[[str], None] | None = None, data_info: Mapping[str, Any] | None = None) -> FitResult:
+            notify: Callable[[str], None] | None = None, data_info: Mapping[str, Any] | None = None,
+            party_dp: Mapping[int | str, tuple[float, float]] | None = None) -> FitResult:
     """Fit ``method`` on ``data``: a :class:`~partialvfl.data.dataset.VerticalDataset` (in this process, messages
     counted in ``log``) or a federation of party processes (a
     :class:`~partialvfl.federation.grpc_federation.GrpcFederation`, connected or not: the fit opens its session
@@ -127,7 +128,8 @@ def run_fit(method: VFLMethod, data: Any, options: FitOptions | None = None, *, 
 
     ``stop``: a :class:`~.stopping.StopRequest` (e.g. from :func:`~.stopping.stop_on_signals`); ``on_epoch(stage,
     epoch, metrics)`` after every epoch; ``notify(line)`` receives the alignment summary (with the method's
-    ``progress``) and what is done about a lost party (default: a line on stderr).
+    ``progress``) and what is done about a lost party (default: a line on stderr); ``party_dp``: ``{party: (epsilon,
+    delta)}``, the differential-privacy budgets of parties in this process (a federation's parties keep their own).
     """
     options = options if options is not None else FitOptions()
     say = notify if notify is not None else report_line
@@ -137,7 +139,10 @@ def run_fit(method: VFLMethod, data: Any, options: FitOptions | None = None, *, 
     if isinstance(data, VerticalDataset):
         threads = fit_threads(options.threads, method, data)
         with use_threads(threads):
-            method.fit(data, log=log, checkpointer=ck, on_epoch=on_epoch)
+            method.fit(data, log=log, checkpointer=ck, on_epoch=on_epoch, party_dp=party_dp)
+    elif party_dp:
+        raise ValueError("party_dp sets the budgets of parties in this process; a federation's parties keep their own "
+                         "([policy] dp_epsilon, dp_delta in each party.toml)")
     elif callable(getattr(data, "align", None)):
         threads, failures = _fit_federation(method, data, options, ck, on_epoch, say, dict(data_info or {}))
     else:
@@ -154,6 +159,8 @@ def _fit_federation(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkp
     """Connect, align and fit; with ``party_timeout``, wait out up to ``party_retries`` party failures (each time:
     every party says hello again, the fit resumes from the last checkpoint).  Returns (threads, failures)."""
     timeout = options.party_timeout
+    if options.checkpoint_dir is not None and hasattr(fed, "keep_sessions_with"):
+        fed.keep_sessions_with(options.checkpoint_dir)  # a coordinator restarted with resume proves it holds them
     if getattr(fed, "alignment_id", "") is None:
         # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed,
         # repeated or continued after a party restarted, gets the same tokens, so the same sample order and model

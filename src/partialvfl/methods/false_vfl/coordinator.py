@@ -70,13 +70,46 @@ class _FalseVFL(VFLMethod):
         total += mlp_flops([d_h, *p.global_hidden, 2 * d_z], s * b) + mlp_flops([d_z, *p.global_hidden, 2 * d_h], s * b)
         return 3.0 * total
 
+    # ------------------------------------------------------------------ differential privacy (variant I)
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Per row: stage 1, its posterior, log-likelihoods, their latent gradients and a DP-SGD update per epoch;
+        stage 2, posterior and log-likelihoods per epoch (labelled rows); each prediction, the same two."""
+        p = self.settings_
+        predictions = 2 * int(self.dp_options_["predictions"])
+        return (4 * p.pretrain_epochs + 2 * p.epochs if purpose == "fit" else 0) + predictions
+
+    def _privacy_clips(self, party: int) -> dict[str, float]:
+        """Clip norms of the released tensors, about the size of their values on standardised features."""
+        p = self.settings_
+        d = float(self.index_.feature_dims[party])
+        root = math.sqrt(p.d_h)
+        return {"mu": root, "logvar": 2.0 * root, "loglik": 2.0 * d * math.sqrt(p.importance_samples),
+                "grad_mean": root / p.pretrain_batch_size, "grad_scale": root / p.pretrain_batch_size,
+                "grad_h": root / p.pretrain_batch_size}
+
     def _party_config(self, party: int) -> dict[str, Any]:
         cfg = self.settings_._pick("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
                                    "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
                                    "decoder_logvar_range", "wire", "wire_dtype")
         cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
                    feature_shape=[int(s) for s in self.index_.feature_shapes[party]])
+        if cfg["wire"] == "bound":
+            cfg["latent_scale_floor"] = float(self.settings_.latent_scale_floor)
         return cfg
+
+    def _plan(self, federation: Any) -> None:
+        """``wire = auto``: lean if every party releases likelihoods at latents the coordinator chooses (as its
+        ``hello`` says: ``[policy] allow_likelihood_release``, the research policy), else bound, whose floor on the
+        posterior scale is the largest the parties ask for (``[policy] min_latent_scale``)."""
+        params = dict(self.params_)
+        announced = federation.announced_policies()
+        if params["wire"] == "auto":
+            free = all(a.get("allow_likelihood_release", True) for a in announced)
+            params["wire"] = "lean" if free else "bound"
+        if params["wire"] == "bound":
+            floors = [float(a.get("min_latent_scale") or 0.0) for a in announced]
+            params["latent_scale_floor"] = max([float(params["latent_scale_floor"]), *floors])
+        self.params_ = params
 
     # ------------------------------------------------------------------ coordinator modules
     def _build_coordinator(self) -> None:
@@ -214,6 +247,8 @@ class _FalseVFL(VFLMethod):
         optimizer = make_optimizer(self.discriminator_.parameters(), "adam", p.lr, p.weight_decay)
         y_all = self._target_tensor(view)
         self._new_rounds()
+        rows = np.flatnonzero(view.labeled & view.observed.any(axis=1))
+        epochs = self._supervised_epochs("train", p.epochs, math.ceil(len(rows) / p.batch_size))
 
         def step(item: tuple[np.ndarray, int, np.ndarray | None], rng: np.random.Generator) -> Metrics | None:
             rows, noise_seed, following = item
@@ -237,12 +272,11 @@ class _FalseVFL(VFLMethod):
             return {"bound": (scalar(bound_y.detach().sum()), n),
                     "loss": (scalar((bound_x - bound_y).detach().sum()), n)}
 
-        return Stage("train", p.epochs,
-                     self._epoch_batches("train", np.flatnonzero(view.labeled & view.observed.any(axis=1)),
-                                         p.batch_size, p.epochs),
+        return Stage("train", epochs, self._epoch_batches("train", rows, p.batch_size, epochs),
                      step, numpy_rng(self.seed, "false-vfl", "train"),
                      state=lambda: {"optimizer": optimizer.state_dict()},
-                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]))
+                     load_state=lambda st: optimizer.load_state_dict(st["optimizer"]),
+                     supervised=True, parties_train=False)
 
     def _target_tensor(self, view: CoordinatorView) -> torch.Tensor:
         if self.index_.task.is_classification:
@@ -310,6 +344,7 @@ class FalseVFL1(_FalseVFL):
 
     name = "false-vfl-1"
     variant = 1
+    supports_privacy = True
 
 
 @register_method

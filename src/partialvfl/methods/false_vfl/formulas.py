@@ -13,6 +13,7 @@ Shapes follow ``[samples, batch, dim]``; everything is computed in log space.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -22,7 +23,7 @@ from partialvfl.methods.false_vfl.spec import FUSION_RULES
 from partialvfl.nn.stats import gaussian_log_prob, normalized_weights, standard_normal_log_prob
 from partialvfl.utils.seeding import torch_generator
 
-__all__ = ["fuse_posteriors", "gaussian_log_density", "latent_log_weights", "latent_noise_generator",
+__all__ = ["bound_noise", "fuse_posteriors", "gaussian_log_density", "latent_log_weights", "latent_noise_generator",
            "predictive_log_probs", "reparameterize", "snis_weights", "split_gaussian"]
 
 
@@ -68,6 +69,29 @@ def latent_noise_generator(noise_seed: int) -> torch.Generator:
     noise of ``h = mean + scale * eps_h`` is shared without ever crossing.
     """
     return torch_generator(noise_seed, "coordinator")
+
+
+def bound_noise(noise_seed: int, pos: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor,
+                samples: int) -> torch.Tensor:
+    """The ``bound`` wire's noise ``(S, B, d_h)``: for each row, ``S`` standard normal draws from a generator seeded
+    by SHA-256 of the batch's noise seed, the row's position in the batch and the exact bytes of the mean and scale
+    sent for it (as they cross: their wire dtype).
+
+    Coordinator and parties compute the same numbers; but a row's latents ``mean + scale * eps`` are fixed only
+    once its mean and scale are, so a coordinator cannot aim them (it would need a SHA-256 preimage): it learns them
+    after choosing.  Positions must be distinct, so no two rows share their draws.
+    """
+    b, d_h = int(mean.shape[0]), int(mean.shape[-1])
+    raw_mean = mean.detach().contiguous().view(torch.uint8).numpy()
+    raw_scale = scale.detach().contiguous().view(torch.uint8).numpy()
+    out = torch.empty(samples, b, d_h)
+    head = int(noise_seed).to_bytes(8, "little", signed=False)
+    for i in range(b):
+        digest = hashlib.sha256(head + int(pos[i]).to_bytes(8, "little") + raw_mean[i].tobytes()
+                                + raw_scale[i].tobytes()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        out[:, i] = torch.randn((samples, d_h), generator=gen)
+    return out
 
 
 def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

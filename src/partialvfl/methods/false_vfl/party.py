@@ -13,14 +13,14 @@ The rounds of one mini-batch (``docs/false-vfl.md`` has the wire protocol and wh
 * ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
 
 ``next_rows`` on ``update`` (and on ``decode`` when nothing is trained) asks for the next batch's ``encode`` in
-the same message, which saves a round per step.  In the in-process simulation several parties' rounds run as one
-batched computation (:mod:`.batched`); each party's weights and optimiser stay its own.
+the same message, which saves a round per step.  In process every party answers by this same handler, as it does
+in a deployment, so a simulation and a federation with the same seeds compute the same floats (``docs/false-vfl.md``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,7 +31,8 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
-from partialvfl.methods.false_vfl.formulas import latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.spec import WIRES
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.nn.optim import make_optimizer
@@ -41,8 +42,11 @@ from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 __all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "PartyModules", "allowed_tensors", "as_rows"]
 
 _WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
-_LEAN, _SAMPLES = {"wire": "lean"}, {"wire": "samples"}
-_LEAN_II, _SAMPLES_II, _II = {"wire": "lean", "variant": 2}, {"wire": "samples", "variant": 2}, {"variant": 2}
+# the lean and bound wires carry the same tensors (posterior mean and scale, row positions)
+_LEAN, _SAMPLES = {"wire": ("lean", "bound")}, {"wire": "samples"}
+_LEAN_II, _SAMPLES_II = {"wire": ("lean", "bound"), "variant": 2}, {"wire": "samples", "variant": 2}
+_II = {"variant": 2}
+_FLOOR_SLACK = 0.01  # a scale at the floor may arrive rounded down by the wire dtype (bfloat16: 2^-8)
 
 
 def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
@@ -69,6 +73,7 @@ class FalseVFLParty(PartyProgram):
     """The party-local half of FALSE-VFL I/II; its message kinds are declared in ``messages`` (see the module)."""
 
     program_name = "false-vfl/party"
+    supports_privacy = True
     # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples, N: the next batch's rows it holds
     messages: ClassVar[Messages] = {
         "encode": MessageSpec(
@@ -90,6 +95,7 @@ class FalseVFLParty(PartyProgram):
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
                      TensorSpec("grad_mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II)],
+            gradients={"grad_loglik": 1, "grad_mask_loglik": 1},
             reply=[_wide("grad_h", ("S", "B", "d_h"), _SAMPLES), _wide("grad_h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                    _wide("grad_mean", ("B", "d_h"), _LEAN), _wide("grad_scale", ("B", "d_h"), _LEAN),
                    _wide("grad_mean_mis", ("M", "d_h"), _LEAN_II),
@@ -98,6 +104,7 @@ class FalseVFLParty(PartyProgram):
         "update": MessageSpec(
             request=[_wide("grad_mu", ("B", "d_h")), _wide("grad_logvar", ("B", "d_h")),
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
+            gradients=["grad_mu", "grad_logvar"],
             reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
             optional_meta=["data"], releases=["mu", "logvar"]),
     }
@@ -114,7 +121,20 @@ class FalseVFLParty(PartyProgram):
                         (d_h,), math.prod(shape), d_h)]
         if int(config["variant"]) == 2:
             nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
-        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape)
+        wire = str(config.get("wire", "lean"))
+        floor = float(config.get("latent_scale_floor", 0.0)) if wire == "bound" else None
+        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape,
+                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])},
+                          likelihood_oracle=wire != "bound", latent_scale_floor=floor)
+
+    @classmethod
+    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+        return private_refusal(config)
+
+    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
+        """Recorded by the handlers as they compute: ``mu``/``logvar`` are about the rows they encoded, ``loglik``
+        (axis 1) and the latent gradients about the rows of the pending encode."""
+        return {name: self._rows_of[name] for name in reply.tensors if name in self._rows_of}
 
     def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -123,21 +143,18 @@ class FalseVFLParty(PartyProgram):
         if self.wire not in WIRES:
             raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
+        self.latent_scale_floor = float(config.get("latent_scale_floor", 0.0))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
             self.net = PartyModules(config).to(self.device)
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
                                         float(config["pretrain_weight_decay"]))
-        self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train (+ group, slot when batched)
-        self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs (+ group, slot)
+        self._rows_of: dict[str, tuple[str, np.ndarray, int]] = {}  # reply tensor -> (handle, rows, axis)
+        self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train
+        self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
 
     # -------------------------------------------------------------- helpers
-    @property
-    def modules(self) -> PartyModules:
-        """Its networks: what a batched round (:mod:`.batched`) stacks with other parties' equal ones."""
-        return self.net
-
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
         return torch.randn(shape, generator=gen).to(self.device)
@@ -164,27 +181,39 @@ class FalseVFLParty(PartyProgram):
         gen = latent_noise_generator(int(meta["noise_seed"]))
         return self._draw(gen, (int(meta["samples"]), int(meta["batch"]), d_h))
 
+    def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
+        """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
+        names.  Lean: the batch's shared draw at the rows' positions.  Bound: each row's own draw, a hash of the
+        exact bytes of its mean and scale (:func:`~.formulas.bound_noise`), after checking that no two rows share a
+        position and every scale is at least this program's floor, so that the coordinator cannot aim a latent."""
+        t, meta = req.tensors, req.meta
+        suffixes = [sfx for sfx in ("", "_mis") if f"mean{sfx}" in t]
+        if self.wire == "lean":
+            eps = self.shared_noise(meta, d_h) if suffixes else None
+            return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
+        batch, samples = int(meta["batch"]), int(meta["samples"])
+        pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
+            raise ValueError(f"party {self.party}: bound decode: row positions must be distinct, in [0, {batch})")
+        out = {}
+        for sfx in suffixes:
+            mean, scale = t[f"mean{sfx}"], t[f"scale{sfx}"]
+            floor = self.latent_scale_floor * (1 - _FLOOR_SLACK)
+            if not bool(torch.isfinite(mean).all()) or not bool((scale.float() >= floor).all()):
+                raise ValueError(f"party {self.party}: bound decode: every mean must be finite and every scale at "
+                                 f"least {self.latent_scale_floor:g} (latent_scale_floor)")
+            out[sfx] = bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples)
+        return out
+
+    def release(self, reply: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every ``decode`` reply passes here before it leaves (in process and batched alike): the one place where
+        what the party releases per row (its log-likelihoods, II's mask terms) can be metered or noised."""
+        return reply
+
     def missing_noise_seed(self, meta: dict[str, Any]) -> int:
         """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
         seed = int(meta.get("noise_seed", 0))
         return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
-
-    def in_group(self, kind: str) -> bool:
-        """Whether answering ``kind`` back-propagates through a graph shared with other parties (batched round)."""
-        return "group" in (self._dec if kind == "decode_grad" else self._enc if kind == "update" else {})
-
-    def handle(self, request: Request) -> Reply:
-        if self.in_group(request.kind):
-            from partialvfl.methods.false_vfl.batched import handle_batch
-
-            return handle_batch([(self, request)])[0]  # its graph is part of a batched round's
-        return super().handle(request)
-
-    @classmethod
-    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
-        from partialvfl.methods.false_vfl.batched import handle_batch
-
-        return handle_batch(items)
 
     # -------------------------------------------------------------- handlers
     def encode_rows(self, handle: str, rows: torch.Tensor, train: bool) -> dict[str, torch.Tensor]:
@@ -195,10 +224,14 @@ class FalseVFLParty(PartyProgram):
             self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
             mu, logvar = split_gaussian(self.net.encoder(x), self.logvar_range)
-        self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train}
+            if self.runtime.privacy is not None:
+                mu, logvar = clip_posterior(self.runtime.privacy, mu, logvar)
+        self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train, "handle": str(handle), "rows": rows.numpy()}
+        self._rows_of.update({"mu": (str(handle), rows.numpy(), 0), "logvar": (str(handle), rows.numpy(), 0)})
         return {"mu": self.to_wire(mu), "logvar": self.to_wire(logvar)}
 
     def on_encode(self, req: Request) -> Reply:
+        self._rows_of = {}
         return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False))))
 
     def _latents(self, req: Request, train: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,
@@ -213,14 +246,15 @@ class FalseVFLParty(PartyProgram):
             leaves = {n: v.clone().requires_grad_() for n, v in leaves.items()}
         if self.wire == "samples":
             return leaves, leaves.get("h"), leaves.get("h_mis")
-        eps = self.shared_noise(req.meta, int(self.config["d_h"])) if leaves else None
+        eps = self.latent_noise(req, int(self.config["d_h"]))
         out = []
         for suffix in ("", "_mis"):
             mean = leaves.get(f"mean{suffix}")
-            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[:, t[f"pos{suffix}"]])
+            out.append(None if mean is None else mean + leaves[f"scale{suffix}"] * eps[suffix])
         return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
+        self._rows_of = {}
         train = bool(req.meta.get("train", False))
         self.net.train(train)
         leaves, h, h_mis = self._latents(req, train)
@@ -233,6 +267,9 @@ class FalseVFLParty(PartyProgram):
             logvar = self.decoder_logvar()
             if h is not None:
                 out["loglik"] = feature_gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
+                if self.runtime.privacy is not None:
+                    out["loglik"] = clip_loglik(self.runtime.privacy, out["loglik"])
+                    self._rows_of["loglik"] = (self._enc["handle"], self._enc["rows"], 1)
             if self.variant == 2:
                 parts = []
                 if h is not None:
@@ -246,11 +283,17 @@ class FalseVFLParty(PartyProgram):
                 if parts:
                     out["mask_loglik"] = torch.cat(parts, dim=1)
         self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
+        if train and h is not None and self.runtime.privacy is not None:
+            self._dec.update(h=h.detach(), handle=self._enc["handle"], rows=self._enc["rows"])
+        out = self.release(out)
         if "next_rows" in req.tensors:
             out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
         return Reply(out)
 
     def on_decode_grad(self, req: Request) -> Reply:
+        self._rows_of = {}
+        if self.runtime.privacy is not None and "grad_loglik" in req.tensors:
+            self._dec["grad_loglik"] = req.tensors["grad_loglik"]
         outs, grads = [], []
         for name in ("loglik", "mask_loglik"):
             if f"grad_{name}" in req.tensors and name in self._dec.get("outs", {}):
@@ -261,10 +304,15 @@ class FalseVFLParty(PartyProgram):
         reply = {}
         for name, leaf in self._dec.get("leaves", {}).items():
             reply[f"grad_{name}"] = self.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
+            if "rows" in self._dec:  # the gradients of the held rows' latents (axis of B)
+                self._rows_of[f"grad_{name}"] = (self._dec["handle"], self._dec["rows"], 1 if name == "h" else 0)
         return Reply(reply)
 
     def on_update(self, req: Request) -> Reply:
-        if "grad_mu" in req.tensors:
+        self._rows_of = {}
+        if self.runtime.privacy is not None and "grad_mu" in req.tensors:
+            private_update(self, req.tensors["grad_mu"], req.tensors["grad_logvar"])
+        elif "grad_mu" in req.tensors:
             torch.autograd.backward([self._enc["mu"], self._enc["logvar"]],
                                     [req.tensors["grad_mu"].float(), req.tensors["grad_logvar"].float()])
         self.optimizer.step()

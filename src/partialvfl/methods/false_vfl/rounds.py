@@ -17,6 +17,7 @@ fusion) never traverse a node twice and nothing is retained.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from partialvfl.federation.messages import Request
 from partialvfl.methods.false_vfl.formulas import (
+    bound_noise,
     fuse_posteriors,
     latent_log_weights,
     latent_noise_generator,
@@ -154,8 +156,11 @@ class Rounds:
             mu, lv = answers[k][0].float(), answers[k][1].float()
             st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
         flat = _cat_index([k * b + st.held[k] for k in parties], self.side.device_)
+        private = getattr(getattr(self.side, "federation_", None), "privacy_setups", {})
+        lo, hi = self.settings.encoder_logvar_range  # noisy log-variances of a private party, clamped as its own are
+        logvar = {k: v.clamp(lo, hi) if k in private else v for k, v in st.logvar.items()}
         stacked = []
-        for parts in (st.mu, st.logvar):
+        for parts in (st.mu, logvar):
             full = torch.zeros(n_parties * b, d_h, device=self.side.device_)
             if parties:
                 full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
@@ -163,6 +168,9 @@ class Rounds:
         st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
                                                  torch.as_tensor(st.avail.T, device=self.side.device_),
                                                  self.settings.fusion, any_unobserved=not st.keep.all())
+        floor = self.settings.latent_scale_floor
+        if self.settings.wire == "bound" and floor > 0:  # the parties evaluate no latent of a narrower posterior
+            st.logvar_h = st.logvar_h.clamp(min=2 * math.log(floor))
         if train:
             st.mean_leaf = st.mean_h.detach().requires_grad_()
             st.logvar_leaf = st.logvar_h.detach().requires_grad_()
@@ -194,7 +202,11 @@ class Rounds:
         gen = latent_noise_generator(noise_seed)
         st.eps = self.side.draw_noise(gen, (n_samples, b, d_h))
         eps_z = self.side.draw_noise(gen, (n_samples, b, d_z))
-        if p.wire == "lean" and dtype != torch.float32:
+        if p.wire == "bound":  # each row's noise: a hash of the mean and scale it is sent with (the parties' own draw)
+            st.eps = bound_noise(noise_seed, torch.arange(b), st.mean_leaf.detach().to(dtype).cpu(),
+                                 torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype).cpu(),
+                                 n_samples).to(st.mean_leaf.device)
+        if p.wire != "samples" and dtype != torch.float32:
             mean = _straight_through(st.mean_leaf, dtype)
             st.h = mean + _straight_through(torch.exp(0.5 * st.logvar_leaf), dtype) * st.eps
         else:

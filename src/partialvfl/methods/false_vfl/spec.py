@@ -12,11 +12,12 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 __all__ = ["ENCODERS", "DECODERS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "WIRES", "WIRE_DTYPES", "paper_row"]
 
 FUSION_RULES = ("mean-precision", "poe")
-WIRES = ("lean", "samples")
+WIRES = ("lean", "samples", "bound")
 WIRE_DTYPES = ("float32", "bfloat16")
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 DECODERS = ("auto", "mlp", "deconv")
@@ -94,13 +95,20 @@ PARAMS = ParamSpace(
         Param("encoder_logvar_range", [-8.0, 6.0], "range", "clamp of every latent log-variance (h and z)"),
         Param("decoder_logvar_range", [-5.0, 3.0], "range",
               "clamp of the decoders' learned per-feature log-variances"),
-        Param("wire", "lean", "str", "wire protocol: lean (each party gets the fused posterior's mean and scale of "
-              "its rows and draws the shared noise itself; returns gradients w.r.t. mean and scale) or samples (the "
-              "kappa latent samples and their gradients cross); the same gradients either way",
-              choices=WIRES),
+        Param("wire", "auto", "str", "wire protocol: lean (each party gets the fused posterior's mean and scale of "
+              "its rows and draws the shared noise itself; returns gradients w.r.t. mean and scale), samples (the "
+              "kappa latent samples and their gradients cross), bound (as lean, but each row's noise is a hash of "
+              "the exact mean and scale sent for it and the scale has a floor: the coordinator cannot choose the "
+              "latents a party evaluates its likelihood at); auto: lean where every party releases likelihoods at "
+              "the coordinator's latents ([policy] allow_likelihood_release, the simulation's research policy), "
+              "else bound (a deployed party's default)", choices=("auto", *WIRES)),
+        Param("latent_scale_floor", 0.0, "float", "bound wire: the smallest scale of the fused posterior q(h|x_obs) "
+              "(smaller scales are raised to it, in training and prediction); raised to the largest floor the "
+              "parties ask for ([policy] min_latent_scale)", low=0),
         Param("wire_dtype", "float32", "str", "dtype of the d_h-wide tensors on the wire (posterior parameters, "
               "latents and their gradients); bfloat16 halves their bytes, both sides use the rounded values",
               choices=WIRE_DTYPES),
+        *SCHEDULE_PARAMS,
     ),
     presets={"fast": _fast, "paper": _paper},
     dataset_presets=("paper",),

@@ -32,6 +32,7 @@ i.e. its representation is r_k(0), which that party computes once per prediction
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,9 +130,10 @@ class FedHSSL(VFLMethod):
             self.transport.call_many({k: Request("grad_embedding", {"grad": embs[k].grad}) for k in range(K)})
             return {"loss": (scalar(loss) * len(batch), len(batch))}
 
-        return Stage("finetune", self.settings_.epochs, batches, step, rng,
+        epochs = self._supervised_epochs("finetune", self.settings_.epochs, math.ceil(len(rows) / bs))
+        return Stage("finetune", epochs, batches, step, rng,
                      state=lambda: {"optimizer": opt.state_dict()},
-                     load_state=lambda st: opt.load_state_dict(st["optimizer"]))
+                     load_state=lambda st: opt.load_state_dict(st["optimizer"]), supervised=True)
 
     def _pretrain_stage(self, view: CoordinatorView, handle: str, aligned: np.ndarray,
                         rng: np.random.Generator) -> Stage:

@@ -13,7 +13,7 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.nn.blocks import build_encoder, encoder_arch
@@ -55,7 +55,7 @@ class FedHSSLParty(PartyProgram):
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
                              reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"],
                              role=INFERS, releases=["emb"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))], gradients=["grad"]),
         "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))], role=INFERS),
     }
 
@@ -70,10 +70,10 @@ class FedHSSLParty(PartyProgram):
         nets = (Network("cross-party encoder", family, hidden, shape, latent, latent, resnet_width=width),
                 Network("local encoder", family, hidden, shape, latent, latent, resnet_width=width),
                 Network("SimSiam projection", "mlp", (int(config["simsiam"]["proj_hidden"]),), (latent,), proj, proj))
-        lrs = {"pretrain_optimizer.lr": float(config["pretrain_optimizer"]["lr"]),
-               "finetune_optimizer.lr": float(config["finetune_optimizer"]["lr"])}
-        return SetupShape(nets, lrs, shares_weights=str(config.get("aggregate", "top+head")) != "none",
-                          feature_shape=shape)
+        opts = optimiser_settings(pretrain_optimizer=config["pretrain_optimizer"],
+                                  finetune_optimizer=config["finetune_optimizer"])
+        return SetupShape(nets, shares_weights=str(config.get("aggregate", "top+head")) != "none",
+                          feature_shape=shape, **opts)
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -6,6 +6,7 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 OPTIMIZERS = ("adam", "sgd")
@@ -81,6 +82,7 @@ FEDHSSL_PARAMS = ParamSpace((
     Param("epochs", 50, "int", "fine-tuning epochs", low=0, epochs=True),
     Param("batch_size", 64, "int", "fine-tuning batch size", low=1),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+    *SCHEDULE_PARAMS,
 ), presets={"fast": _fedhssl_fast, "paper": _fedhssl_paper}, dataset_presets=("paper",), groups={
     # the arguments of make_optimizer for each stage, the SimSiam heads and the local SSL augmentation
     "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},

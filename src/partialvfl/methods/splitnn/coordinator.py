@@ -52,6 +52,7 @@ class SplitNNMethod(VFLMethod):
     """
 
     party_program = "splitnn/party"
+    supports_privacy = True
 
     # ------------------------------------------------------------------ hooks
     def _model_names(self, party: int) -> list[str]:
@@ -71,9 +72,26 @@ class SplitNNMethod(VFLMethod):
         for start in range(0, len(perm), bs):
             yield np.sort(perm[start:start + bs])
 
+    def _steps_per_epoch(self, view: CoordinatorView, rows: np.ndarray) -> int:
+        """How many batches :meth:`_batches` makes of ``rows`` in one epoch."""
+        return math.ceil(len(rows) / self.settings_.batch_size)
+
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ differential privacy
+    def _privacy_charges(self, party: int, purpose: str) -> int:
+        """Per row and model, one released representation and one DP-SGD update per epoch; one release per
+        prediction (``dp_options['predictions']``)."""
+        models = len(self._model_names(party))
+        fit = 2 * self.settings_.epochs * models if purpose == "fit" else 0
+        return max(1, fit + int(self.dp_options_["predictions"]))
+
+    def _privacy_refusal(self) -> str | None:
+        if self.settings_.pretrain:
+            return "SimSiam pretraining (pretrain=true) is not covered by a party's budget: fit with pretrain=false"
+        return None
 
     # ------------------------------------------------------------------ contract
     @classmethod
@@ -120,7 +138,10 @@ class SplitNNMethod(VFLMethod):
         head_params = list(self.heads_.parameters())
         self.head_optimizer_ = make_optimizer(head_params, **self.settings_.optim._asdict()) if head_params else None
         self.pretrained_ = self.settings_.pretrain
-        if self.pretrained_:
+        if self.pretrained_ and self.settings_.pretrain_kind == "false-vfl":
+            if loop.resume is None:  # resuming: the restored party states hold the initialised encoders
+                self._generative_init(view, handle)
+        elif self.pretrained_:
             loop.run(self._pretrain_stage(handle))
         rows = self._training_rows(view)
         if rows.size == 0:
@@ -129,8 +150,9 @@ class SplitNNMethod(VFLMethod):
         self.heads_.eval()
 
     def _train_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Stage:
-        """Supervised split learning: batches from one seeded generator, which the steps also draw from."""
-        epochs = self.settings_.epochs
+        """Supervised split learning: batches from one seeded generator, which the steps also draw from; the
+        epochs follow the schedule (``min_steps``)."""
+        epochs = self._supervised_epochs("train", self.settings_.epochs, self._steps_per_epoch(view, rows))
 
         def start(epoch: int) -> None:
             if self.settings_.lr_schedule == "cosine":
@@ -145,7 +167,8 @@ class SplitNNMethod(VFLMethod):
         return Stage("train", epochs, lambda epoch, rng: self._batches(view, rows, rng), step,
                      numpy_rng(self.seed, "batches", self.name), on_epoch_start=start,
                      state=lambda: {"optimizer": opt.state_dict() if opt is not None else {}},
-                     load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None)
+                     load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None,
+                     supervised=True)
 
     def _rows_description(self) -> str:
         return "labelled samples with at least one observed party"
@@ -183,6 +206,34 @@ class SplitNNMethod(VFLMethod):
 
         return Stage("pretrain", epochs, lambda epoch, rng: [epoch], step,
                      numpy_rng(self.seed, "pretrain", self.name))
+
+    def _generative_init(self, view: CoordinatorView, handle: str) -> None:
+        """FALSE-VFL-I's stage 1 on every row (federated, on these parties), then each party initialises its own
+        encoder from its own stage-1 encoder (``init_encoder``: the party reads the state it saved on its own disk;
+        nothing crosses but the directory's name).  Not checkpointed: a crash in it restarts it."""
+        import tempfile
+
+        from partialvfl.methods.false_vfl.coordinator import FalseVFL1
+
+        s = self.settings_
+        params = {**dict(s.generative or {}), "d_h": s.latent_dim, "encoder": s.encoder,
+                  "encoder_hidden": list(s.encoder_hidden), "resnet_width": s.resnet_width,
+                  "pretrain_epochs": s.pretrain_epochs, "epochs": 0, "min_steps": 0, "early_stopping": "off",
+                  "standardize": s.standardize}
+        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, **params)
+        fed = self.federation_
+        gen.fit_federated(fed, view, handle, data_info=self.data_info_)
+        with tempfile.TemporaryDirectory(prefix="partialvfl-generative-") as d:
+            fed.save(d)  # every party writes its own stage-1 state
+            fed.setup(self.party_program, [self._party_config(k) for k in range(self.index_.n_parties)], self.seed)
+            self.transport.new_step()
+            self.transport.broadcast(range(self.index_.n_parties), "init_encoder", dir=fed.party_dir(d),
+                                     program=gen.party_program)
+            fed.forget(d)
+        bounds = [h["bound"] for h in gen.history_ if h["stage"] == "pretrain"]
+        self.generative_ = {"epochs": len(bounds), "bound": bounds[-1] if bounds else None,
+                            "params": dict(gen.params_)}
+        self.history_.extend({**h, "stage": "generative-" + h["stage"]} for h in gen.history_)
 
     # ------------------------------------------------------------------ wire helpers
     def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool

@@ -5,20 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
+from partialvfl.federation.dp import clip_rows
 from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
+from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program, state_file
+from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.splitnn.batched import handle_batch
+from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
 from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = ["SplitParty", "build_party_model"]
+__all__ = ["SplitParty", "build_party_model", "encoder_init"]
 
 
 def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) -> nn.Module:
@@ -29,19 +33,47 @@ def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) 
                              width=int(config.get("resnet_width", 64)))
 
 
+def encoder_init(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor], who: str
+                 ) -> dict[str, torch.Tensor]:
+    """``target``'s weights taken from a FALSE-VFL encoder ``source`` of the same architecture: equal shapes are
+    copied; the output layer, twice as wide there (mean and log-variance of q(h|x)), gives its first half (the
+    mean), so the representation starts as the posterior mean.  Any other difference is refused, naming the weight."""
+    out = {}
+    last = next(reversed(target)).rsplit(".", 1)[0]  # the output layer: the module of the last weights
+    for key, t in target.items():
+        s = source.get(key)
+        if s is not None and s.shape == t.shape:
+            out[key] = s.clone()
+        elif (s is not None and key.rsplit(".", 1)[0] == last and s.dim() >= 1 and s.shape[0] == 2 * t.shape[0]
+              and s.shape[1:] == t.shape[1:]):
+            out[key] = s[:t.shape[0]].clone()
+        else:
+            raise ValueError(f"{who}: the generative encoder's {key!r} ({None if s is None else tuple(s.shape)}) does "
+                             f"not fit the encoder's ({tuple(t.shape)}): the architectures differ (latent_dim must be "
+                             "the generative d_h, encoder and encoder_hidden the same)")
+    return out
+
+
 @register_program
 class SplitParty(PartyProgram):
     """A party's representation models f_k (one per name in ``config['models']``), trained by split learning."""
 
     program_name = "splitnn/party"
+    supports_privacy = True
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
                              meta=["data"], optional_meta=["train"], role=INFERS, releases=["emb:{model}"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))]),
+        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
+                                      gradients=["grad:{model}"]),
         "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"],
-                                learning_rates=["simsiam.lr"]),
+                                learning_rates=["simsiam.lr"], weight_decays=["simsiam.weight_decay"],
+                                momenta=["simsiam.momentum"]),
         "set_lr": MessageSpec(meta=["lr"], learning_rates=["lr"]),
+        "init_encoder": MessageSpec(meta=["dir", "program"],
+                                    doc="Initialise every model from this party's own saved state of another program "
+                                        "in `dir` (FALSE-VFL's stage-1 encoder: its weights, the output layer's "
+                                        "mean half); read from the party's own disk, nothing crosses."),
     }
 
     @classmethod
@@ -53,7 +85,21 @@ class SplitParty(PartyProgram):
         latent = int(config["latent_dim"])
         nets = tuple(Network(f"model {name!r}", family, hidden, shape, latent, latent,
                              resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
-        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
+
+    @classmethod
+    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+        """ResNet-18's batch normalisation mixes the rows of a batch: no per-row clipping bounds one row's part."""
+        if encoder_arch(str(config.get("encoder", "auto")), feature_shape_of(config)) == "resnet18":
+            return ("a resnet18 encoder (batch normalisation mixes the rows of a batch) cannot be trained under it: "
+                    "use encoder mlp or cnn")
+        return None
+
+    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
+        """``emb:<model>`` is about the rows of ``rows:<model>``."""
+        handle = str(request.meta["data"])
+        return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
+                if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -67,6 +113,7 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
+        self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
         self._simsiam: dict[str, SimSiamTrainer] = {}
         self._simsiam_saved: dict[str, Any] | None = None
@@ -83,11 +130,15 @@ class SplitParty(PartyProgram):
             ) from None
 
     def forward_model(self, name: str, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives)."""
+        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives).  Under a privacy
+        budget each row's representation is clipped to the plan's norm here, inside the graph, so that the gradient
+        the party back-propagates is that of what it released."""
         model = self._model(name)
         model.train(train)
         with torch.set_grad_enabled(train):
             h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
+            if self.runtime.privacy is not None and len(x):
+                h = clip_rows(h, self.runtime.privacy.clip_for("emb:{model}"))
         if train:
             self._pending[name] = h
         return h
@@ -99,7 +150,10 @@ class SplitParty(PartyProgram):
             if not key.startswith("rows:"):
                 raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
             name = key.removeprefix("rows:")
-            out[f"emb:{name}"] = self.forward_model(name, self._features(req.meta["data"], rows), train)
+            x = self._features(req.meta["data"], rows)
+            out[f"emb:{name}"] = self.forward_model(name, x, train)
+            if train and self.runtime.privacy is not None:
+                self._private_rows[name] = (str(req.meta["data"]), rows.numpy(), x)
         return Reply(out)
 
     def handle(self, request: Request) -> Reply:
@@ -113,6 +167,9 @@ class SplitParty(PartyProgram):
         return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
+        if self.runtime.privacy is not None:
+            private_update(self, {k.removeprefix("grad:"): g for k, g in req.tensors.items()})
+            return Reply()
         total: torch.Tensor | None = None
         names = []
         for key, grad in req.tensors.items():
@@ -143,6 +200,10 @@ class SplitParty(PartyProgram):
 
         ``meta['epoch']`` 0 starts pretraining (fresh SimSiam heads); ``meta['last']`` ends it (heads dropped).
         """
+        if self.runtime.privacy is not None:
+            raise PolicyViolation("dp_epsilon", f"party {self.party}: SimSiam pretraining is not covered by this "
+                                  "party's differential-privacy budget (its updates are not DP-SGD and it reports "
+                                  "losses); fit with pretrain=false")
         view = self.data(req.meta["data"])
         names = list(req.meta.get("models") or list(self.models))
         if int(req.meta["epoch"]) == 0 or not self._simsiam:
@@ -160,6 +221,18 @@ class SplitParty(PartyProgram):
         if req.meta.get("last"):
             self._simsiam = {}
         return Reply(meta={"losses": losses, "n_rows": int(view.n_observed)})
+
+    def on_init_encoder(self, req: Request) -> Reply:
+        """Every model takes this party's own FALSE-VFL stage-1 encoder saved in ``dir`` (see :func:`encoder_init`)."""
+        path = state_file(self.runtime.resolve_dir(req.meta["dir"]), self.party)
+        saved = torch.load(path, map_location="cpu", weights_only=True)  # saved on any device; moved on load
+        if saved.get("program") != req.meta["program"] or req.meta["program"] != "false-vfl/party":
+            raise ValueError(f"party {self.party}: {path} holds a {saved.get('program')!r} state; init_encoder reads "
+                             "a 'false-vfl/party' state")
+        encoder = {k.removeprefix("encoder."): v for k, v in saved["state"]["net"].items() if k.startswith("encoder.")}
+        for name, model in self.models.items():
+            model.load_state_dict(encoder_init(encoder, model.state_dict(), f"party {self.party} model {name!r}"))
+        return Reply(meta={"ok": True})
 
     def state_dict(self) -> dict[str, Any]:
         """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
@@ -181,4 +254,4 @@ class SplitParty(PartyProgram):
             self.optimizers[name].load_state_dict(sd)
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
-        self._pending, self._groups = {}, {}
+        self._pending, self._groups, self._private_rows = {}, {}, {}

@@ -13,6 +13,7 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 __all__ = ["LASER_CODE", "PAPER_LATENT", "PAPER_PRETRAIN", "PAPER_TABLES", "SPACES", "SPLIT_PARAMS", "split_space"]
 
@@ -79,7 +80,16 @@ SPLIT_PARAMS = ParamSpace((
     Param("pretrain_corruption", 0.3, "float", "SimSiam tabular augmentation: share of entries replaced from the "
           "party's own marginals", low=0, high=1),
     Param("pretrain_noise", 0.05, "float", "SimSiam augmentation: Gaussian noise scale", low=0),
+    Param("pretrain_kind", "simsiam", "str", "what pretrain runs: simsiam (each party alone on its own rows) or "
+          "false-vfl (FALSE-VFL-I's stage 1, the generative model over every row, federated; each party then "
+          "initialises its encoder from its own stage-1 encoder's mean half: d_h = latent_dim)",
+          choices=("simsiam", "false-vfl")),
+    Param("generative", None, "any", "pretrain_kind false-vfl: FALSE-VFL-I parameters of that stage 1 on top of its "
+          "fast preset (e.g. {pretrain_lr = 3e-3, decoder_hidden = [128, 128]}); d_h, encoder, encoder_hidden, "
+          "resnet_width and pretrain_epochs are this method's latent_dim, encoder, encoder_hidden, resnet_width and "
+          "pretrain_epochs", optional=True),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+    *SCHEDULE_PARAMS,
 ), groups={
     # the arguments of make_optimizer, and the SimSiam pretraining each party runs (SimSiamConfig's fields)
     "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},

@@ -158,11 +158,13 @@ class XVFL(VFLMethod):
         self.top_.eval()
         self._share_top()
 
-    def _stage(self, epochs: int, items: Any, step: Any) -> Stage:
+    def _stage(self, epochs: int, steps_per_epoch: int, items: Any, step: Any) -> Stage:
+        """The training stage (the supervised one: its epochs follow the schedule's ``min_steps``)."""
         upd = self.top_updater_
+        epochs = self._supervised_epochs("train", epochs, steps_per_epoch)
         return Stage("train", epochs, items, step, numpy_rng(self.seed, "x-vfl", "batches"),
                      state=lambda: {"top_updater": upd.state_dict()},
-                     load_state=lambda st: upd.load_state_dict(st["top_updater"]))
+                     load_state=lambda st: upd.load_state_dict(st["top_updater"]), supervised=True)
 
     def _sgd_stage(self, ctx: _TrainContext, rows: np.ndarray) -> Stage:
         """X-VFL's SGD-type algorithm: one optimiser step on each mini-batch's stochastic gradient."""
@@ -178,7 +180,7 @@ class XVFL(VFLMethod):
             self._step("sgd")
             return {"loss": (loss * len(batch), len(batch))}
 
-        return self._stage(self.settings_.epochs, batches, step)
+        return self._stage(self.settings_.epochs, math.ceil(len(rows) / bs), batches, step)
 
     def _page_stage(self, ctx: _TrainContext, rows: np.ndarray) -> Stage:
         """X-VFL's PAGE-type algorithm (Eq. 10): a fresh batch with probability p, else a small correction batch."""
@@ -205,7 +207,7 @@ class XVFL(VFLMethod):
                 self._step("page-correct")
             return {"loss": (loss * len(batch), len(batch)), "fresh_steps": (1.0 if fresh else 0.0, 0.0)}
 
-        return self._stage(p.epochs, items, step)
+        return self._stage(p.epochs, steps, items, step)
 
     def _step(self, mode: str) -> None:
         self.transport.new_round()

@@ -17,7 +17,7 @@ from partialvfl.data.within_block import (
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.utils.devices import to_numpy
@@ -52,9 +52,9 @@ class XVFLParty(PartyProgram):
         "backward_complete": MessageSpec(
             request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
             reply=[TensorSpec("grad_inputs", "float32", ("B", "embed_dim"), optional=True)],
-            optional_meta=["version"], releases=["grad_inputs"]),
+            optional_meta=["version"], releases=["grad_inputs"], gradients=["grad"]),
         "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
-                                optional_meta=["version"]),
+                                optional_meta=["version"], gradients=["grad"]),
         "step": MessageSpec(meta=["mode"]),
         "share_top": MessageSpec(request=[TensorSpec("top.*", "float32"),
                                           TensorSpec("label_prior", "float64", ("C",))],
@@ -76,7 +76,7 @@ class XVFLParty(PartyProgram):
                         shape, e, e, resnet_width=int(config["resnet_width"])),
                 Network("xcom", decoder_arch(str(config["xcom"]), shape), widths(config["xcom_hidden"]), (e,),
                         math.prod(shape)))
-        return SetupShape(nets, {"optimizer.lr": float(config["optimizer"]["lr"])}, feature_shape=shape)
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
 
     def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
         super().__init__(runtime, config, seed)

@@ -6,6 +6,7 @@ from typing import Any
 
 from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
+from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 OPTIMIZERS = ("adam", "sgd")
@@ -71,6 +72,7 @@ XVFL_PARAMS = ParamSpace((
     Param("local_completion", "self", "str", "a party predicting alone completes features missing inside its "
           "block from its own embedding, or not", choices=("self", "none")),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+    *SCHEDULE_PARAMS,
 ), presets={"fast": _xvfl_fast, "paper": _xvfl_paper}, dataset_presets=("paper",), groups={
     # the arguments of make_optimizer (every holder's optimiser)
     "optim": {"name": "optimizer", "lr": "lr", "weight_decay": "weight_decay", "momentum": "momentum"},

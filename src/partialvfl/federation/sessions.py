@@ -1,0 +1,171 @@
+"""Coordinator sessions at a party, and the session secrets a coordinator keeps to resume one.
+
+A party serves one coordinator session at a time.  A ``hello`` opens one when none is live; while one is live
+(its last request less than ``[party] session_idle_seconds`` ago) a ``hello`` is refused without touching it,
+unless it proves it holds that session: its ``resume`` is the *session secret* the party handed out when the
+session opened (``session_secret`` in the first ``hello``'s reply, 32 random bytes from :mod:`secrets`, compared in
+constant time).  So an allowlisted peer's stray ``hello`` can no longer end a running fit, and a coordinator that
+really restarted (``fit --resume``, which finds the secrets kept with its checkpoints) takes its session back; one
+without the secret waits for the idle timeout.  ``bye`` ends the session (the coordinator says it when it closes).
+
+:class:`SessionGuard` is the party's side (with the replay rules inside a session); :class:`SessionSecrets` the
+coordinator's (a JSON file, readable by its owner only, written atomically).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from partialvfl.federation.grpc_limits import Refused
+from partialvfl.federation.grpc_transport import WireRequest
+
+__all__ = ["DEFAULT_IDLE_SECONDS", "SessionGuard", "SessionSecrets"]
+
+#: how long a party keeps a silent session before another coordinator may open one
+DEFAULT_IDLE_SECONDS = 600.0
+
+
+class SessionGuard:
+    """Which coordinator session the party serves, and the replay rules within it.
+
+    :meth:`check` changes nothing; :meth:`commit` records a message that passed every check (a ``hello`` opens or
+    resumes its session only then, so a refused ``hello`` leaves a live session as it was) and returns what the
+    ``hello`` reply adds (the session secret); :meth:`touch` marks the session active at the end of a request.
+    """
+
+    def __init__(self, party: str, idle_seconds: float = DEFAULT_IDLE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.party = party
+        self.idle = float(idle_seconds)
+        self.clock = clock
+        self.session: str | None = None
+        self.secret: str | None = None
+        self.last_active = -math.inf
+        self.last_seq = 0
+        self.last_step = -1
+        self.served: set[tuple[int, int, str]] = set()
+
+    def live(self) -> bool:
+        """Whether a session is open and had a request less than ``idle`` seconds ago."""
+        return self.session is not None and self.clock() - self.last_active < self.idle
+
+    def _resumes(self, meta: Mapping[str, Any]) -> bool:
+        proof = meta.get("resume")
+        return isinstance(proof, str) and self.secret is not None and hmac.compare_digest(proof, self.secret)
+
+    def check(self, wire: WireRequest) -> None:
+        kind = wire.request.kind
+        if kind == "hello":
+            if self.live() and not self._resumes(wire.request.meta):
+                quiet = self.clock() - self.last_active
+                raise Refused(grpc.StatusCode.ABORTED,
+                              f"party {self.party!r} is serving another coordinator session (its last request "
+                              f"{quiet:.0f} s ago); that session was left as it is. The party accepts a new session "
+                              f"after {self.idle:g} s without requests ([party] session_idle_seconds), or from the "
+                              "coordinator that holds the session (the same fit with --resume and the same --out)")
+            return
+        if self.session is None:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"party {self.party!r} has no coordinator session (it restarted, or the session ended): "
+                          "a coordinator must say hello first")
+        if wire.session != self.session:
+            raise Refused(grpc.StatusCode.ABORTED,
+                          f"party {self.party!r} no longer serves this coordinator session: another session took "
+                          "over (a coordinator holding its secret, e.g. a resumed fit, or any allowlisted one after "
+                          f"{self.idle:g} s without requests); this coordinator must stop")
+        if wire.seq <= self.last_seq:
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
+                          f"replayed message: sequence number {wire.seq} already seen (last {self.last_seq})")
+        if wire.step < self.last_step:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"stale message: step {wire.step} is older than the current step {self.last_step}")
+        if wire.step == self.last_step and (wire.step, wire.round, kind) in self.served:
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
+                          f"replayed message: {kind!r} was already served in step {wire.step} round {wire.round} "
+                          "(a method calling the same kind twice must start a new round in between)")
+
+    def commit(self, wire: WireRequest) -> dict[str, Any]:
+        """Record a message that passed every check; the ``hello`` reply's additions (its session secret)."""
+        kind = wire.request.kind
+        self.last_active = self.clock()
+        if kind == "hello":
+            if not (self.session is not None and self._resumes(wire.request.meta)):
+                self.secret = secrets.token_hex(32)  # a new session, not a resumed one
+            self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
+            self.served.clear()
+            return {"session_secret": self.secret}
+        if kind == "bye":
+            self.session = self.secret = None
+            self.served.clear()
+            return {}
+        if wire.step > self.last_step:
+            self.served.clear()
+        self.last_seq, self.last_step = wire.seq, wire.step
+        self.served.add((wire.step, wire.round, kind))
+        return {}
+
+    def touch(self, session: str) -> None:
+        """A request of ``session`` finished: the session is active now (its idle time starts again)."""
+        if session == self.session:
+            self.last_active = self.clock()
+
+
+class SessionSecrets:
+    """The coordinator's session secrets, per party name, in memory and (if ``path`` is set) in a JSON file readable
+    by its owner only, rewritten atomically whenever a party hands out a new one."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.secrets: dict[str, str] = {}
+        self._made: list[Path] = []  # folders this store created (removed again, if empty, once the sessions end)
+        if self.path is not None and self.path.is_file():
+            try:
+                raw = json.loads(self.path.read_text())
+            except (OSError, ValueError) as e:
+                raise ValueError(f"session file {self.path} is not readable JSON ({type(e).__name__}); remove it "
+                                 "(the parties then accept this coordinator after their idle timeout)") from None
+            parties = raw.get("parties") if isinstance(raw, dict) else None
+            if isinstance(parties, dict):
+                self.secrets = {str(k): str(v) for k, v in parties.items() if isinstance(v, str)}
+
+    def get(self, party: str) -> str | None:
+        return self.secrets.get(party)
+
+    def set(self, party: str, secret: str | None) -> None:
+        if not isinstance(secret, str) or self.secrets.get(party) == secret:
+            return
+        self.secrets[party] = secret
+        self._write()
+
+    def forget(self) -> None:
+        """Every session ended (``bye``): drop the secrets and the file."""
+        self.secrets.clear()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        for d in reversed(self._made):  # a fit that stopped before anything was written leaves no folder behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        self._made.clear()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        missing = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]
+        self._made.extend(reversed(missing))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"parties": self.secrets}, f)
+        os.replace(tmp, self.path)

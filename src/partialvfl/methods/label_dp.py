@@ -1,0 +1,88 @@
+"""Label differential privacy for the label holder: randomized response on the labels the coordinator trains with.
+
+The active party replaces every label it trains with by a randomized one, once, before training
+(:func:`randomize_labels`); every message a party then receives, the fitted model and its predictions are functions
+of the randomized labels and of features, so they are ``epsilon``-label-DP by post-processing.
+
+* **Randomized response over K classes** (Warner, 1965): keep the label with probability ``e^eps / (e^eps + K - 1)``,
+  else one of the other ``K - 1`` classes uniformly.  For any two labels and any output the probabilities differ
+  by a factor of at most ``e^eps``: exactly ``eps``-DP for one label, and each label is used once (a user's label
+  is one row of the label table: the privacy unit).
+* **Randomized response with a prior** (RRWithPrior, Ghazi, Golowich, Kumar, Manurangsi & Zhang, "Deep Learning with
+  Label Differential Privacy", NeurIPS 2021, Algorithm 2): given a prior over classes for the row (computed without
+  its label), restrict the answer to the ``k`` most likely classes, ``k`` chosen to maximise the probability that the
+  answer is right, and run randomized response over those ``k``; a true label outside them is answered uniformly
+  among them.  Still ``eps``-DP (the set depends on the prior only); with a good prior far fewer labels are flipped.
+
+Unlabelled rows have no label and are left alone; which rows are labelled is *not* protected (the label mask is
+public to the coordinator's code and visible in the traffic of some methods).  Regression targets are not covered.
+Evaluation uses the true labels of the evaluation data (they are never trained on).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["debiased_frequencies", "randomize_labels", "rr_keep_probability", "rr_with_prior"]
+
+
+def rr_keep_probability(epsilon: float, n_classes: int) -> float:
+    """The probability that randomized response over ``n_classes`` keeps the true label: ``e^eps / (e^eps + K - 1)``."""
+    _check(epsilon, n_classes)
+    return 1.0 / (1.0 + (n_classes - 1) * math.exp(-float(epsilon)))
+
+
+def _check(epsilon: float, n_classes: int) -> None:
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"label DP: epsilon must be a positive number, got {epsilon!r}")
+    if n_classes < 2:
+        raise ValueError(f"label DP needs at least two classes, got {n_classes}")
+
+
+def randomize_labels(y: np.ndarray, labeled: np.ndarray, n_classes: int, epsilon: float, rng: np.random.Generator
+                     ) -> np.ndarray:
+    """``y`` with every labelled entry (class indices ``0..K-1``) passed through randomized response over
+    ``n_classes`` at ``epsilon``; unlabelled entries unchanged."""
+    _check(epsilon, n_classes)
+    y = np.asarray(y).copy()
+    rows = np.flatnonzero(labeled)
+    keep = rng.random(rows.size) < rr_keep_probability(epsilon, n_classes)
+    shift = rng.integers(1, n_classes, size=rows.size)  # one of the other K - 1 classes, uniformly
+    true = y[rows].astype(np.int64)
+    y[rows] = np.where(keep, true, (true + shift) % n_classes)
+    return y
+
+
+def rr_with_prior(y: np.ndarray, prior: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """RRWithPrior (Ghazi et al., 2021, Algorithm 2) for labels ``y`` ``(N,)`` with priors ``prior`` ``(N, K)``."""
+    prior = np.asarray(prior, dtype=np.float64)
+    n, k_classes = prior.shape
+    _check(epsilon, k_classes)
+    order = np.argsort(-prior, axis=1, kind="stable")
+    mass = np.cumsum(np.take_along_axis(prior, order, axis=1), axis=1)  # mass of the top-k, k = 1..K
+    ks = np.arange(1, k_classes + 1)
+    keep = math.exp(epsilon) / (math.exp(epsilon) + ks - 1)
+    k = np.argmax(mass * keep[None, :], axis=1) + 1  # first maximiser: the smallest k among ties
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        top = order[i, :k[i]]
+        true = int(y[i])
+        if true in top and rng.random() < keep[k[i] - 1]:
+            out[i] = true
+        else:
+            others = top[top != true]
+            out[i] = int(others[rng.integers(len(others))]) if len(others) else true
+    return out
+
+
+def debiased_frequencies(noisy: np.ndarray, n_classes: int, epsilon: float) -> np.ndarray:
+    """Class frequencies of the true labels estimated from randomized labels ``noisy`` (post-processing: still
+    label-DP): the inverse of randomized response's mixing, clipped at 0 and renormalised."""
+    counts = np.bincount(np.asarray(noisy, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    freq = counts / max(counts.sum(), 1.0)
+    q = rr_keep_probability(epsilon, n_classes)
+    r = (1.0 - q) / (n_classes - 1)
+    est = np.clip((freq - r) / (q - r), 0.0, None)
+    return est / est.sum() if est.sum() > 0 else np.full(n_classes, 1.0 / n_classes)

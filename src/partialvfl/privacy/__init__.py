@@ -1,0 +1,30 @@
+"""What crosses a party boundary, measured: attacks that a curious party or coordinator can run on what it receives
+(label inference, which rows are labelled, feature reconstruction), the recorder they read from, and the runs of the
+privacy-utility report.  The mechanisms that bound them live with the code they protect: the label holder's label DP
+in :mod:`partialvfl.methods.label_dp`, each party's own budget in :mod:`partialvfl.federation.dp`.
+
+Layer: above ``methods`` (it fits models to attack them), below ``bench`` and ``cli``.
+"""
+
+from partialvfl.privacy.label_attacks import (
+    GradientObservation,
+    gradient_observations,
+    label_attack,
+    labelled_rows_attack,
+    row_counts,
+)
+from partialvfl.privacy.reconstruction import (
+    decode_oracle,
+    direct_release_attack,
+    known_row_attack,
+    relative_rmse,
+    released_per_row,
+    ridge,
+)
+from partialvfl.privacy.recording import Recorded, Recorder
+
+__all__ = [
+    "GradientObservation", "Recorded", "Recorder", "decode_oracle", "direct_release_attack", "gradient_observations",
+    "known_row_attack", "label_attack", "labelled_rows_attack", "relative_rmse", "released_per_row", "ridge",
+    "row_counts",
+]
