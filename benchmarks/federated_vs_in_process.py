@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         tables = write_tables(Path(tmp) / "example", a.table_seed, a.train)
         raw = from_tables(tables, **KEYS)  # each party standardises its own columns on both sides
         with LocalDeployment(Path(tmp) / "fed", raw, deadline=600.0, start_timeout=600.0,
-                             policy={"seed": a.seed, "max_width_ratio": 16, "allow_weight_sharing": True},
+                             policy={"seed": a.seed, "max_width_ratio": 16, "max_setup_width_ratio": 64,
+                                     "allow_weight_sharing": True, "allow_likelihood_release": True},
                              alignment="hmac") as dep:
             dep.start()
             local = from_tables(tables, order_key=dep.key_file, **KEYS)  # the federation's sample order

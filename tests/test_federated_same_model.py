@@ -54,7 +54,8 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     data = from_tables(train_tables(example), **KW)  # raw features: each party standardises its own
     with LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=PATIENCE, start_timeout=600.0,
-                         policy={"seed": SEED, "max_width_ratio": 16, "allow_weight_sharing": True},
+                         policy={"seed": SEED, "max_width_ratio": 16, "max_setup_width_ratio": 64,
+                                 "allow_weight_sharing": True, "allow_likelihood_release": True},
                          alignment="hmac") as dep:
         dep.start()
         yield dep

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.bench.extraction import ALPHAS, AttackOutcome, Extractor, relative_rmse, ridge
+from partialvfl.bench.extraction import AttackOutcome, Extractor
 from partialvfl.federation.grpc_transport import PartyError
 from partialvfl.methods.false_vfl.formulas import bound_noise
+from partialvfl.privacy.reconstruction import ALPHAS, relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng
 
 __all__ = ["ATTACKS", "attack_decode", "attack_decode_bound", "false_vfl_config"]
