@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = np.flatnonzero(train.observed[:, k])
         precision[rows] += np.exp(-probe.encode(k, rows).tensors["logvar"].double().numpy())
     scale = 1 / np.sqrt(precision[train.observed.any(axis=1)])
-    print(f"FALSE-VFL-I test accuracy {np.mean(model.predict_proba(test).argmax(1) == test.y):.3f}; fused posterior "
+    print(f"FALSE-VFL-I test accuracy {model.score(test):.3f}; fused posterior "
           f"scale over training rows: min {scale.min():.3f}, quantiles 0.1% {np.quantile(scale, 0.001):.3f}, 1% "
           f"{np.quantile(scale, 0.01):.3f}, 10% {np.quantile(scale, 0.1):.3f}, median {np.median(scale):.3f}")
     enc = probe.encode().tensors

@@ -16,9 +16,9 @@ one passive party's runtime recorded (:class:`partialvfl.privacy.Recorder`) and 
 Results go to a JSON-lines store, one line per cell, and the script skips cells already there (resumable; run it in
 chunks, ``--max-minutes``).  ``--report`` writes the tables (markdown) and one figure per dataset.
 
-    flock /tmp/heavy.lock python benchmarks/privacy.py --dataset own-data --store runs/privacy.jsonl --max-minutes 14
-    flock /tmp/heavy.lock python benchmarks/privacy.py --dataset digits --store runs/privacy.jsonl --max-minutes 14
-    flock /tmp/heavy.lock python benchmarks/privacy.py --dataset fashion-mnist --store runs/privacy.jsonl --seeds 0
+    python benchmarks/privacy.py --dataset own-data --store runs/privacy.jsonl --max-minutes 14
+    python benchmarks/privacy.py --dataset digits --store runs/privacy.jsonl --max-minutes 14
+    python benchmarks/privacy.py --dataset fashion-mnist --store runs/privacy.jsonl --seeds 0
     python benchmarks/privacy.py --report --store runs/privacy.jsonl --out docs/results/privacy
 """
 

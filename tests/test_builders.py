@@ -171,7 +171,7 @@ def test_tables_path_errors(tmp_path: Path) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.sets(st.integers(0, 30), max_size=12), min_size=1, max_size=4), st.integers(0, 10_000))
+@given(st.lists(st.sets(st.integers(0, 30), min_size=1, max_size=12), min_size=1, max_size=4), st.integers(0, 10_000))
 def test_tables_join_property(id_sets: list[set[int]], seed: int) -> None:
     """Any overlap pattern: observed[i, k] is exactly "party k's table holds ID i", and values follow their IDs."""
     rng = np.random.default_rng(seed)

@@ -60,7 +60,7 @@ class Recorder:
     def _wrap(self, party: int) -> None:
         rt = self.federation.runtimes[party]
         handle: Callable[..., Reply] = rt.handle
-        check: Callable[..., None] = rt.check
+        check: Callable[..., Request] = rt.check
 
         def recording_handle(request: Request, accepted: Callable[[], None] | None = None, **kw: Any) -> Reply:
             reply = handle(request, accepted, **kw)  # kw: the runtime's own options (reply_device), passed through
@@ -69,13 +69,14 @@ class Recorder:
                 self._add(party, "reply", request.kind, request, reply.tensors)
             return reply
 
-        def recording_check(request: Request, reply: Reply | None = None) -> None:
-            check(request, reply)
+        def recording_check(request: Request, reply: Reply | None = None) -> Request:
+            admitted = check(request, reply)  # the request as the party's program gets it (gradients clipped)
             if self._keep(party, request.kind):
                 if reply is None:
-                    self._add(party, "request", request.kind, request, request.tensors)
+                    self._add(party, "request", request.kind, admitted, admitted.tensors)
                 else:
                     self._add(party, "reply", request.kind, request, reply.tensors)
+            return admitted
 
         rt.handle = recording_handle  # type: ignore[method-assign]
         rt.check = recording_check  # type: ignore[method-assign]
