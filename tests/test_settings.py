@@ -171,7 +171,7 @@ def test_for_any_valid_overrides_the_typed_object_equals_the_dict(data: st.DataO
     s = cls.settings_class()._of(plain)
     assert s._asdict() == plain and json.dumps(s._asdict()) == json.dumps(plain)
     assert cls.settings_class()._of(json.loads(json.dumps(plain))) == s  # as model.json gives it back
-    types = {"int": int, "float": float, "bool": bool, "str": str, "ints": tuple, "range": tuple}
+    types = {"int": int, "float": float, "bool": bool, "str": str, "ints": tuple, "range": tuple, "any": object}
     for p in space.params:
         value = getattr(s, p.name)
         assert (value is None and p.optional) or isinstance(value, types[p.kind]), (p.name, value)
