@@ -55,6 +55,16 @@ def script_and_files(doc: Path = DOC) -> tuple[str, dict[str, str], list[str]]:
     return "\n".join(lines) + "\n", files, shown
 
 
+def _figures_of_federated_fits(lines: list[str]) -> list[str]:
+    """``lines`` with the accuracies of a federated model's report (its line and the per-count lines under it)
+    replaced by ``N``."""
+    out, federated = [], False
+    for line in lines:
+        federated = "across the federation" in line or (federated and line.startswith("  "))
+        out.append(re.sub(r"accuracy \d\.\d+", "accuracy N", line) if federated else line)
+    return out
+
+
 def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     script, files, shown = script_and_files()
     assert "partialvfl fit --table" in script and "partialvfl predict --federation" in script and len(files) == 4
@@ -73,9 +83,12 @@ def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
                           timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    printed = set(out.splitlines())
     timing = re.compile(r" in \d+\.\d s ")
-    missing = [line for line in shown if line.strip() and not timing.search(line) and line not in printed]
+    # a federated fit's sample order follows its alignment session (fresh tokens for a new deployment), so the
+    # federated model's accuracies vary from one deployment to the next: those lines are compared without their figures
+    printed = set(_figures_of_federated_fits(out.splitlines()))
+    missing = [line for line in _figures_of_federated_fits(shown)
+               if line.strip() and not timing.search(line) and line not in printed]
     assert not missing, f"the doc shows lines the commands did not print: {missing[:5]}\n{out[-3000:]}"
     assert "1341 customers; largest difference in p_1: 0.0" in printed  # in process == federated
     # the label holder served its template (exclude_columns + a [[data.predict]] table without the label column)
