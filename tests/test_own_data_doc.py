@@ -55,6 +55,30 @@ def script_and_files(doc: Path = DOC) -> tuple[str, dict[str, str], list[str]]:
     return "\n".join(lines) + "\n", files, shown
 
 
+def run_documented(tmp_path: Path, script: str, files: dict[str, str], doc_ports: tuple[str, ...],
+                   timeout: float) -> str:
+    """Run a doc's ``script`` in ``tmp_path`` (holding the repository's example-table script and the doc's files),
+    the doc's ports replaced by free ones (they may be taken here); its output, once it exited 0."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "make_example_tables.py", tmp_path / "scripts")
+    ports = dict(zip(doc_ports, map(str, free_ports(len(doc_ports)))))
+    for doc_port, port in ports.items():
+        script = script.replace(f":{doc_port}", f":{port}").replace(f"--port {doc_port}", f"--port {port}")
+    for name, text in files.items():
+        for doc_port, port in ports.items():
+            text = text.replace(f":{doc_port}", f":{port}")
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "PARTIALVFL_EXIT_WITH_PARENT": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
 def _figures_of_federated_fits(lines: list[str]) -> list[str]:
     """``lines`` with the accuracies of a federated model's report (its line and the per-count lines under it)
     replaced by ``N``."""
@@ -68,21 +92,7 @@ def _figures_of_federated_fits(lines: list[str]) -> list[str]:
 def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     script, files, shown = script_and_files()
     assert "partialvfl fit --table" in script and "partialvfl predict --federation" in script and len(files) == 4
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "make_example_tables.py", tmp_path / "scripts")
-    ports = dict(zip(("50051", "50052", "50053"), map(str, free_ports(3))))  # the doc's ports may be taken here
-    for name, text in files.items():
-        for doc_port, port in ports.items():
-            text = text.replace(f":{doc_port}", f":{port}")
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "PARTIALVFL_EXIT_WITH_PARENT": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1800)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    out = run_documented(tmp_path, script, files, ("50051", "50052", "50053"), timeout=1800)
     timing = re.compile(r" in \d+\.\d s ")
     # a federated fit's sample order follows its alignment session (fresh tokens for a new deployment), so the
     # federated model's accuracies vary from one deployment to the next: those lines are compared without their figures

@@ -5,15 +5,12 @@ print."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_own_data_doc import free_ports, script_and_files
+from test_own_data_doc import run_documented, script_and_files
 
 pytest.importorskip("fastapi")
 
@@ -27,23 +24,7 @@ def test_the_serving_page_runs_as_documented(tmp_path: Path) -> None:
         pytest.skip("the page calls the service with curl")
     script, files, shown = script_and_files(DOC)
     assert "partialvfl serve --model" in script and "--federation" in script and len(files) == 4
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "make_example_tables.py", tmp_path / "scripts")
-    ports = dict(zip(DOC_PORTS, map(str, free_ports(len(DOC_PORTS)))))  # the doc's ports may be taken here
-    for doc_port, port in ports.items():
-        script = script.replace(f":{doc_port}", f":{port}").replace(f"--port {doc_port}", f"--port {port}")
-    for name, text in files.items():
-        for doc_port, port in ports.items():
-            text = text.replace(f":{doc_port}", f":{port}")
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "PARTIALVFL_EXIT_WITH_PARENT": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    out = run_documented(tmp_path, script, files, DOC_PORTS, timeout=900)
     printed = set(out.splitlines())
     missing = [line for line in shown if line.strip() and line not in printed]
     assert not missing, f"the doc shows lines the commands did not print: {missing[:5]}\n{out[-3000:]}"
