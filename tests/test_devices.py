@@ -155,6 +155,23 @@ def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordina
     assert proba.shape == (test_data.n_samples, 3) and np.isfinite(proba).all()
 
 
+@pytest.mark.parametrize("coordinator,parties", PLACEMENTS)
+@pytest.mark.parametrize("name", ["laser-vfl", "vanilla-vfl"])
+def test_generative_initialisation_trains_on_the_model_device(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
+                                                             test_data) -> None:  # noqa: ANN001
+    """``pretrain_kind="false-vfl"`` fits FALSE-VFL's stage 1 inside the fit: on the model's device, and the
+    supervised stage's replies still arrive there (the stage-1 fit once left the transport on the CPU: a GPU grid's
+    LASER-VFL + FALSE-VFL init fits all failed)."""
+    model, fed = fit_on(name, train, coordinator, parties, pretrain=True, pretrain_kind="false-vfl",
+                        pretrain_epochs=1, generative={"decoder_hidden": [8], "global_hidden": [8], "d_z": 2})
+    coord, party = parameter_devices(model, fed)
+    assert coord == {coordinator} and party == {parties}
+    assert model.generative_["epochs"] == 1
+    with strict_devices():
+        proba = model.predict_proba(test_data)
+    assert proba.shape == (test_data.n_samples, 3)
+
+
 @pytest.mark.parametrize("name", METHODS)
 def test_meta_check_catches_a_coordinator_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:  # noqa: ANN001
     """The planted mistake: the coordinator's index and label tensors created on the CPU (``device=`` forgotten)."""

@@ -220,9 +220,11 @@ class SplitNNMethod(VFLMethod):
                   "encoder_hidden": list(s.encoder_hidden), "resnet_width": s.resnet_width,
                   "pretrain_epochs": s.pretrain_epochs, "epochs": 0, "min_steps": 0, "early_stopping": "off",
                   "standardize": s.standardize}
-        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, **params)
+        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, device=self.device_,
+                        precision=self.precision, compile=self.compile, **params)
         fed = self.federation_
         gen.fit_federated(fed, view, handle, data_info=self.data_info_)
+        fed.transport.device = self.device_  # the stage-1 fit pointed replies at its own device
         with tempfile.TemporaryDirectory(prefix="partialvfl-generative-") as d:
             fed.save(d)  # every party writes its own stage-1 state
             fed.setup(self.party_program, [self._party_config(k) for k in range(self.index_.n_parties)], self.seed)
