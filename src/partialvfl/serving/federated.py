@@ -11,6 +11,11 @@ party trouble are told apart:
 * *down* (connection refused, or its process restarted and lost the session): it is left out of the batches until
   its server accepts connections again; then, between two batches, every party gets a new session and the model is
   loaded again (:meth:`FederationPredictor.rejoin_if_back`).
+
+The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
+time an on-time batch takes (a running average, :attr:`FederationPredictor.reserve`), so the rounds that follow a
+late party still end within it; every call still gets at least ``min_timeout`` (a deadline shorter than an on-time
+batch cannot be kept, and the parties that are on time should still answer).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class FederationPredictor(_Base):
         self._last_rejoin = 0.0
         self._warm = False
         self._backoff = self.rejoin_interval
+        #: seconds an on-time batch takes (exponential average): kept back from the parties' wait under a deadline
+        self.reserve = 0.0
         self._open(self.model_dir, self.connect_timeout)
 
     # ------------------------------------------------------------------ sessions
@@ -143,14 +150,18 @@ class FederationPredictor(_Base):
         fed.absent, fed.last_held = set(self.down), None
         if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
-        if deadline is not None:
-            transport.deadline_at = time.monotonic() + deadline
+        started = time.monotonic()
+        if deadline is not None:  # the rounds after a late party's must still end within the deadline
+            transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
             view, out, used = self._attach_and_predict(ids)
         finally:
             transport.deadline_at = None
         self._warm = True
         timed_out, failed = self._account(transport.failures)
+        if not (timed_out or failed):
+            took = time.monotonic() - started
+            self.reserve = took if self.reserve == 0.0 else 0.8 * self.reserve + 0.2 * took
         avoid = getattr(fed.aligner, "avoid", None)
         if avoid is not None:  # the next ID lookups go to a keyed party that was on time
             avoid.clear()
