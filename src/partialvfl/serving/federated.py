@@ -57,10 +57,14 @@ class FederationPredictor(_Base):
 
     ``min_timeout``: once a batch's deadline has passed (a party was late), the parties that are on time still get
     this long for each remaining round of the batch.  ``connect_timeout``: how long a (re)connection waits for a party.
+    ``rejoin_timeout``: how long rejoining a returned party may take (a new session at every party, the model loaded
+    again and the alignment's tokens computed again: about two seconds for a freshly started party process on this
+    project's 2-core machine, during which the batches wait); a party that has not answered by then is tried again
+    later.
     """
 
     def __init__(self, model_dir: str | Path, federation: str | Path, *, min_timeout: float = 0.02,
-                 connect_timeout: float = 10.0, rejoin_interval: float = 0.5) -> None:
+                 connect_timeout: float = 10.0, rejoin_interval: float = 0.5, rejoin_timeout: float = 5.0) -> None:
         self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False, log=counts_only())
         self.transport = self.fed.grpc_transport
         self.transport.min_timeout = float(min_timeout)
@@ -68,6 +72,7 @@ class FederationPredictor(_Base):
             self.fed.aligner.cache_tokens = True
         self.connect_timeout = float(connect_timeout)
         self.rejoin_interval = float(rejoin_interval)
+        self.rejoin_timeout = float(rejoin_timeout)
         self.model_dir = Path(model_dir)
         self.down: set[int] = set()
         self.state: dict[str, str] = {}
@@ -123,7 +128,7 @@ class FederationPredictor(_Base):
             return False
         log.info("parties %s accept connections again: a new session", [self.fed.party_names[k] for k in back])
         before = set(self.down)
-        self._open(self.model_dir, min(self.connect_timeout, 1.0))
+        self._open(self.model_dir, self.rejoin_timeout)
         # a party that accepts connections but does not answer in time: ask it less and less often (up to 30 s)
         self._backoff = min(30.0, 2 * self._backoff) if self.down & before else self.rejoin_interval
         return True
