@@ -14,8 +14,10 @@ party trouble are told apart:
 
 The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
 time an on-time batch takes (a running average, :attr:`FederationPredictor.reserve`), so the rounds that follow a
-late party still end within it; every call still gets at least ``min_timeout`` (a deadline shorter than an on-time
-batch cannot be kept, and the parties that are on time should still answer).
+late party still end within it; every call still gets at least ``min_timeout`` or an on-time batch's time, whichever
+is longer (a deadline shorter than an on-time batch cannot be kept, and the parties that are on time must still be
+able to answer on a busy machine).  The ID lookup (one keyed party) is asked again at another keyed party, with at
+least that much time again, when the first one was late: a batch whose IDs could not be looked up would fail.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class FederationPredictor(_Base):
                  connect_timeout: float = 10.0, rejoin_interval: float = 0.5, rejoin_timeout: float = 5.0) -> None:
         self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False, log=counts_only())
         self.transport = self.fed.grpc_transport
-        self.transport.min_timeout = float(min_timeout)
+        self.min_timeout = float(min_timeout)
+        self.transport.min_timeout = self.min_timeout
         if hasattr(self.fed.aligner, "cache_tokens"):  # each ID looked up once per session, not once per request
             self.fed.aligner.cache_tokens = True
         self.connect_timeout = float(connect_timeout)
@@ -156,6 +159,7 @@ class FederationPredictor(_Base):
         if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
         started = time.monotonic()
+        transport.min_timeout = max(self.min_timeout, self.reserve)  # an on-time party can answer
         if deadline is not None:  # the rounds after a late party's must still end within the deadline
             transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
@@ -192,10 +196,13 @@ class FederationPredictor(_Base):
                 break
             except PartyUnavailable as e:  # the ID lookup (one keyed party) was not answered
                 avoid = getattr(fed.aligner, "avoid", None)
-                if attempt or avoid is None or e.party in avoid:
+                if attempt or avoid is None:
                     raise
                 avoid.add(e.party)
                 fed.absent.add(e.party)
+                if self.transport.deadline_at is not None:  # the lookup again, with an on-time round's time
+                    self.transport.deadline_at = max(self.transport.deadline_at,
+                                                     time.monotonic() + self.transport.min_timeout)
         out, used = predict_reporting_parties(self.model, fed, view, handle)
         return view, out, used
 
