@@ -10,8 +10,8 @@ and p99 latency seen by the client, predictions per second, answers with a party
 the accuracy of the answers that went without the slow party (labelled customers) beside the accuracy of the same
 customers predicted offline with that party's blocks missing.
 
-Cases: concurrency 1 / 16 / 64 with every party on time; one party (the shop) killed (SIGKILL) a third of the way
-into a run at concurrency 16 and started again at two thirds (failed requests; seconds from the new process
+Cases: concurrency 1 / 16 / 64 with every party on time; one party (the shop) killed (SIGKILL) a quarter of the way
+into a run at concurrency 16 and started again at half-time (failed requests; seconds from the new process
 listening to the first answer that used it); then one party (the telco) reached through a proxy that holds back
 every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms`` at
 ``--deadline-ms`` (50 ms); last, the same method fitted in process and served with ``--table`` (no party processes,
@@ -100,6 +100,25 @@ class ServiceProcess:
         self.proc.terminate()
         self.proc.wait(60)
         self.log.close()
+
+    def wait_ready(self, probe: str, timeout: float = 60.0) -> None:
+        """Wait until ``/readyz`` reports every party ``ok`` (predicting meanwhile: a rejoin happens between
+        batches)."""
+        limit = time.monotonic() + timeout
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            while time.monotonic() < limit:
+                conn.request("GET", "/readyz")
+                state = json.loads(conn.getresponse().read())
+                if all(s == "ok" for s in state["parties"].values()):
+                    return
+                conn.request("POST", "/v1/predict", json.dumps({"ids": [probe]}),
+                             {"Content-Type": "application/json"})
+                conn.getresponse().read()
+                time.sleep(0.2)
+        finally:
+            conn.close()
+        raise RuntimeError(f"the service's parties did not all become ready within {timeout} s")
 
     def errors(self) -> list[str]:
         """The service's log lines about failed batches (for the report when a case had errors)."""
@@ -191,6 +210,7 @@ def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], la
                 rows.append({"method": method, "case": f"{PARTIES[KILLED]} killed and restarted",
                              **killed_and_restarted(dep, service.port, ids, args)})
                 print(rows[-1], file=sys.stderr)
+                service.wait_ready(ids[0])  # the next case starts with every party in the service's session
             proxy.delay = args.delay_ms / 1000
             answers: list[tuple[str, Any, list[str]]] = []
             rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
@@ -231,19 +251,19 @@ def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace
 
 def killed_and_restarted(dep: LocalDeployment, port: int, ids: list[str], args: argparse.Namespace
                          ) -> dict[str, Any]:
-    """Load at ``--slow-concurrency`` for ``--seconds`` (at least 9 s) while the shop's party process is killed
-    (SIGKILL) a third of the way in and started again (the same port, a new process) at two thirds; reports the
+    """Load at ``--slow-concurrency`` for ``--seconds`` (at least 12 s) while the shop's party process is killed
+    (SIGKILL) a quarter of the way in and started again (the same port, a new process) at half-time; reports the
     load's figures, the failed requests, and how long after the restarted process listened the first answer used
     it again."""
-    seconds = max(args.seconds, 9.0)
+    seconds = max(args.seconds, 12.0)
     timeline: list[tuple[float, bool, list[str]]] = []
     marks: dict[str, float] = {}
 
     def chaos() -> None:
-        time.sleep(seconds / 3)
+        time.sleep(seconds / 4)
         dep.kill(KILLED)
         marks["killed"] = time.monotonic()
-        time.sleep(seconds / 3)
+        time.sleep(seconds / 4)
         dep.start([KILLED])  # returns once the new process listens
         marks["listening"] = time.monotonic()
 

@@ -89,6 +89,25 @@ def reference(dep: LocalDeployment, d: Path) -> None:
     np.savez(d / "reference.npz", out=out, used=used)
 
 
+def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
+        setup: tuple[LocalDeployment, Path, DelayProxy]) -> None:
+    """First in this file (before the module's service opens its session): a service stopped right after a batch
+    in which the telco was late still says goodbye to the telco, so another coordinator is accepted at once (left
+    out, the telco would keep serving the dead session for its idle timeout, refusing everyone else)."""
+    dep, d, proxy = setup
+    predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml")
+    try:
+        predictor.predict(ids_of(d)[:2], {}, 30.0)
+        proxy.delay = DELAY
+        late = predictor.predict(ids_of(d)[2:4], {}, DEADLINE_MS / 1000)
+        assert late.timed_out == ["telco"]
+    finally:
+        proxy.delay = 0.0
+        predictor.close()  # its goodbye reaches the telco behind what the proxy still holds back
+    fed = dep.federation()  # straight to the parties, the telco included: a new session everywhere
+    fed.close()
+
+
 def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                      service: Service) -> None:
     _, d, _ = setup

@@ -137,8 +137,11 @@ class FederationPredictor(_Base):
         return True
 
     def close(self) -> None:
+        """End the session at every party that is not down, including one that was late in the last batch (left
+        out, it would keep serving this dead session, refusing any other coordinator for its idle timeout)."""
         for fut in self._ready.values():
             fut.cancel()
+        self.fed.absent = set(self.down)
         self.transport.deadline_at = time.monotonic() + self.connect_timeout
         try:
             self.fed.release(HANDLE)
@@ -172,9 +175,10 @@ class FederationPredictor(_Base):
             took = time.monotonic() - started
             self.reserve = took if self.reserve == 0.0 else 0.8 * self.reserve + 0.2 * took
         avoid = getattr(fed.aligner, "avoid", None)
-        if avoid is not None:  # the next ID lookups go to a keyed party that was on time
+        if avoid is not None:  # the next ID lookups go to a keyed party that was on time and is not down
             avoid.clear()
             avoid.update(fed.party_names.index(p) for p in timed_out)
+            avoid.update(self.down)
         held = fed.last_held
         names = fed.party_names
         status, output, parties = {}, {}, {}
