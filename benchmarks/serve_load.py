@@ -10,9 +10,12 @@ and p99 latency seen by the client, predictions per second, answers with a party
 the accuracy of the answers that went without the slow party (labelled customers) beside the accuracy of the same
 customers predicted offline with that party's blocks missing.
 
-Cases: concurrency 1 / 16 / 64 with every party on time; then one party (the telco) reached through a proxy that
-holds back every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms``
-at ``--deadline-ms`` (50 ms).
+Cases: concurrency 1 / 16 / 64 with every party on time; one party (the shop) killed (SIGKILL) a third of the way
+into a run at concurrency 16 and started again at two thirds (failed requests; seconds from the new process
+listening to the first answer that used it); then one party (the telco) reached through a proxy that holds back
+every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms`` at
+``--deadline-ms`` (50 ms); last, the same method fitted in process and served with ``--table`` (no party processes,
+no gRPC) at concurrency 16: what HTTP and micro-batching alone cost on the same machine.
 
     python benchmarks/serve_load.py --seconds 10 --json serve_load.json
     python benchmarks/serve_load.py --methods laser-vfl --seconds 3          # a quick look
@@ -45,6 +48,7 @@ from partialvfl.methods import get_method
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
 SLOW = 2  # the telco
+KILLED = 1  # the shop
 
 
 def example_tables(d: Path, seed: int) -> Path:
@@ -69,16 +73,20 @@ def fit_federated(dep: LocalDeployment, method: str, out: Path, seed: int) -> fl
 
 
 class ServiceProcess:
-    """``partialvfl serve --federation`` in a process of its own; stopped with SIGTERM."""
+    """``partialvfl serve --federation`` (or, with ``tables``, ``--table PARTY=FILE ...``: every party in the
+    service's process) in a process of its own; stopped with SIGTERM."""
 
-    def __init__(self, model: Path, federation: Path, work: Path) -> None:
+    def __init__(self, model: Path, federation: Path | None, work: Path,
+                 tables: dict[str, Path] | None = None) -> None:
+        where = ["--federation", str(federation)] if tables is None else [
+            a for p, f in tables.items() for a in ("--table", f"{p}={f}")] + ["--id", "customer_id"]
         port_file = work / f"serve-{model.name}.port"
         port_file.unlink(missing_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
             [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         self.log = open(work / f"serve-{model.name}.log", "ab")  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "partialvfl", "serve", "--model", str(model), "--federation", str(federation),
+            [sys.executable, "-m", "partialvfl", "serve", "--model", str(model), *where,
              "--port", "0", "--port-file", str(port_file), "--deadline-ms", "5000", "--max-ids", "100"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         limit = time.monotonic() + 300
@@ -93,12 +101,18 @@ class ServiceProcess:
         self.proc.wait(60)
         self.log.close()
 
+    def errors(self) -> list[str]:
+        """The service's log lines about failed batches (for the report when a case had errors)."""
+        text = Path(self.log.name).read_text(errors="replace")
+        return [line for line in text.splitlines() if '"status": 5' in line or "failed" in line][-5:]
+
 
 def load(port: int, ids: list[str], concurrency: int, seconds: float, max_requests: int,
-         deadline_ms: float | None, seed: int, record: list[tuple[str, Any, list[str]]] | None = None
-         ) -> dict[str, Any]:
+         deadline_ms: float | None, seed: int, record: list[tuple[str, Any, list[str]]] | None = None,
+         timeline: list[tuple[float, bool, list[str]]] | None = None) -> dict[str, Any]:
     """``concurrency`` clients, one ID per request, until ``seconds`` pass or ``max_requests`` are sent; with
-    ``record``, every answer's (ID, predicted class, parties used) is appended to it."""
+    ``record``, every answer's (ID, predicted class, parties used) is appended to it; with ``timeline`` every
+    request's (``time.monotonic()`` at its answer, failed, parties used)."""
     lock = threading.Lock()
     latencies: list[float] = []
     counts = {"requests": 0, "errors": 0, "not_predicted": 0, "timed_out": 0}
@@ -132,6 +146,10 @@ def load(port: int, ids: list[str], concurrency: int, seconds: float, max_reques
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
             dt = time.perf_counter() - t0
+            if timeline is not None:
+                used = answer["results"][0]["parties"] if ok else []
+                with lock:
+                    timeline.append((time.monotonic(), failed, used))
             with lock:
                 latencies.append(dt)
                 counts["errors"] += failed
@@ -169,17 +187,80 @@ def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], la
                 rows.append({"method": method, "case": "all parties on time",
                              **load(service.port, ids, c, args.seconds, args.max_requests, None, args.seed)})
                 print(rows[-1], file=sys.stderr)
+            if not args.no_kill:
+                rows.append({"method": method, "case": f"{PARTIES[KILLED]} killed and restarted",
+                             **killed_and_restarted(dep, service.port, ids, args)})
+                print(rows[-1], file=sys.stderr)
             proxy.delay = args.delay_ms / 1000
             answers: list[tuple[str, Any, list[str]]] = []
             rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
                          **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
                                 args.deadline_ms, args.seed, answers)})
+            if rows[-1]["errors"]:
+                print("errors in the service's log:", *service.errors(), sep="\n  ", file=sys.stderr)
         finally:
             proxy.delay = 0.0
             service.stop()
+            # the service's goodbye to the telco went through the proxy behind bytes it still holds back: let them
+            # arrive (else the telco still serves the service's session and refuses the offline check's hello)
+            time.sleep(args.delay_ms / 1000 + 1.0)
     rows[-1].update(accuracy_without_slow(dep, model, answers, labels))
     print(rows[-1], file=sys.stderr)
+    if not args.no_in_process:
+        rows.append({"method": method, "case": "in process (--table): HTTP and batching only",
+                     **in_process(method, work, ids, args)})
+        print(rows[-1], file=sys.stderr)
     return rows
+
+
+def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The same method fitted in process on the same tables and served with ``--table`` (no party processes, no
+    gRPC): what the HTTP stack and the micro-batching cost on this machine, at ``--slow-concurrency`` clients."""
+    train = work / "example" / "train"
+    tables = {p: train / f"{p}.csv" for p in PARTIES}
+    data = from_tables(tables, id_column="customer_id", label_column="defaulted", active_party="bank")
+    model = work / f"model-{method}-in-process"
+    get_method(method)("fast", seed=args.seed).fit(data).save(model)
+    service = ServiceProcess(model, None, work, tables=tables)
+    try:
+        load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
+        return load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests, None, args.seed)
+    finally:
+        service.stop()
+
+
+def killed_and_restarted(dep: LocalDeployment, port: int, ids: list[str], args: argparse.Namespace
+                         ) -> dict[str, Any]:
+    """Load at ``--slow-concurrency`` for ``--seconds`` (at least 9 s) while the shop's party process is killed
+    (SIGKILL) a third of the way in and started again (the same port, a new process) at two thirds; reports the
+    load's figures, the failed requests, and how long after the restarted process listened the first answer used
+    it again."""
+    seconds = max(args.seconds, 9.0)
+    timeline: list[tuple[float, bool, list[str]]] = []
+    marks: dict[str, float] = {}
+
+    def chaos() -> None:
+        time.sleep(seconds / 3)
+        dep.kill(KILLED)
+        marks["killed"] = time.monotonic()
+        time.sleep(seconds / 3)
+        dep.start([KILLED])  # returns once the new process listens
+        marks["listening"] = time.monotonic()
+
+    t = threading.Thread(target=chaos)
+    t.start()
+    figures = load(port, ids, args.slow_concurrency, seconds, args.max_requests, None, args.seed,
+                   timeline=timeline)
+    t.join()
+    name = PARTIES[KILLED]
+    back = marks.get("listening")
+    after = sorted(when for when, failed, used in timeline if back is not None and when >= back and name in used)
+    last_before = max((when for when, _, used in timeline if name in used and when < marks.get("killed", 0)),
+                      default=None)
+    return {**figures, "failed_while_down": sum(f for when, f, _ in timeline
+                                                if marks.get("killed", 0) <= when < (back or 0)),
+            "used_again_after_s": round(after[0] - back, 3) if after else None,
+            "last_use_before_kill_s": None if last_before is None else round(marks["killed"] - last_before, 3)}
 
 
 def accuracy_without_slow(dep: LocalDeployment, model_dir: Path, answers: list[tuple[str, Any, list[str]]],
@@ -234,10 +315,15 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, default=200.0)
     p.add_argument("--deadline-ms", type=float, default=50.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-kill", action="store_true", help="skip the case that kills a party and restarts it")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="work in DIR and keep it (the parties' and the service's logs, the models)")
+    p.add_argument("--no-in-process", action="store_true", help="skip the in-process (--table) case")
     p.add_argument("--json", default=None, help="write the rows and the machine here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         d = example_tables(work / "example", args.seed)
         data = from_tables({k: d / "train" / f"{k}.csv" for k in PARTIES}, id_column="customer_id",
                            label_column="defaulted", active_party="bank")
@@ -256,6 +342,11 @@ def main() -> int:
                   f"{r['accuracy_served']} over {r['labelled_ids']} labelled customers; offline without "
                   f"{PARTIES[SLOW]} {r['accuracy_offline_without_slow']}; answers that differ: "
                   f"{r['differ_from_offline']}")
+    for r in rows:
+        if "used_again_after_s" in r:
+            print(f"{r['method']}, {r['case']}: {r['errors']} failed requests ({r['failed_while_down']} while it was "
+                  f"down); the first answer using it again came {r['used_again_after_s']} s after the new process "
+                  "listened")
     print(f"machine: {machine}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "machine": machine, "args": vars(args)}, indent=1))

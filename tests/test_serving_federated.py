@@ -1,7 +1,8 @@
 """The prediction service across real party processes (issue 26, items 1-3): predictions equal the offline
 ``predict --federation`` path; a party delayed by seconds, with a deadline well below the delay, does not hold the
-response (it comes before the delay ends and names the party as timed out) and is used again once it is on time; a
-party killed and restarted is left out meanwhile and used again after it returns.  Delays and waits are seconds
+response (it comes within the deadline, the rounds after the late party's included, and names the party as timed
+out) and is used again once it is on time; a party killed and restarted is left out meanwhile and used again after
+it returns.  Delays and waits are seconds
 long, far from any machine-speed limit."""
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service
     dep, d, _ = setup
     predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml", rejoin_interval=0.2)
     s = Service(create_app(predictor, ServiceConfig(deadline=30.0)))
+    s.predictor = predictor  # type: ignore[attr-defined]
     try:
         # a session's first batch waits for the parties to build their networks (up to the connection timeout)
         assert s.call("/v1/predict", {"ids": ids_of(d)[:1]}, token=None)[0] == 200
@@ -105,6 +107,9 @@ def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
     _, d, proxy = setup
     ids = ids_of(d)
     proxy.delay = DELAY
+    # the time an on-time batch takes, kept back from the wait (set, not measured, so the test does not depend on
+    # this machine's speed): the slow party is waited for 0.8 s, the rounds after it end within the deadline
+    service.predictor.reserve = 0.7
     try:
         t0 = time.monotonic()
         code, body = service.call("/v1/predict", {"ids": ids, "deadline_ms": DEADLINE_MS}, token=None)
@@ -112,7 +117,7 @@ def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
     finally:
         proxy.delay = 0.0
     assert code == 200, body
-    assert took < DELAY, took  # the response did not wait for the slow party
+    assert took < DEADLINE_MS / 1000, took  # the whole response within the deadline, not only the wait
     assert body["parties_timed_out"] == ["telco"] and body["parties_failed"] == []
     assert all("telco" not in r["parties"] for r in body["results"])
     assert any(r["status"] == "ok" for r in body["results"])

@@ -11,6 +11,13 @@ party trouble are told apart:
 * *down* (connection refused, or its process restarted and lost the session): it is left out of the batches until
   its server accepts connections again; then, between two batches, every party gets a new session and the model is
   loaded again (:meth:`FederationPredictor.rejoin_if_back`).
+
+The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
+time an on-time batch takes (a running average, :attr:`FederationPredictor.reserve`), so the rounds that follow a
+late party still end within it; every call still gets at least ``min_timeout`` or an on-time batch's time, whichever
+is longer (a deadline shorter than an on-time batch cannot be kept, and the parties that are on time must still be
+able to answer on a busy machine).  The ID lookup (one keyed party) is asked again at another keyed party, with at
+least that much time again, when the first one was late: a batch whose IDs could not be looked up would fail.
 """
 
 from __future__ import annotations
@@ -52,17 +59,23 @@ class FederationPredictor(_Base):
 
     ``min_timeout``: once a batch's deadline has passed (a party was late), the parties that are on time still get
     this long for each remaining round of the batch.  ``connect_timeout``: how long a (re)connection waits for a party.
+    ``rejoin_timeout``: how long rejoining a returned party may take (a new session at every party, the model loaded
+    again and the alignment's tokens computed again: about two seconds for a freshly started party process on this
+    project's 2-core machine, during which the batches wait); a party that has not answered by then is tried again
+    later.
     """
 
     def __init__(self, model_dir: str | Path, federation: str | Path, *, min_timeout: float = 0.02,
-                 connect_timeout: float = 10.0, rejoin_interval: float = 0.5) -> None:
+                 connect_timeout: float = 10.0, rejoin_interval: float = 0.5, rejoin_timeout: float = 5.0) -> None:
         self.fed = GrpcFederation.from_config(federation, allow_absent=True, connect=False, log=counts_only())
         self.transport = self.fed.grpc_transport
-        self.transport.min_timeout = float(min_timeout)
+        self.min_timeout = float(min_timeout)
+        self.transport.min_timeout = self.min_timeout
         if hasattr(self.fed.aligner, "cache_tokens"):  # each ID looked up once per session, not once per request
             self.fed.aligner.cache_tokens = True
         self.connect_timeout = float(connect_timeout)
         self.rejoin_interval = float(rejoin_interval)
+        self.rejoin_timeout = float(rejoin_timeout)
         self.model_dir = Path(model_dir)
         self.down: set[int] = set()
         self.state: dict[str, str] = {}
@@ -70,6 +83,8 @@ class FederationPredictor(_Base):
         self._last_rejoin = 0.0
         self._warm = False
         self._backoff = self.rejoin_interval
+        #: seconds an on-time batch takes (exponential average): kept back from the parties' wait under a deadline
+        self.reserve = 0.0
         self._open(self.model_dir, self.connect_timeout)
 
     # ------------------------------------------------------------------ sessions
@@ -116,7 +131,7 @@ class FederationPredictor(_Base):
             return False
         log.info("parties %s accept connections again: a new session", [self.fed.party_names[k] for k in back])
         before = set(self.down)
-        self._open(self.model_dir, min(self.connect_timeout, 1.0))
+        self._open(self.model_dir, self.rejoin_timeout)
         # a party that accepts connections but does not answer in time: ask it less and less often (up to 30 s)
         self._backoff = min(30.0, 2 * self._backoff) if self.down & before else self.rejoin_interval
         return True
@@ -143,14 +158,19 @@ class FederationPredictor(_Base):
         fed.absent, fed.last_held = set(self.down), None
         if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
-        if deadline is not None:
-            transport.deadline_at = time.monotonic() + deadline
+        started = time.monotonic()
+        transport.min_timeout = max(self.min_timeout, self.reserve)  # an on-time party can answer
+        if deadline is not None:  # the rounds after a late party's must still end within the deadline
+            transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
             view, out, used = self._attach_and_predict(ids)
         finally:
             transport.deadline_at = None
         self._warm = True
         timed_out, failed = self._account(transport.failures)
+        if not (timed_out or failed):
+            took = time.monotonic() - started
+            self.reserve = took if self.reserve == 0.0 else 0.8 * self.reserve + 0.2 * took
         avoid = getattr(fed.aligner, "avoid", None)
         if avoid is not None:  # the next ID lookups go to a keyed party that was on time
             avoid.clear()
@@ -176,10 +196,13 @@ class FederationPredictor(_Base):
                 break
             except PartyUnavailable as e:  # the ID lookup (one keyed party) was not answered
                 avoid = getattr(fed.aligner, "avoid", None)
-                if attempt or avoid is None or e.party in avoid:
+                if attempt or avoid is None:
                     raise
                 avoid.add(e.party)
                 fed.absent.add(e.party)
+                if self.transport.deadline_at is not None:  # the lookup again, with an on-time round's time
+                    self.transport.deadline_at = max(self.transport.deadline_at,
+                                                     time.monotonic() + self.transport.min_timeout)
         out, used = predict_reporting_parties(self.model, fed, view, handle)
         return view, out, used
 
