@@ -206,6 +206,11 @@ def _gap_row(curves: dict[tuple[str, str, str], tuple[float, float, int]], train
     return row if any(row[1:]) else []
 
 
+def _rank_text(w: dict[str, Any]) -> str:
+    """FALSE-VFL's rank in a who-wins cell, or that the cell has no FALSE-VFL result (a grid still running)."""
+    return "no FALSE-VFL" if w["false_vfl_rank"] is None else f"FALSE-VFL #{w['false_vfl_rank']}"
+
+
 def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
     sel = [w for w in wins if w["train"] == train]
     tests = sorted({w["test"] for w in sel}, key=mech_key)
@@ -215,7 +220,7 @@ def _winner_map(wins: Sequence[dict[str, Any]], axis: Axis, train: str) -> str:
         row = [axis.show(d)]
         for t in tests:
             w = at.get((d, t))
-            row.append("" if w is None else f"{w['winner']} +{w['margin']:.1f} (FALSE-VFL #{w['false_vfl_rank']})")
+            row.append("" if w is None else f"{w['winner']} +{w['margin']:.1f} ({_rank_text(w)})")
         body.append(row)
     counts: dict[str, int] = defaultdict(int)
     for w in sel:
