@@ -313,6 +313,10 @@ class GrpcTransport(Transport):
         # ``min_timeout`` seconds (so the parties that are on time still get a round after one was late)
         self.deadline_at: float | None = None
         self.min_timeout = 0.001
+        # parties the caller expects to be late (the service: late in its previous batch) get only
+        # ``late_min_timeout`` as their floor, so that waiting for them does not stretch a round past its deadline
+        self.late: set[int] = set()
+        self.late_min_timeout = 0.001
         self.max_message_bytes = int(max_message_bytes)
         self.session = secrets.token_hex(16)
         self._seq = 0
@@ -346,11 +350,13 @@ class GrpcTransport(Transport):
         self._seq = 0
         return self.session
 
-    def call_timeout(self) -> float:
-        """The timeout of a call issued now: :attr:`deadline`, shortened to :attr:`deadline_at` when one is set."""
+    def call_timeout(self, party: int | None = None) -> float:
+        """The timeout of a call issued now (to ``party``): :attr:`deadline`, shortened to :attr:`deadline_at` when
+        one is set, but at least :attr:`min_timeout` (:attr:`late_min_timeout` for a party in :attr:`late`)."""
         if self.deadline_at is None:
             return self.deadline
-        return min(self.deadline, max(self.min_timeout, self.deadline_at - time.monotonic()))
+        floor = self.late_min_timeout if party in self.late else self.min_timeout
+        return min(self.deadline, max(floor, self.deadline_at - time.monotonic()))
 
     def _encode(self, request: Request) -> bytes:
         self._seq += 1
@@ -384,12 +390,12 @@ class GrpcTransport(Transport):
                     gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
         """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
         futures: dict[int, tuple[Request, Any]] = {}
-        timeout = self.call_timeout()
         for party, req in requests.items():
             req = self._admit(party, req)
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = req, self._pool.submit(self._calls[party], chunks(payload), timeout=timeout)
+            futures[party] = req, self._pool.submit(self._calls[party], chunks(payload),
+                                                    timeout=self.call_timeout(party))
         t0 = time.perf_counter()
         try:
             for party, (req, fut) in futures.items():

@@ -16,8 +16,10 @@ The deadline bounds the whole batch, not only the wait: the parties are waited f
 time an on-time batch takes (a running average, :attr:`FederationPredictor.reserve`), so the rounds that follow a
 late party still end within it; every call still gets at least ``min_timeout`` or an on-time batch's time, whichever
 is longer (a deadline shorter than an on-time batch cannot be kept, and the parties that are on time must still be
-able to answer on a busy machine).  The ID lookup (one keyed party) is asked again at another keyed party, with at
-least that much time again, when the first one was late: a batch whose IDs could not be looked up would fail.
+able to answer on a busy machine), except a party that was late in the previous batch: it gets what is left of the
+deadline, at least ``min_timeout`` (so that once it is on time again it is used again at once).  The ID lookup (one
+keyed party) is asked again at another keyed party, with at least that much time again, when the first one was
+late: a batch whose IDs could not be looked up would fail.
 """
 
 from __future__ import annotations
@@ -162,7 +164,11 @@ class FederationPredictor(_Base):
         if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
         started = time.monotonic()
-        transport.min_timeout = max(self.min_timeout, self.reserve)  # an on-time party can answer
+        # a party on time can answer in an on-time batch's time; one late in the previous batch gets only what is
+        # left of the deadline (at least min_timeout, so that once it is on time again it is used again)
+        transport.min_timeout = max(self.min_timeout, self.reserve)
+        transport.late_min_timeout = self.min_timeout
+        transport.late = {self.fed.party_names.index(p) for p, s in self.state.items() if s == "timed_out"}
         if deadline is not None:  # the rounds after a late party's must still end within the deadline
             transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
