@@ -251,11 +251,12 @@ def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace
 
 def killed_and_restarted(dep: LocalDeployment, port: int, ids: list[str], args: argparse.Namespace
                          ) -> dict[str, Any]:
-    """Load at ``--slow-concurrency`` for ``--seconds`` (at least 12 s) while the shop's party process is killed
+    """Load at ``--slow-concurrency`` for ``--seconds`` (at least 20 s: a restarted process takes seconds to listen,
+    and the rejoin seconds more) while the shop's party process is killed
     (SIGKILL) a quarter of the way in and started again (the same port, a new process) at half-time; reports the
     load's figures, the failed requests, and how long after the restarted process listened the first answer used
     it again."""
-    seconds = max(args.seconds, 12.0)
+    seconds = max(args.seconds, 20.0)
     timeline: list[tuple[float, bool, list[str]]] = []
     marks: dict[str, float] = {}
 
