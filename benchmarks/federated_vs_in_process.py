@@ -36,6 +36,7 @@ from partialvfl.data.builders import from_tables
 from partialvfl.federation.coordinator import LocalFederation
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
+from partialvfl.orchestration.predict import PredictOptions, run_predict
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
@@ -73,9 +74,7 @@ def compare(method: str, params: dict[str, Any], seed: int, local: Any, dep: Loc
         view, handle = fed.align()
         m_fed = get_method(method)("fast", seed=seed, **params).fit_federated(fed, view, handle)
         fed.release(handle)
-        pview, phandle = fed.attach_ids(local.ids, task=m_fed.index_.task)
-        p_fed = m_fed.predict_output_federated(pview, phandle)
-        fed.release(phandle)
+        p_fed = run_predict(m_fed, local.ids, PredictOptions(allow_prior_only=True)).output
     finally:
         fed.close()
     t2 = time.perf_counter()

@@ -26,6 +26,7 @@ from example_tables import write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
+from partialvfl.orchestration.predict import PredictOptions, run_predict
 
 PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
@@ -82,9 +83,7 @@ def test_the_federated_model_is_the_in_process_model(name: str, example: Path, d
         view, handle = fed.align()
         m_fed = get_method(name)("fast", seed=SEED, **FAMILIES[name]).fit_federated(fed, view, handle)
         fed.release(handle)
-        pview, phandle = fed.attach_ids(local.ids, task=m_fed.index_.task)
-        p_fed = m_fed.predict_output_federated(pview, phandle)
-        fed.release(phandle)
+        p_fed = run_predict(m_fed, local.ids, PredictOptions(allow_prior_only=True)).output
     finally:
         fed.close()
     losses = [[h.get("loss") for h in m.history_] for m in (m_local, m_fed)]
