@@ -175,7 +175,11 @@ def test_reload_opens_a_new_session_and_keeps_answering(setup: tuple[LocalDeploy
     before = service.call("/v1/predict", {"ids": ids_of(d)}, token=None)[1]
     code, answer = service.call("/admin/reload", {}, token=None)
     assert code == 200 and answer["model_version"] == before["model_version"]
+    service.predictor.reserve = 123.0  # set, not measured: only a warm batch may move it
     code, after = service.call("/v1/predict", {"ids": ids_of(d)}, token=None)
+    assert service.predictor.reserve == 123.0  # the new session's first batch (the parties build, seconds) does not
     assert code == 200 and [r["parties"] for r in after["results"]] == [r["parties"] for r in before["results"]]
     np.testing.assert_allclose([r["probabilities"]["1"] for r in after["results"]],
                                [r["probabilities"]["1"] for r in before["results"]], rtol=1e-6)
+    assert service.call("/v1/predict", {"ids": ids_of(d)}, token=None)[0] == 200
+    assert service.predictor.reserve < 123.0  # a warm on-time batch does

@@ -13,7 +13,8 @@ party trouble are told apart:
   loaded again (:meth:`FederationPredictor.rejoin_if_back`).
 
 The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
-time an on-time batch takes (a running average, :attr:`FederationPredictor.reserve`), so the rounds that follow a
+time an on-time batch takes (a running average of a session's batches after its first, which takes seconds while
+the parties build their networks: :attr:`FederationPredictor.reserve`), so the rounds that follow a
 late party still end within it; every call still gets at least ``min_timeout`` or an on-time batch's time, whichever
 is longer (a deadline shorter than an on-time batch cannot be kept, and the parties that are on time must still be
 able to answer on a busy machine), except a party that was late in the previous batch: it gets what is left of the
@@ -81,6 +82,7 @@ class FederationPredictor(_Base):
         self.model_dir = Path(model_dir)
         self.down: set[int] = set()
         self.state: dict[str, str] = {}
+        self._late: set[int] = set()  # parties that timed out in the previous batch
         self._ready: dict[int, Any] = {}
         self._last_rejoin = 0.0
         self._warm = False
@@ -107,6 +109,7 @@ class FederationPredictor(_Base):
         self.down = set(fed.absent)
         self._ready = {}
         self._warm = False
+        self._late = set()
         self.state = {fed.party_names[k]: ("down" if k in self.down else "ok") for k in range(fed.n_parties)}
         self._last_rejoin = time.monotonic()
 
@@ -161,14 +164,15 @@ class FederationPredictor(_Base):
         fed, transport = self.fed, self.transport
         transport.failures.clear()  # only this batch's are read
         fed.absent, fed.last_held = set(self.down), None
-        if not self._warm:  # a session's first batch: the parties build their networks lazily, give them time
+        warm = self._warm
+        if not warm:  # a session's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
         started = time.monotonic()
         # a party on time can answer in an on-time batch's time; one late in the previous batch gets only what is
         # left of the deadline (at least min_timeout, so that once it is on time again it is used again)
         transport.min_timeout = max(self.min_timeout, self.reserve)
         transport.late_min_timeout = self.min_timeout
-        transport.late = {self.fed.party_names.index(p) for p, s in self.state.items() if s == "timed_out"}
+        transport.late = set(self._late)
         if deadline is not None:  # the rounds after a late party's must still end within the deadline
             transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
@@ -177,7 +181,7 @@ class FederationPredictor(_Base):
             transport.deadline_at = None
         self._warm = True
         timed_out, failed = self._account(transport.failures)
-        if not (timed_out or failed):
+        if warm and not (timed_out or failed):  # a session's first batch (seconds) says nothing of the next ones
             took = time.monotonic() - started
             self.reserve = took if self.reserve == 0.0 else 0.8 * self.reserve + 0.2 * took
         avoid = getattr(fed.aligner, "avoid", None)
@@ -224,6 +228,7 @@ class FederationPredictor(_Base):
             (timed_out if reason.startswith("DEADLINE_EXCEEDED") else failed).add(k)
         timed_out -= failed
         self.down |= failed
+        self._late = timed_out
         for k in range(self.fed.n_parties):
             self.state[names[k]] = ("down" if k in self.down else "timed_out" if k in timed_out else "ok")
         return [names[k] for k in sorted(timed_out)], [names[k] for k in sorted(failed)]
