@@ -45,6 +45,21 @@ def test_choose_on_validation_and_share_with_untuned_mechanisms() -> None:
     assert chosen == {("d", 0, "mcar2"): 1, ("d", 0, "mcar5"): 1, ("d", 1, "mcar2"): 0, ("d", 1, "mcar5"): 0}
 
 
+def test_ties_go_to_the_entrys_own_settings_then_the_first_listed() -> None:
+    t = Tuning(lr=(0.333, 1.0, 3.0))
+    assert t.own_index == 1 and Tuning(lr=(0.5, 2.0)).own_index is None
+    assert Tuning(lr=(0.5, 1.0), min_steps=(0, None)).own_index == 3
+    rows = {"a": [{"accuracy": 0.5}], "b": [{"accuracy": 0.5}], "c": [{"accuracy": 0.5}], "d": [{"accuracy": 0.6}]}
+    assert choose({("d", 0, "mcar2"): ["a", "b", "c"]}, rows, t, ["mcar2"]) == {("d", 0, "mcar2"): 1}
+    assert choose({("d", 0, "mcar2"): ["a", "b", "d"]}, rows, t, ["mcar2"]) == {("d", 0, "mcar2"): 2}
+    # without the entry's own candidate among the tied best: the first of them
+    assert choose({("d", 0, "mcar2"): ["d", "a", "d"]}, rows, t, ["mcar2"]) == {("d", 0, "mcar2"): 0}
+    # an untuned mechanism takes the best mean over the tuned ones, with the same rule for ties
+    chosen = choose({("d", 0, "mcar2"): ["a", "b", "c"], ("d", 0, "mnar9"): ["c", "b", "a"]}, rows,
+                    Tuning(lr=(0.333, 1.0, 3.0), tune_on=("mcar2", "mnar9")), ["mcar2", "mnar9", "mcar5"])
+    assert chosen[("d", 0, "mcar5")] == 1
+
+
 def test_bad_tuning_tables_fail_early() -> None:
     for tuning, message in (({"lr": [0]}, "lr must be a list of distinct positive"),
                             ({"lr": [1.0], "steps": [3]}, "unknown key"),

@@ -47,6 +47,13 @@ class Tuning:
     def size(self) -> int:
         return len(self.lr) * len(self.min_steps)
 
+    @property
+    def own_index(self) -> int | None:
+        """The index of the candidate that is the entry itself (multiplier 1, no ``min_steps``), if searched."""
+        if 1.0 not in self.lr or None not in self.min_steps:
+            return None
+        return self.lr.index(1.0) * len(self.min_steps) + self.min_steps.index(None)
+
     def tunes(self, mechanism: str) -> bool:
         return self.tune_on is None or mechanism in self.tune_on
 
@@ -94,14 +101,20 @@ def choose(candidates: Mapping[tuple[str, int, str], Sequence[str]], rows_by_cel
            tuning: Tuning, mechanisms: Sequence[str]) -> dict[tuple[str, int, str], int]:
     """The chosen candidate (its index) per (dataset, entry, mechanism): ``candidates`` maps a tuned key to the cell
     keys of its candidates' validation fits, ``rows_by_cell`` a cell key to its validation rows.  Ties go to the
-    first candidate; a key whose candidates all lack a result is left out (its cells cannot run yet)."""
+    entry's own settings (:attr:`Tuning.own_index`: a change needs a better score, and a small validation split
+    ties often: 20 rows score in steps of 5 points), else to the first tied candidate; a key whose candidates all
+    lack a result is left out (its cells cannot run yet)."""
+    own = tuning.own_index
+
+    def rank(s: Sequence[float | None], i: int) -> tuple[bool, float, bool, int]:
+        return s[i] is not None, s[i] if s[i] is not None else -math.inf, i == own, -i
+
     scores: dict[tuple[str, int, str], list[float | None]] = {
         key: [_score(rows_by_cell.get(c, [])) for c in cells] for key, cells in candidates.items()}
     out: dict[tuple[str, int, str], int] = {}
     for key, s in scores.items():
         if any(v is not None for v in s):
-            out[key] = max(range(len(s)), key=lambda i: (s[i] is not None, s[i] if s[i] is not None else -math.inf,
-                                                         -i))
+            out[key] = max(range(len(s)), key=lambda i: rank(s, i))
     pairs = {(d, e) for d, e, _ in candidates}
     for d, e in pairs:
         tuned = [scores[(d, e, t)] for t in mechanisms if (d, e, t) in scores]
@@ -111,7 +124,7 @@ def choose(candidates: Mapping[tuple[str, int, str], Sequence[str]], rows_by_cel
                 for v in zip(*tuned)]
         if all(v is None for v in mean):
             continue
-        best = max(range(len(mean)), key=lambda i: (mean[i] is not None, mean[i] or -math.inf, -i))
+        best = max(range(len(mean)), key=lambda i: rank(mean, i))
         for t in mechanisms:
             if not tuning.tunes(t):
                 out[(d, e, t)] = best
