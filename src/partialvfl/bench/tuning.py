@@ -48,11 +48,14 @@ class Tuning:
         return len(self.lr) * len(self.min_steps)
 
     @property
+    def values(self) -> list[tuple[float, int | None]]:
+        """Every candidate's (learning-rate multiplier, ``min_steps``), in the candidates' order."""
+        return [(m, steps) for m in self.lr for steps in self.min_steps]
+
+    @property
     def own_index(self) -> int | None:
         """The index of the candidate that is the entry itself (multiplier 1, no ``min_steps``), if searched."""
-        if 1.0 not in self.lr or None not in self.min_steps:
-            return None
-        return self.lr.index(1.0) * len(self.min_steps) + self.min_steps.index(None)
+        return self.values.index((1.0, None)) if (1.0, None) in self.values else None
 
     def tunes(self, mechanism: str) -> bool:
         return self.tune_on is None or mechanism in self.tune_on
@@ -72,16 +75,15 @@ def candidate_overrides(tuning: Tuning, method: str, preset: str, dataset: str, 
     space = spec.params if spec is not None else get_method(method).param_space()
     base_lr = space.resolve(preset, dataset, overrides, owner=method).get("lr")
     out = []
-    for m in tuning.lr:
-        for steps in tuning.min_steps:
-            cand = dict(overrides)
-            if m != 1.0:
-                if base_lr is None:
-                    raise ValueError(f"method {method!r} has no 'lr' to tune")
-                cand["lr"] = float(f"{float(base_lr) * m:.6g}")
-            if steps is not None:
-                cand["min_steps"] = int(steps)
-            out.append(cand)
+    for m, steps in tuning.values:
+        cand = dict(overrides)
+        if m != 1.0:
+            if base_lr is None:
+                raise ValueError(f"method {method!r} has no 'lr' to tune")
+            cand["lr"] = float(f"{float(base_lr) * m:.6g}")
+        if steps is not None:
+            cand["min_steps"] = int(steps)
+        out.append(cand)
     return out
 
 
