@@ -82,7 +82,6 @@ class FederationPredictor(_Base):
         self.model_dir = Path(model_dir)
         self.down: set[int] = set()
         self.state: dict[str, str] = {}
-        self._late: set[int] = set()  # parties that timed out in the previous batch
         self._ready: dict[int, Any] = {}
         self._last_rejoin = 0.0
         self._warm = False
@@ -109,7 +108,6 @@ class FederationPredictor(_Base):
         self.down = set(fed.absent)
         self._ready = {}
         self._warm = False
-        self._late = set()
         self.state = {fed.party_names[k]: ("down" if k in self.down else "ok") for k in range(fed.n_parties)}
         self._last_rejoin = time.monotonic()
 
@@ -172,7 +170,7 @@ class FederationPredictor(_Base):
         # left of the deadline (at least min_timeout, so that once it is on time again it is used again)
         transport.min_timeout = max(self.min_timeout, self.reserve)
         transport.late_min_timeout = self.min_timeout
-        transport.late = set(self._late)
+        transport.late = {self.fed.party_names.index(p) for p, s in self.state.items() if s == "timed_out"}
         if deadline is not None:  # the rounds after a late party's must still end within the deadline
             transport.deadline_at = started + max(0.0, deadline - self.reserve)
         try:
@@ -228,7 +226,6 @@ class FederationPredictor(_Base):
             (timed_out if reason.startswith("DEADLINE_EXCEEDED") else failed).add(k)
         timed_out -= failed
         self.down |= failed
-        self._late = timed_out
         for k in range(self.fed.n_parties):
             self.state[names[k]] = ("down" if k in self.down else "timed_out" if k in timed_out else "ok")
         return [names[k] for k in sorted(timed_out)], [names[k] for k in sorted(failed)]
