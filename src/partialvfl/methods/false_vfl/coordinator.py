@@ -51,6 +51,7 @@ class _FalseVFL(VFLMethod):
     party_program: ClassVar[str] = FalseVFLParty.program_name
     variant: ClassVar[int] = 1
     params: ClassVar = PARAMS
+    label_exposure = "labelled rows"  # the parties' gradients are those of the label-free bound (docs/privacy.md)
 
     @classmethod
     def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
