@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -349,3 +350,39 @@ def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(p
         bad.write_text(base.replace('alignment = "psu"', line))
         with pytest.raises(ValueError, match=message):
             load_party_config(bad)
+
+
+def test_a_resumed_fit_gets_its_tokens_back_by_the_parties_tickets_and_a_repeated_fit_does_not(
+        data: VerticalDataset, tmp_path: Path) -> None:
+    """Issue 35 against real parties under the default policy: the fit's alignment (``alignment_id``) is kept by
+    each keyed party under a ticket the coordinator keeps with its checkpoints; a coordinator restarted with them
+    aligns with the same tokens (``fit --resume``), a new fit of the same seed (the same ``alignment_id``) without
+    them gets fresh ones."""
+    from partialvfl.federation.grpc_federation import TICKETS_FILE
+
+    def align(dep: LocalDeployment, checkpoints: Path | None) -> tuple[list[str], set[bytes]]:
+        fed = dep.federation(connect=False)
+        fed.alignment_id = "fit seed 0"  # what run_fit asks for
+        if checkpoints is not None:
+            fed.keep_sessions_with(checkpoints)
+        try:
+            fed.connect()
+            view, handle = fed.align()
+            fed.release(handle)
+            return list(fed.aligner.salt), {bytes(t) for t in fed.party_hashes()[0]}
+        finally:
+            fed.close()
+
+    for dep in _deployment(tmp_path / "dep", data, "psu", policy="default"):
+        checkpoints = tmp_path / "model" / "checkpoints"
+        checkpoints.mkdir(parents=True)
+        (checkpoints / "LATEST").write_text("step-5\n")  # a checkpoint to resume from
+        salt, bank = align(dep, checkpoints)
+        tickets = json.loads((checkpoints / TICKETS_FILE).read_text())
+        assert set(tickets["fit seed 0"]) == {"bank", "shop"}  # the keyed parties; the insurer holds no key
+        assert align(dep, checkpoints) == (salt, bank)  # resumed: the same nonces, the same tokens
+        other_salt, other_bank = align(dep, None)  # the same seed, no ticket: a new alignment
+        assert not set(other_salt) & set(salt) and not other_bank & bank
+        empty = tmp_path / "stopped-early" / "checkpoints"
+        align(dep, empty)  # no checkpoint was written: the tickets are not left behind
+        assert not (empty / TICKETS_FILE).exists()
