@@ -11,7 +11,6 @@ policy (at most the budget's worth; a resume ``hello``, a new session and a rest
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partialvfl.data.dataset import Task, VerticalDataset
+from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import PartyError
 from partialvfl.federation.lookups import LOOKUP_LEDGER, LookupLedger
 from partialvfl.federation.policy import LOOKUP_FLOOR, PartyPolicy, PolicyViolation
 from partialvfl.federation.psu import PartyAligner, hash_to_group, points_array
+from partialvfl.privacy.enumeration import CANDIDATES, Enumeration, enumerate_memberships, issue_federation, outsiders
 
 PATIENCE = 300.0
 HOUR, DAY = 3600.0, 86400.0
@@ -188,65 +188,10 @@ def test_neither_a_hello_nor_a_resume_nor_a_restart_resets_the_budget(tmp_path: 
 
 
 # ---------------------------------------------------------------------- the enumeration, against real parties
-SPACE = 100_000  # candidate customer numbers "C" + 6 digits below 100,000, as in the issue
-
-
-def the_issues_federation(seed: int = 0) -> VerticalDataset:
-    """The issue's tables: bank 1,497 and shop 1,097 customers (the passive, keyed parties), the insurer (the label
-    holder) 1,200, of which 1,000 labelled; 597 customers only the bank holds and 597 only the shop."""
-    rng = np.random.default_rng(seed)
-    pool = rng.choice(SPACE, 597 + 597 + 500 + 400 + 300, replace=False)
-    bank_only, shop_only, everyone, bank_insurer, insurer_only = np.split(pool, np.cumsum([597, 597, 500, 400]))
-    held = {"bank": np.concatenate([bank_only, everyone, bank_insurer]),
-            "shop": np.concatenate([shop_only, everyone]),
-            "insurer": np.concatenate([everyone, bank_insurer, insurer_only])}
-    observed = np.stack([np.isin(pool, held[n]) for n in ("bank", "shop", "insurer")], axis=1)
-    insurer_rows = np.flatnonzero(observed[:, 2])
-    labeled = np.zeros(len(pool), dtype=bool)
-    labeled[rng.choice(insurer_rows, 1000, replace=False)] = True
-    blocks = [np.where(observed[:, [k]], rng.normal(size=(len(pool), 2)), np.nan).astype(np.float32) for k in range(3)]
-    return VerticalDataset(blocks, observed, ids=np.array([f"C{i:06d}" for i in pool], dtype=object),
-                           y=np.where(labeled, rng.integers(0, 2, len(pool)), -1), labeled=labeled,
-                           task=Task.classification([0, 1]), active_party=2, party_names=["bank", "shop", "insurer"])
-
-
-def partner_only(data: VerticalDataset) -> set[str]:
-    """The IDs the label holder's institution does not hold (neither its own party's block nor its labels)."""
-    mine = data.observed[:, data.active_party] | data.labeled
-    return {str(i) for i in data.ids[data.observed.any(axis=1) & ~mine]}
-
-
-def enumerate_ids(fed: Any, candidates: list[str], batch: int) -> tuple[set[str], int, str | None]:
-    """The issue's attack through the prediction lookups (what ``predict --ids candidates --allow-prior-only``
-    does): attach each batch of candidates, read which parties hold each (the observed matrix), release.  A
-    refused batch is tried smaller, then at the other keyed party, until every party refuses a single ID.  Returns
-    the partner-only IDs learned, the candidates tested and the last refusal (``None``: every batch answered)."""
-    learned: set[str] = set()
-    tested = 0
-    while tested < len(candidates):
-        ids = candidates[tested:tested + batch]
-        try:
-            view, handle = fed.attach_ids(ids)
-        except PartyError as e:
-            if batch > 1:  # a persistent attacker squeezes out what is left of the budget
-                batch = max(1, batch // 4)
-                continue
-            if len(fed.aligner.avoid) + 1 < len(fed.aligner.keyed):
-                fed.aligner.avoid.add(e.party)  # that party's budget is spent: ask the other
-                batch = 2048  # one party at a time (a set of 4,096 or more is split over every keyed party)
-                continue
-            return learned, tested, e.details
-        fed.release(handle)
-        held = fed.last_held
-        learned |= {i for i, row in zip(ids, held, strict=True) if row[:2].any() and not row[2]}
-        tested += len(ids)
-    return learned, tested, None
-
-
 @pytest.fixture(scope="module")
 def issue_data() -> VerticalDataset:
-    data = the_issues_federation()
-    assert data.observed.sum(axis=0).tolist() == [1497, 1097, 1200] and len(partner_only(data)) == 1194
+    data = issue_federation()
+    assert data.observed.sum(axis=0).tolist() == [1497, 1097, 1200] and len(outsiders(data)) == 1194
     return data
 
 
@@ -256,24 +201,26 @@ def _started(tmp: Path, data: VerticalDataset, policy: Any) -> LocalDeployment:
     return dep
 
 
+def _partner_only(found: Enumeration) -> set[str]:
+    return {i for i, parties in found.held.items() if parties and 2 not in parties}  # the insurer is party 2
+
+
 def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_budgets_worth_with_the_default(
         issue_data: VerticalDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    candidates = [f"C{i:06d}" for i in range(SPACE)]
-    targets = partner_only(issue_data)
+    candidates = [f"C{i:06d}" for i in range(CANDIDATES)]
+    targets = outsiders(issue_data)
 
     # positive control: the permissive (research) policy answers every lookup: every partner-only ID, no false one
     dep = _started(tmp_path / "permissive", issue_data, "research")
     try:
         fed = dep.federation()
         try:
-            t0 = time.perf_counter()
-            learned, tested, refusal = enumerate_ids(fed, candidates, 10_000)
-            took = time.perf_counter() - t0
+            control = enumerate_memberships(fed, candidates)
         finally:
             fed.close()
     finally:
         dep.close()
-    assert refusal is None and tested == SPACE and learned == targets
+    assert control.refusal is None and control.tested == CANDIDATES and _partner_only(control) == targets
 
     # the default policy: each keyed party answers at most its day's budget for this coordinator
     dep = _started(tmp_path / "default", issue_data, "default")
@@ -281,21 +228,20 @@ def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_bud
         budget = sum(PartyPolicy.default().lookup_limits(int(issue_data.observed[:, k].sum()))["max_lookups_per_day"]
                      for k in (0, 1))
         assert budget == 2 * LOOKUP_FLOOR
-        fed = dep.federation()
         aligned = 1200  # the label holder's own rows, evaluated once in the session's alignment
+        fed = dep.federation()
         try:
-            t0 = time.perf_counter()
-            learned, tested, refusal = enumerate_ids(fed, candidates, 10_000)
-            took_default = time.perf_counter() - t0
-            assert refusal is not None and "policy rule 'max_lookups_per_day'" in refusal
-            assert tested == budget - aligned and learned <= targets and len(learned) <= tested
+            found = enumerate_memberships(fed, candidates)
         finally:
             fed.close()
+        learned = _partner_only(found)
+        assert found.refusal is not None and "policy rule 'max_lookups_per_day'" in found.refusal
+        assert found.tested == budget - aligned and learned <= targets and len(learned) <= found.tested
         with capsys.disabled():
-            print(f"\nenumeration of {SPACE:,} candidates: permissive policy {len(targets):,} of {len(targets):,} "
-                  f"partner-only IDs in {took:.1f} s; default policy {len(learned):,} of {len(targets):,} in its "
-                  f"first day ({tested:,} candidates tested in {took_default:.1f} s, then refused; budget "
-                  f"{budget:,} lookups a day over the two keyed parties)")  # docs/deployment.md quotes it (-s)
+            print(f"\nenumeration of {CANDIDATES:,} candidates: permissive policy {len(targets):,} of {len(targets):,} "
+                  f"partner-only IDs in {control.seconds:.1f} s; default policy {len(learned):,} of {len(targets):,} "
+                  f"in its first day ({found.tested:,} candidates tested in {found.seconds:.1f} s, then refused; "
+                  f"budget {budget:,} lookups a day over the two keyed parties)")  # docs/deployment.md quotes it
 
         def refused_again(**kw: Any) -> None:
             """The budget a new ``hello`` finds is the one left, and more than that is refused."""
@@ -303,7 +249,7 @@ def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_bud
             try:
                 assert [fed.party_info[k]["lookups"]["used"]["max_lookups_per_day"] for k in (0, 1)] == used
                 with pytest.raises(PartyError, match="policy rule 'max_lookups_per_day'"):
-                    fed.attach_ids(candidates[tested:tested + 10_000])
+                    fed.attach_ids(candidates[found.tested:found.tested + 10_000])
             finally:
                 fed.close()
 
@@ -311,7 +257,6 @@ def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_bud
         used = [fed.party_info[k]["lookups"]["used"]["max_lookups_per_day"] for k in (0, 1)]
         fed.close()
         assert used == [LOOKUP_FLOOR, LOOKUP_FLOOR]  # each keyed party's day, spent to the last lookup
-
         refused_again()  # a new session
         secrets = tmp_path / "coordinator" / "sessions.json"
         held = dep.federation(session_file=secrets)  # a session, left open (no bye) ...
@@ -324,8 +269,8 @@ def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_bud
         for k, name in ((0, "bank"), (1, "shop")):
             entries = [e for e in read_access_log(dep.dir / "state" / name / "access.log") if e["kind"] == "psu_eval"]
             served = [e for e in entries if e["outcome"] == "served"]
-            assert sum(e["request"]["points"][0][0] for e in served) <= LOOKUP_FLOOR
-            assert served[-1]["lookups"]["max_lookups_per_day"] <= LOOKUP_FLOOR
+            assert sum(e["request"]["points"][0][0] for e in served) == LOOKUP_FLOOR
+            assert served[-1]["lookups"]["max_lookups_per_day"] == LOOKUP_FLOOR
             assert any(e["outcome"] == "refused" and "'max_lookups_per_day'" in e["reason"] for e in entries)
             log = (dep.dir / f"party-{k}.log").read_text()
             assert "past 50% of this party's budget ([policy] max_lookups_per_day = 10,000)" in log
