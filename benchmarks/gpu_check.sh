@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Issues 27 and 36's GPU checks and figures in one run of about five minutes, for a machine with a CUDA GPU and torch
+# Issues 27 and 36's GPU checks and figures in one run of about six minutes, for a machine with a CUDA GPU and torch
 # but without partialvfl installed (it runs from this checkout: PYTHONPATH=src) and without network access.
 #
 #   bash benchmarks/gpu_check.sh                    # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --device cpu       # the dry run on a CPU: tiny sizes, the same steps
 #
-# Steps, each under `timeout` and within a total budget (GPU_CHECK_BUDGET seconds, default 330; a step that would
+# Steps, each under `timeout` and within a total budget (GPU_CHECK_BUDGET seconds, default 360; a step that would
 # start with too little left is skipped and says so), the issue's figures first:
 #   1. the device tests, the accelerator tests and the contract test on each device (tests/test_devices.py,
 #      tests/test_accelerator.py, tests/test_gpus.py, tests/test_contract.py -k each_device);
 #   2. operators per step, and the profiler's kernels per step, kernel time and GPU busy fraction beside the wall
 #      time (engine.py --only ops: FALSE-VFL-I's stage-1 step on the cpu-grid configuration, the paper
-#      configuration's stage-1 and stage-2 steps);
+#      configuration's stage-1 and stage-2 steps); the same for an older checkout's src/ (the before of a
+#      before/after on one GPU) when BASELINE_SRC names it, by default .baseline/src (an ignored folder:
+#      `mkdir -p .baseline && git archive <commit> src | tar -x -C .baseline`);
 #   3. whole epochs of the FashionMNIST paper configuration (ResNet-18 parties): a fit of 3 stage-1 and 2 stage-2
 #      epochs, every epoch timed, the 150 + 200-epoch fit extrapolated from them (engine.py --only paper-epochs);
 #   4. matmul peak, the cpu-grid stage-1 step in GFLOP/s, LASER-VFL's epoch (and the official code's beside it when
@@ -56,7 +58,7 @@ TEE_PID=$!
 # at the end: the temporary folder goes, and the log is complete on disk before the script returns
 trap 'rm -rf "$WORK"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
 
-BUDGET="${GPU_CHECK_BUDGET:-330}"
+BUDGET="${GPU_CHECK_BUDGET:-360}"
 START=$SECONDS
 if [ "$DEVICE" = cpu ]; then  # the dry run: small sizes, and a CPU's pace (limits x 4; GPU_CHECK_BUDGET to change)
   DRY=1; QUICK=(--quick); REPEATS=2; SCALE=4; BUDGET="${GPU_CHECK_BUDGET:-1500}"
@@ -153,6 +155,17 @@ step "ops and profile: cpu-grid and paper steps" 100 "$PY" benchmarks/engine.py 
 # 3. whole epochs of the paper configuration (a fit through the training loop), the paper fit extrapolated beside
 step "paper-epochs fp32 (whole epochs)" 150 "$PY" benchmarks/engine.py --device "$DEVICE" --only paper-epochs \
   "${EPOCHS[@]}" --json "$OUT/paper-epochs-$DEVICE.json"
+
+# 3b. step 2's figures for the older code (the before of a before/after on this machine), where it is here
+BASE="${BASELINE_SRC:-}"
+[ -z "$BASE" ] && [ -f .baseline/src/partialvfl/__init__.py ] && BASE=.baseline/src
+if [ -n "$BASE" ] && [ -f "$BASE/partialvfl/__init__.py" ]; then  # the same figures, the older code, this machine
+  step "ops and profile, baseline code $BASE" 100 env PYTHONPATH="$(cd "$BASE" && pwd)" "$PY" benchmarks/engine.py \
+    --device "$DEVICE" "${QUICK[@]}" --only ops --ops-steps "$OPS_STEPS" "${PAPER[@]}" \
+    --json "$OUT/ops-baseline-$DEVICE.json"
+else
+  echo "=== no baseline checkout (BASELINE_SRC or .baseline/src): this code's figures only"
+fi
 
 # 4. the engine: peak, FALSE-VFL stage-1 step (cpu-grid configuration), LASER-VFL epoch
 LASER=()

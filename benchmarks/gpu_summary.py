@@ -3,10 +3,11 @@
     python benchmarks/gpu_summary.py OUT_DIR cuda
 
 Per step (cpu-grid stage 1 as the engine and as a fit run it; the paper configuration's stage 1 and 2), fp32 and
-bf16: wall time, ATen operators, kernels and blocking copies dispatched, and from the profiler the GPU's kernels,
-kernel time and busy fraction; then the whole paper epochs measured, the paper fit extrapolated from them and from
-single steps, and LASER-VFL's epoch against the official code's.  A file that is missing (its step failed or was
-skipped) leaves its rows out.
+bf16, and ``base`` (fp32, an older checkout's code on the same machine, where the check ran one): wall time, ATen
+operators, kernels and blocking copies dispatched, and from the profiler the GPU's kernels, kernel time and busy
+fraction; then the whole paper epochs measured, the paper fit extrapolated from them and from single steps, and
+LASER-VFL's epoch against the official code's.  A file that is missing (its step failed or was skipped) leaves its
+rows out.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main(argv: list[str]) -> int:
     print(f"{'step':30} {'prec':5} {'wall ms':>8} {'ops':>6} {'kernels':>8} {'blocking':>8} {'GPU kernels':>11} "
           f"{'kernel ms':>9} {'busy %':>7}")
     paper_steps: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for name, precision in ((f"ops-{device}.json", "fp32"), (f"ops-bf16-{device}.json", "bf16")):
+    for name, precision in ((f"ops-baseline-{device}.json", "base"), (f"ops-{device}.json", "fp32"),
+                            (f"ops-bf16-{device}.json", "bf16")):
         ops = _load(out, name).get("ops", {})
         for label, r in rows(ops):
             d = r.get("device", {})
