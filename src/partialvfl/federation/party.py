@@ -42,7 +42,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
 from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
 from partialvfl.federation.setup_shape import SetupShape
-from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
+from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor, to_device
 
 __all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
            "register_program", "state_file"]
@@ -177,7 +177,7 @@ class PartyProgram:
         """Its own features (float32, on its device) of ``rows``, shared-order positions, in the data attached as
         ``handle``: gathered from the table the party moved to its device once."""
         pos = self.data(handle).position_of_rows(np.asarray(rows))
-        return self.runtime.table(handle)[torch.as_tensor(pos, device=self.device)]
+        return self.runtime.table(handle)[to_device(torch.as_tensor(pos), self.device)]
 
     def handle(self, request: Request) -> Reply:
         fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
