@@ -11,7 +11,9 @@ predictions with the old code and with the new one, on the same machine, and com
 (``scripts/make_example_tables.py``, seed 0, 300 training customers) in this process, and, with ``--grpc``, across
 real party processes as well (each party's ``[policy] seed`` pinned, HMAC alignment so that both sides see the
 samples in one order), then predicts the training customers and the new customers (the in-process model also the
-new customers' tables).  It saves each array as ``<method>.<where>.<what>.npy`` with a manifest of SHA-256 digests.
+new customers' tables); the in-process model's weights are saved too (``<method>.in-process.weights``: a change to
+training shows there even when a change to prediction moves the predictions).  It saves each array as
+``<method>.<where>.<what>.npy`` with a manifest of SHA-256 digests.
 ``compare`` prints, per array, ``identical`` or the largest difference and how many predicted classes differ, and
 exits 1 when any array differs (or is missing on one side).
 
@@ -116,6 +118,7 @@ def write(out: Path, methods: list[str], grpc: bool) -> int:
                 model = get_method(method)("fast", seed=SEED, **TINY[method]).fit(local)
                 save(f"{method}.in-process.train", model.predict_proba(local))
                 save(f"{method}.in-process.new", model.predict_proba(new))
+                save(f"{method}.in-process.weights", weights(model, Path(tmp) / f"model-{method}"))
                 line = f"{method}: in process {time.perf_counter() - t0:.1f} s"
                 if deployment is not None:
                     t1 = time.perf_counter()
@@ -128,6 +131,28 @@ def write(out: Path, methods: list[str], grpc: bool) -> int:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{len(manifest['arrays'])} arrays written to {out}")
     return 0
+
+
+def weights(model: Any, directory: Path) -> np.ndarray:
+    """Every floating-point tensor of a fitted model (coordinator and parties, as ``save`` writes them), flattened
+    in a fixed order: a change of training numerics shows here even where predictions draw their noise anew."""
+    model.save(directory)
+    parts: list[np.ndarray] = []
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point():
+                parts.append(obj.detach().to(torch.float64).reshape(-1).numpy())
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=str):
+                walk(obj[key])
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item)
+
+    for file in sorted(directory.glob("*.pt")):
+        walk(torch.load(file, map_location="cpu", weights_only=False))
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def federated(deployment: Any, method: str, ids: Any) -> np.ndarray:
