@@ -22,7 +22,11 @@ def add_commands(sub: Any) -> None:
     init = csub.add_parser("init", help="make a development CA, one certificate per party, the passive parties' "
                                         "alignment key and configuration templates with the pins")
     init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key, alignment.key and the templates")
-    init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
+    init.add_argument("--parties", nargs="+", required=True,
+                      help="party identities (certificate names), in the federation file's order")
+    init.add_argument("--active", default=None, metavar="PARTY",
+                      help="the label holder, one of --parties: it and the coordinator get no alignment key "
+                           "(default: the last party named)")
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
     init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
                       help="extra DNS names / IPs in every certificate (default: %(default)s)")
@@ -61,6 +65,9 @@ def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.psu import write_alignment_key
     from partialvfl.federation.templates import write_templates
 
+    active = args.parties[-1] if args.active is None else args.active
+    if active not in args.parties:
+        raise ValueError(f"--active {active!r} is not one of --parties {args.parties}")
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
     d = Path(args.directory)
@@ -72,7 +79,8 @@ def run_certs_init(args: argparse.Namespace) -> int:
     if args.hmac_key:
         print(f"HMAC key for alignment = 'hmac' (every party and the coordinator; one trust domain only): "
               f"{write_key(d / 'hmac.key')}")
-    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key)
+    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key, active=active)
+    how = "--active" if args.active is not None else "the last party named; --active PARTY chooses another"
     print(f"configuration templates with the pins (each party pins the coordinator's key, the coordinator each "
-          f"party's certificate; the last party is the label holder): {', '.join(p.name for p in written)}")
+          f"party's certificate; the label holder is {active!r}: {how}): {', '.join(p.name for p in written)}")
     return 0

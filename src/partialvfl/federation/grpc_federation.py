@@ -226,6 +226,8 @@ class GrpcFederation(Federation):
         self.party_info: dict[int, dict[str, Any]] = {}
         self.config: FederationConfig | None = None
         self.last_held: np.ndarray | None = None
+        #: of the last attach_ids: how many users of the parties' tables were not among its IDs (see _unlisted)
+        self.last_unlisted: dict[str, Any] = {"users": 0, "parties": {}}
         self._hashes: dict[int, np.ndarray] = {}
 
     @classmethod
@@ -476,6 +478,7 @@ class GrpcFederation(Federation):
                 observed[pos[pos >= 0], k] = True
         self._attach_order(order, observed, handle, table=table)
         self.last_held = observed.copy()  # which party holds which of the IDs, answering or not
+        self.last_unlisted = _unlisted(held, order)
         observed[:, sorted(self.absent)] = False
         dims, shapes = self.feature_dims()
         if feature_dims is not None:
@@ -554,3 +557,19 @@ class GrpcFederation(Federation):
         replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel,
                                            **model_tag(model))
         self.absent |= set(self._present()) - set(replies)
+
+
+def _unlisted(held: Sequence[np.ndarray | None], order: np.ndarray) -> dict[str, Any]:
+    """How many users of the parties' tables (their tokens ``held``; ``None``: no answer) are not among the IDs
+    attached (``order``): ``{"users": n, "parties": {k: n_k}}``, a user several parties hold counted once in
+    ``users``.  Counts only: the coordinator has the parties' tokens, never their IDs."""
+    per_party: dict[int, int] = {}
+    outside: list[np.ndarray] = []
+    for k, hashes in enumerate(held):
+        if hashes is None:
+            continue
+        rows = np.asarray(hashes)[positions_in(order, hashes) < 0]
+        per_party[k] = len(rows)
+        outside.append(rows)
+    everyone = np.concatenate(outside) if outside else np.zeros((0, 1), dtype=np.uint8)
+    return {"users": int(len(np.unique(everyone, axis=0))) if len(everyone) else 0, "parties": per_party}

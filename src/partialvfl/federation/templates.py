@@ -4,9 +4,10 @@ Next to the development PKI, one ``<party>.party.toml`` per party and one ``fede
 the TLS files, the identities and the pins (a party pins the coordinator's public key, ``[peers.coordinator]
 spki_sha256``; the coordinator pins each party's certificate, ``certificate`` in its ``[[parties]]`` table), with the
 data and address lines left for the institution to fill in.  Paths are relative to the templates' folder (the PKI
-folder), as the readers resolve them.  The last party is the label holder: with the keyless alignment (the default)
-the other parties get ``alignment_key_file``, the label holder and the coordinator never do; with ``hmac`` every file
-names ``hmac.key``.
+folder), as the readers resolve them.  Parties are listed in the order given (the federation file's ``[[parties]]``
+order, each party's ``index``: the order of the model's parties).  The label holder is ``active`` (default: the last
+party): with the keyless alignment (the default) the other parties get ``alignment_key_file``, the label holder and
+the coordinator never do; with ``hmac`` every file names ``hmac.key``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ key = "{name}.key"
 """
 
 
-def _federation(parties: Sequence[str], coordinator: str, extra: str) -> str:
+def _federation(parties: Sequence[str], coordinator: str, extra: str, active: str) -> str:
     entries = "".join(f"""
 [[parties]]
 name = "{name}"
@@ -53,7 +54,7 @@ certificate = "{name}.pem"                   # pinned: the channel to it trusts 
     return f"""# partialvfl federation file for the coordinator {coordinator!r} (fill in [labels] and the addresses)
 [coordinator]
 identity = "{coordinator}"
-active_party = "{parties[-1]}"
+active_party = "{active}"
 {extra}
 [tls]
 ca = "ca.pem"
@@ -74,16 +75,20 @@ def _alignment_lines(hmac: bool, holds_key: bool) -> str:
 
 
 def write_templates(directory: str | Path, parties: Sequence[str], coordinator: str, *,
-                    hmac: bool = False) -> list[Path]:
+                    hmac: bool = False, active: str | None = None) -> list[Path]:
     """Write the templates into ``directory`` (which holds the certificates); returns their paths.  ``hmac``: the
-    files name ``alignment = "hmac"`` and ``hmac.key`` instead of the keyless alignment."""
+    files name ``alignment = "hmac"`` and ``hmac.key`` instead of the keyless alignment; ``active``: the label
+    holder (default: the last party)."""
+    active = parties[-1] if active is None else active
+    if active not in parties:
+        raise ValueError(f"the label holder {active!r} is not one of the parties {list(parties)}")
     d = Path(directory)
     pin = spki_sha256((d / f"{coordinator}.pem").read_bytes())
     out = []
     for k, name in enumerate(parties):
         p = d / f"{name}.party.toml"
-        p.write_text(_party(name, k, coordinator, pin, _alignment_lines(hmac, k != len(parties) - 1)))
+        p.write_text(_party(name, k, coordinator, pin, _alignment_lines(hmac, name != active)))
         out.append(p)
     p = d / "federation.toml"
-    p.write_text(_federation(parties, coordinator, _alignment_lines(hmac, False)))
+    p.write_text(_federation(parties, coordinator, _alignment_lines(hmac, False), active))
     return [*out, p]
