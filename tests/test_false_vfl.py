@@ -300,6 +300,7 @@ def test_message_audit_only_allowed_tensors_cross_and_no_raw_block(variant, wire
     method = get_method(f"false-vfl-{variant}")("fast", seed=0, **dict(TINY, pretrain_epochs=1, epochs=1, wire=wire))
     method.fit(train, log=log)
     method.predict_proba(test)
+    method.predict_proba(train)  # rows with missing blocks: II's prediction sends each lacked row's seed_mis too
     assert log.tensor_names(crossing_only=True) == allowed_tensors(variant, wire)
     assert allowed_tensors(variant, wire) <= ALLOWED_TENSORS[variant]
     assert find_raw_feature_leaks(log, train, test) == []

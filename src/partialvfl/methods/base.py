@@ -24,6 +24,9 @@ What subclasses implement:
 
 Samples with no observed party are never sent to ``_predict``: they get the training label prior (classification:
 the labelled training class frequencies; regression: the labelled training mean).  ``evaluate`` counts them.
+
+A row's prediction depends only on the model, the row's data and its ID, never on the other rows of its batch: what
+``_predict`` draws at random for a row (Monte Carlo samples, a tie-break) comes from :meth:`VFLMethod._row_seeds`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np
 
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDataset
+from partialvfl.data.ids import id_seeds
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.federation.party import StateFileError
@@ -122,6 +126,8 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
     params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
+    #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)
+    _validating: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -262,6 +268,33 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
         return module.to(self.device_)
 
+    def _row_seeds(self, view: CoordinatorView, rows: np.ndarray, *keys: object, secret: bytes = b""
+                   ) -> np.ndarray | None:
+        """Each of ``rows``' own seed (int64) for what a prediction draws at random for it (Monte Carlo samples, a
+        tie-break), from the model's seed, ``secret`` (for seeds that cross to a party: something it does not hold,
+        e.g. :meth:`_label_side_digest`), ``keys`` and the row's normalised ID (:func:`~partialvfl.data.ids.
+        id_seeds`): a row's prediction then depends on its data and ID alone, never on the rest of its batch.
+
+        ``None`` while a fit validates for early stopping: those draws stay the training's own (by batch or
+        position), because a federation's training view knows its users by alignment tokens, not by ID, and a fit
+        must validate alike in one process and across a federation (and as it did before per-row seeds)."""
+        if self._validating:
+            return None
+        return id_seeds(np.asarray(view.ids)[np.asarray(rows, dtype=np.int64)], self.seed, *keys, secret=secret)
+
+    def _label_side_digest(self) -> bytes:
+        """SHA-256 of the active party's module weights: a secret of the fitted model that never leaves the label
+        side (the parties get the model's seed at setup, never these weights); the same for a saved and loaded
+        model, and for an in-process and a federated fit that are bit for bit the same model."""
+        import torch
+
+        digest = hashlib.sha256()
+        for name, module in sorted(self._coordinator_modules().items()):
+            for key, value in sorted(module.state_dict().items()):
+                digest.update(f"{name}.{key}".encode())
+                digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.digest()
+
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
         from partialvfl.utils.devices import autocast
@@ -374,7 +407,11 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         classification = view.task is None or view.task.is_classification
 
         def validate() -> tuple[float, float]:
-            return validation_score(self._predict(train_view, handle, rows), y, classification)
+            self._validating = True  # the training's own draws (see _row_seeds)
+            try:
+                return validation_score(self._predict(train_view, handle, rows), y, classification)
+            finally:
+                self._validating = False
 
         where = checkpointer.directory / "early-stopping" if checkpointer is not None else None
         return EarlyStopping(validate, schedule.patience, self.federation_, where)
