@@ -90,6 +90,7 @@ def answers(model: Any, new: Any, request: list[int]) -> tuple[np.ndarray, np.nd
     return rows, model.predict_proba(new.subset(rows))
 
 
+@pytest.mark.float_sensitive
 @pytest.mark.parametrize("key", list(MODELS))
 def test_a_rows_answer_does_not_depend_on_its_request(key: str, fitted: dict[str, Any], new: Any) -> None:
     model, bitwise = fitted[key], MODELS[key][2]
@@ -113,6 +114,7 @@ def test_a_rows_answer_does_not_depend_on_its_request(key: str, fitted: dict[str
         np.testing.assert_allclose(alone, whole, rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.float_sensitive
 @pytest.mark.parametrize("key", ["false-vfl-2 bound", "ensemble"])
 def test_the_service_answers_what_predict_and_evaluate_do(key: str, fitted: dict[str, Any], new: Any,
                                                          example: Path, tmp_path: Path,

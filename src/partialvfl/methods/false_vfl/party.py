@@ -289,7 +289,7 @@ class FalseVFLParty(PartyProgram):
         with torch.set_grad_enabled(train):
             logvar = self.decoder_logvar()
             if h is not None:
-                out["loglik"] = feature_gaussian_log_density(self._enc["x"], decoder(h), logvar)
+                out["loglik"] = feature_gaussian_log_density(self._enc["x"], decoder(h), logvar, rowwise=predict)
                 if self.runtime.privacy is not None:
                     out["loglik"] = clip_loglik(self.runtime.privacy, out["loglik"])
                     self._rows_of["loglik"] = (self._enc["handle"], self._enc["rows"], 1)
