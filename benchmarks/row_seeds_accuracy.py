@@ -11,8 +11,8 @@ three test mechanisms both ways, in the same process:
   as the prediction code before the change, so these are the old figures exactly);
 * per row: the prediction now.
 
-    python benchmarks/row_seeds_accuracy.py                    # 2 variants x 2 wires x 3 seeds, ~5 minutes on one core
-    python benchmarks/row_seeds_accuracy.py --seeds 0 --wires lean --json out.json
+    python benchmarks/row_seeds_accuracy.py                   # 2 variants x 2 wires x 3 seeds: ~14 min, 2-core VM
+    python benchmarks/row_seeds_accuracy.py --seeds 0 --wires lean --json out.json  # 2 fits, ~2 minutes
 """
 
 from __future__ import annotations
