@@ -2,8 +2,8 @@
 
 Two parties hold the same table (600 rows of digits, 16 pixel columns): one runs the research policy (the
 coordinator's seed builds its weights: how every party behaved before it owned a policy) and is the positive
-control, the attack recovers its rows; the other runs the default policy of a deployed party (its file has no
-``[policy]``), and every attack fails.
+control, the attack recovers its rows; the other runs the default policy of a deployed party (its file sets only a
+larger lookup budget), and every attack fails.
 
 Thresholds (median over features of RMSE / feature std, over the rows the attacker did not know; guessing the mean
 scores 1.0), from ``benchmarks/extraction_attack.py`` on the full table (see docs/deployment.md, "Threat model"):
@@ -44,7 +44,10 @@ def dep(tmp_path_factory, block):  # noqa: ANN001, ANN201
                            y=np.arange(n) % 2, task=Task.classification([0, 1]), active_party=0,
                            party_names=["research", "deployed"])
     d = LocalDeployment(tmp_path_factory.mktemp("extraction"), data, deadline=600.0, start_timeout=600.0)
-    d.policy[1] = "default"  # the deployed party's file has no [policy]
+    # The deployed party's policy is the default (its file names no other key) but for its lookup budget: every
+    # attack below opens its own session and looks the 600 IDs up again (about 20 sessions, 12,000 lookups, more than
+    # the default day of 10,000 for a 600-row party: tests/test_lookup_budget.py is where that budget is tested).
+    d.policy[1] = {"max_lookups_per_day": 1_000_000}
     try:
         d.start()
         yield d
