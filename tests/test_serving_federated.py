@@ -39,14 +39,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeplo
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0)
     try:
         dep.start()
-        fed = dep.federation()
-        try:
-            view, handle = fed.align()
-            model = get_method("laser-vfl")("fast", seed=0, epochs=2).fit_federated(fed, view, handle)
-            fed.release(handle)
-            model.save(d / "fed-model")
-        finally:
-            fed.close()
+        fit_across(dep, d / "fed-model")
         reference(dep, d)  # before the service opens its session (the parties serve one coordinator session)
         with DelayProxy(f"127.0.0.1:{dep.ports[2]}") as proxy:  # the telco, reached through the proxy
             text = dep.federation_file.read_text().replace(f"127.0.0.1:{dep.ports[2]}", proxy.address)
@@ -68,6 +61,17 @@ def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service
         yield s
     finally:
         s.stop()
+
+
+def fit_across(dep: LocalDeployment, out: Path) -> None:
+    """A small LASER-VFL fitted across ``dep``'s party processes, saved to ``out`` (the parties keep their part)."""
+    fed = dep.federation()
+    try:
+        view, handle = fed.align()
+        get_method("laser-vfl")("fast", seed=0, epochs=2).fit_federated(fed, view, handle).save(out)
+        fed.release(handle)
+    finally:
+        fed.close()
 
 
 def ids_of(d: Path, n: int = 12) -> list[str]:

@@ -129,6 +129,8 @@ class PartyPolicy:
     min_latent_scale: float | None = 0.3
     max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
     persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
+    # the label holder's own party only: feature values its coordinator sends for its new users (never trained on)
+    accept_coordinator_features: bool = False
     # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
     # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
     dp_epsilon: float | None = None
@@ -430,7 +432,8 @@ class PartyPolicy:
         (e.g. whether a program may release likelihoods at latents it chooses); the party still checks every
         request against the whole policy."""
         return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
-                "max_request_mb": self.max_request_mb}
+                "max_request_mb": self.max_request_mb,
+                "accept_coordinator_features": self.accept_coordinator_features}
 
     def describe(self) -> str:
         """One line for the party's start-up log, saying which keys its file changed from the preset."""
@@ -465,7 +468,7 @@ _INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds"
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
                "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
                "dp_delta"}
-_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment"}
+_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "accept_coordinator_features"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 
