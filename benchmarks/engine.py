@@ -23,13 +23,23 @@ Prints, with the hardware, torch threads and load average beside every section:
 * ``federated``: digits, false-vfl-1, 4 party processes over gRPC with mutual TLS vs in process, time per epoch
   (``benchmarks/grpc_overhead.py``);
 * ``baseline`` (with ``--baseline-src SRC``): before/after, the FALSE-VFL step and the LASER-VFL epoch of an older
-  checkout's ``src/`` (its default path) beside this code's, in fresh processes taking turns.
+  checkout's ``src/`` (its default path) beside this code's, in fresh processes taking turns;
+* ``ops`` (issue 36, ``engine_ops.py``): ATen operators dispatched per step (a ``TorchDispatchMode`` count: kernels,
+  views, transfers and the blocking ones, readbacks, casts) of the cpu-grid stage-1 step (the engine's stepper and the
+  step a fit runs) and of the paper configuration's stage-1 and stage-2 steps, their wall time, and on a GPU the
+  profiler's kernels per step, kernel time and busy fraction;
+* ``paper-step``, ``paper-epochs`` (``engine_paper.py``, only with ``--only``): the FashionMNIST paper configuration
+  (ResNet-18 parties), single steps extrapolated, and a fit of whole epochs (``--paper-epochs 3 5``) timed epoch by
+  epoch with the paper fit extrapolated from them.
 
     python benchmarks/engine.py --quick                      # smoke run, one to two minutes (small configurations)
     python benchmarks/engine.py --json engine.json           # the full run (quiet machine), a few minutes
     python benchmarks/engine.py --only threads --contention 2
     mkdir -p runs/base && git archive 86ddc4e src | tar -x -C runs/base     # the code before issue 14
     python benchmarks/engine.py --only baseline --baseline-src runs/base/src
+    python benchmarks/engine.py --only ops                   # operators per step (the CPU proxy of GPU launches)
+    PYTHONPATH=../old/src python benchmarks/engine.py --only ops   # the same count for an older checkout
+    python benchmarks/engine.py --device cuda --only ops paper-epochs   # on a GPU: + profiler, whole epochs
 
 The official LASER-VFL code (github.com/Valdeira/LASER-VFL) is not part of this repository, and its ``main.py`` only
 runs its own tasks (hapt, credit, mimic4, cifar10, cifar100) on its own data files, with W&B and torchvision.  With
@@ -89,7 +99,8 @@ from partialvfl.federation import LocalFederation, MessageLog  # noqa: E402
 from partialvfl.methods import get_method  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_paper import paper_step_section  # noqa: E402
+from engine_ops import ops_section  # noqa: E402
+from engine_paper import TRAIN_IMAGES, paper_epochs_section, paper_step_section  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WIDTH = 128
@@ -221,6 +232,30 @@ def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], varian
         return len(rows)
 
     step.steps_per_epoch = int(np.ceil(len(rows_all) / bs))  # type: ignore[attr-defined]
+    return step
+
+
+def fit_stepper(train: Any, params: dict[str, Any], variant: int = 1) -> Any:
+    """A function running the next stage-1 step as a fit runs it (the stage's own optimiser, the next batch's encode
+    riding with ``update``), cycling over epoch 0's batches; returns rows processed."""
+    fed = federation(train, None)
+    model = method(f"false-vfl-{variant}", "paper", **dict(params, pretrain_epochs=0, epochs=0))
+    model.fit(train, federation=fed)
+    view, handle = train.coordinator_view(), fed.attach(train, "engine")
+    with model._computing():
+        stage = model._pretrain_stage(view, handle)
+    items = list(stage.items(0, stage.rng))
+    at = [0]
+
+    def step() -> int:
+        item = items[at[0] % len(items)]
+        at[0] += 1
+        fed.transport.new_step()
+        with model._computing():
+            stage.step(item, stage.rng)
+        return len(item[0])
+
+    step.steps_per_epoch = len(items)  # type: ignore[attr-defined]
     return step
 
 
@@ -510,9 +545,10 @@ def federated_section(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- main
-SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline", "paper-step")
+SECTIONS = ("peak", "fvl-step", "laser", "bytes", "bf16", "threads", "federated", "baseline", "ops", "paper-step",
+            "paper-epochs")
 #: sections run only when asked for (--only)
-ON_REQUEST = ("baseline", "paper-step")
+ON_REQUEST = ("baseline", "paper-step", "paper-epochs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,7 +564,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paper-steps", type=int, default=3,
                     help="paper-step: timed steps per stage (after one warm-up step)")
     ap.add_argument("--paper-batch", type=int, default=None,
-                    help="paper-step: both stages' batch size instead of the paper's (a dry run of the code path)")
+                    help="paper-step, paper-epochs, ops: both stages' batch size instead of the paper's (a dry run of "
+                         "the code path; ops on a CPU: 32 unless given)")
+    ap.add_argument("--paper-train", type=int, default=None, metavar="N",
+                    help="paper-step, paper-epochs, ops: N training images instead of 60,000 (quick: 4,000; a dry run)")
+    ap.add_argument("--paper-epochs", type=int, nargs=2, default=(3, 5), metavar=("E1", "E2"),
+                    help="paper-epochs: whole stage-1 and stage-2 epochs of the timed fit (default 3 and 5)")
+    ap.add_argument("--ops-steps", type=int, default=None,
+                    help="ops: timed (and on a GPU profiled) steps per stepper (default 5, quick 2)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved timing repeats (default 10, quick 2)")
     ap.add_argument("--contention", type=int, default=0, help="threads section: also beside N busy loops")
     ap.add_argument("--laser-official", metavar="PATH", help="a checkout of Valdeira/LASER-VFL to time beside ours")
@@ -552,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = a.repeats or (2 if a.quick else 10)
     wanted = a.only or [s for s in SECTIONS if (s != "threads" or not a.quick)
                         and (s not in ON_REQUEST or (s == "baseline" and a.baseline_src))]
+    TRAIN_IMAGES["max_train"] = a.paper_train
     if a.compile:
         RUN["compile"] = True
     if a.precision != "fp32":
@@ -577,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
         "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed,
                                                          a.paper_batch),
+        "paper-epochs": lambda: paper_epochs_section(a.paper_epochs, a.quick, method, sync, a.paper_batch),
+        "ops": lambda: ops_section(sys.modules[__name__], a.quick, a.ops_steps or (2 if a.quick else 5),
+                                   a.paper_batch),
     }
     for name in wanted:
         if name in runners:

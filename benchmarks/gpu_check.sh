@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# Issue 27's GPU checks and figures in one run of about five minutes, for a machine with a CUDA GPU and torch but
-# without partialvfl installed (it runs from this checkout: PYTHONPATH=src) and without network access.
+# Issues 27 and 36's GPU checks and figures in one run of about six minutes, for a machine with a CUDA GPU and torch
+# but without partialvfl installed (it runs from this checkout: PYTHONPATH=src) and without network access.
 #
 #   bash benchmarks/gpu_check.sh                    # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --device cpu       # the dry run on a CPU: tiny sizes, the same steps
 #
-# Steps, each under `timeout` and within a total budget (GPU_CHECK_BUDGET seconds, default 320; a step that would
-# start with too little left is skipped and says so):
-#   1. the CUDA cases of the device tests and of the contract test (tests/test_devices.py, tests/test_gpus.py,
-#      tests/test_contract.py -k each_device);
-#   2. benchmarks/engine.py --device cuda: matmul peak, FALSE-VFL's stage-1 step on the cpu-grid configuration
-#      (GFLOP/s against the peak measured in the same process), LASER-VFL's epoch (and the official code's beside it
-#      when LASER_OFFICIAL names a checkout of github.com/Valdeira/LASER-VFL, by default .laser-official/, an
-#      ignored folder: `git clone https://github.com/Valdeira/LASER-VFL .laser-official`);
-#   3. FALSE-VFL's FashionMNIST paper configuration (ResNet-18 parties): timed steps extrapolated per epoch and per
-#      fit (150 + 200 epochs), fp32 and bf16;
-#   4. the stage-1 step with --compile (cold: an empty inductor cache) and a smoke grid through
-#      `bench --device cuda --fits-per-gpu 4`, when time is left.
+# Steps, each under `timeout` and within a total budget (GPU_CHECK_BUDGET seconds, default 360; a step that would
+# start with too little left is skipped and says so), the issue's figures first:
+#   1. the device tests, the accelerator tests and the contract test on each device (tests/test_devices.py,
+#      tests/test_accelerator.py, tests/test_gpus.py, tests/test_contract.py -k each_device);
+#   2. operators per step, and the profiler's kernels per step, kernel time and GPU busy fraction beside the wall
+#      time (engine.py --only ops: FALSE-VFL-I's stage-1 step on the cpu-grid configuration, the paper
+#      configuration's stage-1 and stage-2 steps); the same for an older checkout's src/ (the before of a
+#      before/after on one GPU) when BASELINE_SRC names it, by default .baseline/src (an ignored folder:
+#      `mkdir -p .baseline && git archive <commit> src | tar -x -C .baseline`);
+#   3. whole epochs of the FashionMNIST paper configuration (ResNet-18 parties): a fit of 3 stage-1 and 2 stage-2
+#      epochs, every epoch timed, the 150 + 200-epoch fit extrapolated from them (engine.py --only paper-epochs);
+#   4. matmul peak, the cpu-grid stage-1 step in GFLOP/s, LASER-VFL's epoch (and the official code's beside it when
+#      LASER_OFFICIAL names a checkout of github.com/Valdeira/LASER-VFL, by default .laser-official/, an ignored
+#      folder: `git clone https://github.com/Valdeira/LASER-VFL .laser-official`);
+#   5. --precision bf16: operators, kernels, busy fraction and wall time of the same steps (compare with step 2);
+#   6. when time is left: the stage-1 step with --compile (cold: an empty inductor cache) and a smoke grid through
+#      `bench --device cuda --fits-per-gpu 4`.
+# The end of the log repeats the headline figures (busy fraction, kernels per step, epoch times) in one table.
 #
 # Everything printed also goes to $OUT/gpu.log, each JSON to $OUT/. FashionMNIST is read from
-# PARTIALVFL_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist; where neither has it (or with --synthetic), the
-# script writes SYNTHETIC files of the real shapes (60,000 + 10,000 random 28 x 28 images, 10 classes) and says so:
-# step times do not depend on the pixel values, accuracies would mean nothing (none is printed).
+# PARTIALVFL_FASHION_MNIST_DIR, /usr/share/datasets/fashion-mnist or .fashion-mnist/ (an ignored folder holding the
+# four .gz files, for a machine without network); where none has it (or with --synthetic), the script writes
+# SYNTHETIC files of the real shapes (60,000 + 10,000 random 28 x 28 images, 10 classes) and says so: step times do
+# not depend on the pixel values, accuracies would mean nothing (none is printed).
 # Needs: python3 with torch, numpy, pandas, pyarrow, scikit-learn, tqdm, safetensors, grpcio, pytest (pytest-xdist
 # and pytest-timeout if present). Not needed: cryptography, rbcl (no gRPC deployment runs here), ruff.
 set -u -o pipefail
@@ -32,7 +39,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --synthetic) SYNTHETIC=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (use --device cpu|cuda, --synthetic)" >&2; exit 2 ;;
   esac
 done
@@ -51,13 +58,14 @@ TEE_PID=$!
 # at the end: the temporary folder goes, and the log is complete on disk before the script returns
 trap 'rm -rf "$WORK"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
 
-BUDGET="${GPU_CHECK_BUDGET:-320}"
+BUDGET="${GPU_CHECK_BUDGET:-360}"
 START=$SECONDS
 if [ "$DEVICE" = cpu ]; then  # the dry run: small sizes, and a CPU's pace (limits x 4; GPU_CHECK_BUDGET to change)
-  DRY=1; QUICK=(--quick); STEPS=1; REPEATS=2; SCALE=4; BUDGET="${GPU_CHECK_BUDGET:-1200}"
-  PAPER=(--paper-batch 32)  # ResNet-18 parties at batch 1,024 are minutes per step on a CPU: the code path only
+  DRY=1; QUICK=(--quick); REPEATS=2; SCALE=4; BUDGET="${GPU_CHECK_BUDGET:-1500}"
+  # ResNet-18 parties at batch 1,024 are minutes per step on a CPU: the code path only, on a few images
+  PAPER=(--paper-batch 32); EPOCHS=(--paper-batch 64 --paper-train 256 --paper-epochs 2 2); OPS_STEPS=2
 else
-  DRY=0; QUICK=(); STEPS=5; REPEATS=3; SCALE=1; PAPER=()
+  DRY=0; QUICK=(); REPEATS=3; SCALE=1; PAPER=(); EPOCHS=(--paper-epochs 3 2); OPS_STEPS=5
 fi
 FAILED=()
 
@@ -130,16 +138,36 @@ echo "=== data: $DATA_NOTE"
 
 # 1. tests: the device tests (their CUDA cases run where torch sees a GPU) and the contract on each device
 XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
-if [ "$DRY" = 1 ]; then  # the dry run: the CUDA cases only (they skip on a CPU: the selection is what is checked)
-  step "tests (cuda cases)" 120 "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" tests/test_devices.py \
-    tests/test_contract.py -k "cuda"
+[ "$DRY" = 0 ] && "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)  # (a dry run: one process, a CPU is shared)
+if [ "$DRY" = 1 ]; then  # the dry run: the CUDA cases and the accelerator tests (CUDA cases skip on a CPU)
+  step "tests (cuda cases, accelerator)" 120 "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" \
+    tests/test_devices.py tests/test_contract.py tests/test_accelerator.py -k "cuda or test_accelerator"
 else
-  step "tests (device tests, contract on each device)" 130 "$PY" -m pytest -q -p no:cacheprovider -rs "${XDIST[@]}" \
-    tests/test_devices.py tests/test_gpus.py tests/test_contract.py -k "not test_contract or each_device"
+  step "tests (device tests, accelerator, contract on each device)" 110 "$PY" -m pytest -q -p no:cacheprovider -rs \
+    "${XDIST[@]}" tests/test_devices.py tests/test_accelerator.py tests/test_gpus.py tests/test_contract.py \
+    -k "not test_contract or each_device"
 fi
 
-# 2. the engine: peak, FALSE-VFL stage-1 step (cpu-grid configuration), LASER-VFL epoch
+# 2. operators per step, and on a GPU the profiler's kernels, kernel time and busy fraction beside the wall time
+step "ops and profile: cpu-grid and paper steps" 100 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
+  --only ops --ops-steps "$OPS_STEPS" "${PAPER[@]}" --json "$OUT/ops-$DEVICE.json"
+
+# 3. whole epochs of the paper configuration (a fit through the training loop), the paper fit extrapolated beside
+step "paper-epochs fp32 (whole epochs)" 150 "$PY" benchmarks/engine.py --device "$DEVICE" --only paper-epochs \
+  "${EPOCHS[@]}" --json "$OUT/paper-epochs-$DEVICE.json"
+
+# 3b. step 2's figures for the older code (the before of a before/after on this machine), where it is here
+BASE="${BASELINE_SRC:-}"
+[ -z "$BASE" ] && [ -f .baseline/src/partialvfl/__init__.py ] && BASE=.baseline/src
+if [ -n "$BASE" ] && [ -f "$BASE/partialvfl/__init__.py" ]; then  # the same figures, the older code, this machine
+  step "ops and profile, baseline code $BASE" 100 env PYTHONPATH="$(cd "$BASE" && pwd)" "$PY" benchmarks/engine.py \
+    --device "$DEVICE" "${QUICK[@]}" --only ops --ops-steps "$OPS_STEPS" "${PAPER[@]}" \
+    --json "$OUT/ops-baseline-$DEVICE.json"
+else
+  echo "=== no baseline checkout (BASELINE_SRC or .baseline/src): this code's figures only"
+fi
+
+# 4. the engine: peak, FALSE-VFL stage-1 step (cpu-grid configuration), LASER-VFL epoch
 LASER=()
 [ -z "${LASER_OFFICIAL:-}" ] && [ -f .laser-official/methods/laser.py ] && LASER_OFFICIAL=.laser-official
 if [ -n "${LASER_OFFICIAL:-}" ] && [ -f "$LASER_OFFICIAL/methods/laser.py" ]; then
@@ -150,20 +178,22 @@ fi
 step "engine: peak, fvl-step, laser" $((${#LASER[@]} ? 110 : 75)) "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
   --only peak fvl-step laser --repeats "$REPEATS" "${LASER[@]}" --json "$OUT/engine-$DEVICE.json"
 
-# 3. FALSE-VFL's FashionMNIST paper configuration, ResNet-18 parties: steps timed, epochs extrapolated
-step "paper-step fp32" 90 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" --only paper-step \
-  --paper-steps "$STEPS" "${PAPER[@]}" --repeats 2 --json "$OUT/paper-$DEVICE.json"
-# (bf16 convolutions on a CPU without native bf16 take minutes per step: the dry run leaves this one to the tests)
-[ "$DRY" = 1 ] || step "paper-step bf16" 60 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" --only paper-step \
-  --paper-steps "$STEPS" "${PAPER[@]}" --repeats 2 --precision bf16 --json "$OUT/paper-bf16-$DEVICE.json"
+# 5. bf16: the same steps as step 2 at --precision bf16 (bf16 convolutions on a CPU without native bf16 are slow: the
+# dry run's paper steps run at batch 2)
+if [ "$DRY" = 1 ]; then BF16=(--paper-batch 2); else BF16=(); fi
+step "ops and profile, bf16" 70 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" --only ops \
+  --ops-steps "$OPS_STEPS" "${BF16[@]}" --precision bf16 --json "$OUT/ops-bf16-$DEVICE.json"
 
-# 4. when time is left: the stage-1 step compiled (cold cache), and a grid on the GPU
+# 6. when time is left: the stage-1 step compiled (cold cache), and a grid on the GPU
 step "fvl-step --compile (cold cache)" 60 "$PY" benchmarks/engine.py --device "$DEVICE" "${QUICK[@]}" \
   --only fvl-step --repeats "$REPEATS" --compile --json "$OUT/fvl-compiled-$DEVICE.json"
 GRID=(--fits-per-gpu 4)
 [ "$DRY" = 1 ] && GRID=(--workers 2)  # --fits-per-gpu is refused without a GPU
 step "bench smoke grid --device $DEVICE ${GRID[*]}" 45 "$PY" -m partialvfl.cli bench --config smoke \
   --store "$WORK/smoke" --device "$DEVICE" "${GRID[@]}" --quiet
+
+# the headline figures in one table (from the JSON files above; a missing file: the step failed or was skipped)
+"$PY" benchmarks/gpu_summary.py "$OUT" "$DEVICE" || echo "=== (no summary: exit $?)"
 
 echo "=== done in $((SECONDS - START)) s ($DATA_NOTE); files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,8 @@ def aligner(name: str, ids: list[str], secret: bytes | None, tmp: Path, **kw: An
 
 
 def three(tmp: Path, **kw: Any) -> dict[int, PartyAligner]:
-    return {0: aligner("bank", ["a", "b", "c"], SECRET, tmp, **kw), 1: aligner("shop", ["b", "c", "d"], SECRET, tmp),
-            2: aligner("insurer", ["c", "e"], None, tmp)}
+    return {0: aligner("bank", ["a", "b", "c"], SECRET, tmp, **kw),
+            1: aligner("shop", ["b", "c", "d"], SECRET, tmp, **kw), 2: aligner("insurer", ["c", "e"], None, tmp)}
 
 
 def test_union_tokens_agree_across_keyed_unkeyed_parties_and_the_coordinator(tmp_path: Path) -> None:
@@ -79,15 +80,46 @@ def test_union_tokens_agree_across_keyed_unkeyed_parties_and_the_coordinator(tmp
     assert coord.id_tokens(["c"])[0].tobytes() in by_id["c"]  # a lookup: one round to one keyed party
 
 
-def test_sessions_are_unlinkable_unless_the_party_keeps_its_nonce(tmp_path: Path) -> None:
-    def session(alignment_id: str | None, **kw: Any) -> set[bytes]:
+def test_sessions_are_unlinkable_unless_the_party_resumes_them_by_its_own_ticket(tmp_path: Path) -> None:
+    """Issue 35: a coordinator-chosen ``alignment_id`` made a party's tokens identical across sessions (1,497 of
+    1,497), so what several sessions learned combined.  Now a party reuses a session's nonce only for the ticket it
+    handed that coordinator for that session (kept in its own state), never for a name or salt the coordinator
+    picks."""
+    from partialvfl.federation.sessions import AlignmentTickets
+
+    def session(alignment_id: str | None, tickets: Any = None, caller: str = "coordinator", **kw: Any) -> set[bytes]:
         parties = three(tmp_path, **kw)
-        coord = PsuAlignment(Wire(parties), ["bank", "shop", "insurer"], alignment_id=alignment_id)
+        for p in parties.values():
+            p.caller = caller
+        coord = PsuAlignment(Wire(parties), ["bank", "shop", "insurer"], alignment_id=alignment_id, tickets=tickets)
         return set(points_list(coord.party_tokens([0, 1, 2], None)[0][0], "t"))
 
     assert not session(None) & session(None)
-    assert session("fit-1") == session("fit-1") and not session("fit-1") & session("fit-2")
-    assert not session("fit-3", persist=False) & session("fit-3", persist=False)  # the party's policy decides
+    assert not session("fit seed 0") & session("fit seed 0")  # a name the coordinator chooses reproduces nothing
+    kept = AlignmentTickets(tmp_path / "coordinator" / "tickets.json")
+    first = session("fit-1", kept)
+    assert kept.get("fit-1", "bank") and kept.get("fit-1", "shop") and not kept.get("fit-1", "insurer")
+    assert session("fit-1", AlignmentTickets(tmp_path / "coordinator" / "tickets.json")) == first  # resumed, e.g.
+    # by a coordinator restarted with --resume, which reads the tickets kept with its checkpoints
+    assert not session("fit-1", kept, caller="another coordinator") & first  # a ticket is bound to its holder
+    assert not session("fit-2", kept) & first
+    assert not session("fit-3", AlignmentTickets(), persist=False) & session("fit-3", persist=False)
+    named = session("fit-4", resume_by_name=True)  # the research preset: a name reproduces (simulations repeat)
+    assert session("fit-4", resume_by_name=True) == named and not session("fit-4") & named
+
+
+def test_a_coordinator_cannot_choose_a_salt_that_reproduces_an_earlier_sessions_tokens(tmp_path: Path) -> None:
+    old = aligner("bank", ["a", "b"], SECRET, tmp_path)
+    old_nonce = old.open("fit")["nonce"]
+    old_tokens, _ = old.tokens("training", [old_nonce])
+    new = aligner("bank", ["a", "b"], SECRET, tmp_path)  # a new session of the same party
+    fresh = new.open("fit")["nonce"]
+    assert fresh != old_nonce
+    for salt in ([old_nonce], sorted([old_nonce, "ab" * 32])):
+        with pytest.raises(AlignmentError, match="the salt does not hold this party's nonce of this session"):
+            new.tokens("training", salt)
+    tokens, _ = new.tokens("training", sorted([fresh, old_nonce]))  # the old nonce beside its own: another key
+    assert not set(points_list(tokens, "t")) & set(points_list(old_tokens, "t"))
 
 
 def test_bad_input_is_refused_naming_the_party(tmp_path: Path) -> None:
@@ -318,3 +350,39 @@ def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(p
         bad.write_text(base.replace('alignment = "psu"', line))
         with pytest.raises(ValueError, match=message):
             load_party_config(bad)
+
+
+def test_a_resumed_fit_gets_its_tokens_back_by_the_parties_tickets_and_a_repeated_fit_does_not(
+        data: VerticalDataset, tmp_path: Path) -> None:
+    """Issue 35 against real parties under the default policy: the fit's alignment (``alignment_id``) is kept by
+    each keyed party under a ticket the coordinator keeps with its checkpoints; a coordinator restarted with them
+    aligns with the same tokens (``fit --resume``), a new fit of the same seed (the same ``alignment_id``) without
+    them gets fresh ones."""
+    from partialvfl.federation.grpc_federation import TICKETS_FILE
+
+    def align(dep: LocalDeployment, checkpoints: Path | None) -> tuple[list[str], set[bytes]]:
+        fed = dep.federation(connect=False)
+        fed.alignment_id = "fit seed 0"  # what run_fit asks for
+        if checkpoints is not None:
+            fed.keep_sessions_with(checkpoints)
+        try:
+            fed.connect()
+            view, handle = fed.align()
+            fed.release(handle)
+            return list(fed.aligner.salt), {bytes(t) for t in fed.party_hashes()[0]}
+        finally:
+            fed.close()
+
+    for dep in _deployment(tmp_path / "dep", data, "psu", policy="default"):
+        checkpoints = tmp_path / "model" / "checkpoints"
+        checkpoints.mkdir(parents=True)
+        (checkpoints / "LATEST").write_text("step-5\n")  # a checkpoint to resume from
+        salt, bank = align(dep, checkpoints)
+        tickets = json.loads((checkpoints / TICKETS_FILE).read_text())
+        assert set(tickets["fit seed 0"]) == {"bank", "shop"}  # the keyed parties; the insurer holds no key
+        assert align(dep, checkpoints) == (salt, bank)  # resumed: the same nonces, the same tokens
+        other_salt, other_bank = align(dep, None)  # the same seed, no ticket: a new alignment
+        assert not set(other_salt) & set(salt) and not other_bank & bank
+        empty = tmp_path / "stopped-early" / "checkpoints"
+        align(dep, empty)  # no checkpoint was written: the tickets are not left behind
+        assert not (empty / TICKETS_FILE).exists()

@@ -69,6 +69,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+@pytest.mark.float_sensitive
 def test_batched_parties_end_in_the_per_party_parameters_messages_and_predictions(name, params, data) -> None:
     train, test = data
     alone, log_alone = _fit(name, params, train, batched=False)
@@ -99,6 +100,7 @@ def test_the_batched_path_really_stacks_the_parties(data, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("name", ["false-vfl-1", "false-vfl-2"])
+@pytest.mark.float_sensitive
 def test_false_vfl_parties_answer_alone_in_process_bit_for_bit(name, data) -> None:
     """Issue 21: a stacked pass over rows padded to the round's largest count sums in another float order than a
     party's own handler (the handler a deployed party runs); Adam and FALSE-VFL's training amplified that into a
@@ -167,6 +169,7 @@ def test_a_party_down_for_one_round_fails_alone_in_a_batched_round(data) -> None
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, 7), min_size=1, max_size=4), st.lists(st.integers(1, 6), min_size=0, max_size=2),
        st.integers(1, 5), st.integers(1, 4), st.integers(0, 10_000))
+@pytest.mark.float_sensitive
 def test_stacked_mlp_equals_each_party_s_own_mlp_and_gradients(rows, hidden, d_in, d_out, seed) -> None:
     torch.manual_seed(seed)
     mlps = [MLP(d_in, hidden, d_out) for _ in rows]

@@ -202,6 +202,7 @@ def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, unin
             dep.start([2])
     assert killed == [2] and len(restarts) == 1
     assert result.party_failures == 1 and result.resumed_step == 10 and result.saved_steps == (5, 10, 15)
+    assert lines.pop(0).startswith("labels: not protected: vanilla-vfl")  # the fit's first line (issue 35)
     assert lines[0].startswith("party 2 ('telco') did not answer")
     assert lines[1] == "every party answers again: continuing from the checkpoint after step 10"
     assert_same(model_state(dep, tmp_path / "model"), model_state(dep, uninterrupted))

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "own-data.md"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.S | re.M)
@@ -41,7 +43,11 @@ def free_ports(n: int) -> list[int]:
 
 
 def script_and_files(doc: Path = DOC) -> tuple[str, dict[str, str], list[str]]:
-    """The bash script (Python blocks run as ``python - <<EOF``), the files to write, and the shown output lines."""
+    """The bash script (Python blocks run as ``python - <<EOF``), the files to write, and the shown output lines.
+
+    The lines of a ```` ```text unstable ```` block (figures the doc says vary between processors) come with their
+    figures replaced by ``N``: only their wording is compared, and the test checks what the doc claims of them.
+    """
     lines, files, shown = ["set -euo pipefail"], {}, []
     for info, body in blocks(doc):
         if info == "bash":
@@ -52,7 +58,60 @@ def script_and_files(doc: Path = DOC) -> tuple[str, dict[str, str], list[str]]:
             files[info.split("=", 1)[1]] = body
         elif info == "text":
             shown += body.splitlines()
+        elif info == "text unstable":
+            shown += [UNSTABLE + without_figures(line) for line in body.splitlines()]
     return "\n".join(lines) + "\n", files, shown
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+UNSTABLE = "(unstable) "
+
+
+def without_figures(line: str) -> str:
+    """``line`` with every decimal figure replaced by ``N`` (integers, such as counts and IDs, kept)."""
+    return re.sub(r"-?\d+\.\d+(?:e[-+]?\d+)?", "N", line)
+
+
+def tolerance(figure: str, line: str) -> float:
+    """How far a printed decimal ``figure`` of ``line`` may lie from the doc's, on another processor.
+
+    The docs' figures are made on one machine (a 2-core AMD EPYC VM, AVX2); another processor rounds some float32
+    products differently (issue 33), and a fit carries those last bits forward:
+    - an accuracy over n users (``(n=N)`` or ``over N labelled``): one user, 1/n, plus the 4-digit rounding: a user
+      whose probability lies within that rounding of 0.5 may change class (seen: none on an Intel AVX-512 Xeon);
+    - any other figure of 4 digits or fewer: its rounding only (5e-5);
+    - a probability or a difference printed in full: 1e-5 (seen: 3e-8 between an AMD and an Intel CPU, and between
+      this CPU's AVX2 and default kernels; a different model moves them by 1e-2 and more).
+    """
+    decimals = len(figure.split(".")[1].split("e")[0])
+    n = re.search(r"\(n=(\d+)\)|over (\d+) labelled", line)
+    if figure.startswith("0.") and decimals <= 4 and "accuracy" in line and n:
+        return 1 / int(n.group(1) or n.group(2)) + 5e-5
+    return 5e-5 if decimals <= 4 else 1e-5
+
+
+def matches(shown: str, printed: str) -> bool:
+    """Whether ``printed`` is the doc's ``shown`` line: the same words and integers, decimals within
+    :func:`tolerance`."""
+    if shown == printed:
+        return True
+    if NUMBER.sub("#", shown) != NUMBER.sub("#", printed):
+        return False
+    for a, b in zip(NUMBER.findall(shown), NUMBER.findall(printed)):
+        if "." in a or "e" in a or "." in b or "e" in b:
+            if abs(float(a) - float(b)) > tolerance(a if "." in a else b, shown):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def unmatched(shown: list[str], printed: list[str]) -> list[str]:
+    """The doc's shown lines that no printed line :func:`matches` (blank lines aside)."""
+    exact = set(printed)
+    bare = {UNSTABLE + without_figures(line) for line in printed}
+    return [line for line in shown if line.strip() and line not in exact and line not in bare
+            and not any(matches(line, p) for p in printed)]
 
 
 def run_documented(tmp_path: Path, script: str, files: dict[str, str], doc_ports: tuple[str, ...],
@@ -89,6 +148,19 @@ def _figures_of_federated_fits(lines: list[str]) -> list[str]:
     return out
 
 
+def largest_difference(out: str, what: str) -> float:
+    """The figure of the line ``N <what>; largest difference in p_1: X`` that the commands printed."""
+    found = re.search(rf"^\d+ {what}; largest difference in p_1: (\S+)$", out, re.M)
+    assert found, f"no '{what}; largest difference' line:\n{out[-3000:]}"
+    return float(found.group(1))
+
+
+def accuracies_over(out: str, n: int) -> list[float]:
+    """The accuracies of the printed ``... on the given tables: accuracy A over <n> labelled samples`` lines."""
+    return [float(a) for a in re.findall(rf"on the given tables: accuracy (\S+) over {n} labelled", out)]
+
+
+@pytest.mark.float_sensitive
 def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     script, files, shown = script_and_files()
     assert "partialvfl fit --table" in script and "partialvfl predict --federation" in script and len(files) == 4
@@ -96,16 +168,21 @@ def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     timing = re.compile(r" in \d+\.\d s ")
     # a federated fit's sample order follows its alignment session (fresh tokens for a new deployment), so the
     # federated model's accuracies vary from one deployment to the next: those lines are compared without their figures
-    printed = set(_figures_of_federated_fits(out.splitlines()))
-    missing = [line for line in _figures_of_federated_fits(shown)
-               if line.strip() and not timing.search(line) and line not in printed]
+    printed = _figures_of_federated_fits(out.splitlines())
+    missing = unmatched([line for line in _figures_of_federated_fits(shown) if not timing.search(line)], printed)
     assert not missing, f"the doc shows lines the commands did not print: {missing[:5]}\n{out[-3000:]}"
-    assert "1341 customers; largest difference in p_1: 0.0" in printed  # in process == federated
+    # in process == federated: bitwise on the machine the doc was made on; 1e-6 elsewhere, because the two predict
+    # the rows in different orders (the federation's follows its alignment session) and a processor whose kernels
+    # round a row by its place in the batch (MKL's compatible path here: 3e-8) moves the last bit
+    assert largest_difference(out, "customers") <= 1e-6
+    assert largest_difference(out, "new customers") <= 1e-6
+    # the raw-scales example's point, on any processor: its fit (unstable, the doc gives the spread) is worse
+    standardised, raw = accuracies_over(out, 266)[:2]
+    assert raw < standardised - 0.05, (raw, standardised)
     # the label holder served its template (exclude_columns + a [[data.predict]] table without the label column)
     assert 'exclude_columns = ["defaulted"]' in files["example/bank.toml"]
     assert "[[data.predict]]" in files["example/bank.toml"]
     assert "defaulted" not in (tmp_path / "example" / "new" / "bank.csv").read_text().splitlines()[0]
-    assert "266 new customers; largest difference in p_1: 0.0" in printed  # new users: federated == in process
     assert (tmp_path / "example" / "predictions.csv").read_text().splitlines()[0] == \
         "customer_id,prediction,p_0,p_1,n_parties,parties"
 

@@ -52,8 +52,10 @@ def data() -> VerticalDataset:
 
 
 def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[LocalDeployment]:
-    """Party processes for ``data`` in ``directory`` (their seed pinned), running until the generator closes."""
-    d = LocalDeployment(directory, data, deadline=PATIENCE, start_timeout=600.0, policy={"seed": 17})
+    """Party processes for ``data`` in ``directory`` (their seed pinned, and a fit of the same seed aligned in the same
+    order, so that separate fits can be compared), running until the generator closes."""
+    d = LocalDeployment(directory, data, deadline=PATIENCE, start_timeout=600.0,
+                        policy={"seed": 17, "resume_alignment_by_name": True})
     try:
         d.start()
         yield d

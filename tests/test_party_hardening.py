@@ -111,6 +111,14 @@ class RawCoordinator:
             return e.code(), e.details() or ""
         return grpc.StatusCode.OK, ""
 
+    def send_bytes(self, payload: bytes) -> tuple[grpc.StatusCode, str]:
+        """A frame made by hand (not by :func:`encode_request`)."""
+        try:
+            self.reply = decode_reply(self.call(payload, timeout=PATIENCE))
+        except grpc.RpcError as e:
+            return e.code(), e.details() or ""
+        return grpc.StatusCode.OK, ""
+
     def close(self) -> None:
         self.channel.close()
 
@@ -338,3 +346,29 @@ def test_hello_tells_the_coordinator_which_prediction_tables_a_party_serves(dep)
             fed.attach_ids(["new000"], table="old-users")
     finally:
         fed.close()
+
+
+def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps_serving(dep) -> None:  # noqa: ANN001
+    """Issue 35: a setup whose config nests 20,000 deep (40 KB) was answered INTERNAL with a RecursionError traceback
+    in the party's log; now it is a one-line INVALID_ARGUMENT, logged as a refusal."""
+    raw = encode_request(Request("setup", {}, {"program": "splitnn/party", "seed": 1, "config": {"a": 1}}), step=1,
+                         round=0, session="deep", seq=1)
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].replace(b'{\\"a\\": 1}', b"[" * 20_000 + b"]" * 20_000)
+    assert len(header) > 40_000
+    log = dep.dir / "party-0.log"
+    before = len(log.read_text())
+    coord = RawCoordinator(dep, "deep")
+    try:
+        code, why = coord.send_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n:])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, why)
+        assert why == "malformed message: partialvfl header nests deeper than 64 levels"
+    finally:
+        coord.close()
+    fed = dep.federation()  # still serving
+    fed.close()
+    written = log.read_text()[before:]
+    assert "Traceback" not in written and "RecursionError" not in written
+    entry = [e for e in read_access_log(dep.dir / "state" / "bank" / "access.log")
+             if e.get("reason", "").endswith("nests deeper than 64 levels")][-1]
+    assert entry["outcome"] == "refused" and entry["status"] == "INVALID_ARGUMENT"

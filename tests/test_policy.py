@@ -201,6 +201,31 @@ def test_policy_tables_name_what_is_wrong(tmp_path: Path) -> None:
         load_party_config(f)
 
 
+def test_the_access_log_lands_in_the_state_directory_whatever_the_config_path(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: with a relative ``--config`` the default path was resolved against the file's folder twice
+    (``pki/pki/state-shop/access.log`` instead of ``pki/state-shop/access.log``)."""
+    from partialvfl.federation.grpc_party import PartyServer
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    (pki / "shop.csv").write_text("id,a\nc1,2\nc2,3\n")
+    (pki / "shop.toml").write_text('[party]\nname = "shop"\nindex = 0\nstate_dir = "state-shop"\n[data]\n'
+                                   'path = "shop.csv"\nid_column = "id"\n[tls]\nca = "a"\ncert = "b"\nkey = "c"\n')
+    monkeypatch.chdir(tmp_path)
+    for config_path in ("pki/shop.toml", "./pki/../pki/shop.toml", str(pki / "shop.toml")):
+        cfg = load_party_config(config_path)
+        assert cfg.access_log.path.resolve() == (pki / "state-shop" / "access.log").resolve(), config_path
+        assert cfg.state_dir.resolve() == (pki / "state-shop").resolve()
+    server = PartyServer(load_party_config("pki/shop.toml"))
+    try:
+        server.access.write(kind="hello", outcome="served")
+    finally:
+        server.close()
+    assert [e["kind"] for e in read_access_log(pki / "state-shop" / "access.log")] == ["hello"]
+    assert not (pki / "pki").exists()
+
+
 # ---------------------------------------------------------------------- prediction tables never train
 _KINDS = ["embed", "grad_embedding", "pretrain", "set_lr"]
 

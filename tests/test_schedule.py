@@ -250,6 +250,7 @@ def generative_fit(name: str, data: VerticalDataset, **kw: Any) -> Any:
 
 
 @pytest.mark.parametrize("name", ["laser-vfl", "vanilla-vfl"])
+@pytest.mark.float_sensitive
 def test_each_party_starts_from_its_own_stage1_encoder_mean(name: str, train) -> None:  # noqa: ANN001
     import torch
 
@@ -262,8 +263,14 @@ def test_each_party_starts_from_its_own_stage1_encoder_mean(name: str, train) ->
         x = torch.as_tensor(np.nan_to_num(train.blocks[k][:5]), dtype=torch.float32)
         split = model.federation_.runtimes[k].program.models["f"]
         enc = gen.federation_.runtimes[k].program.net.encoder
+        # the initialisation itself is exact: every weight is the stage-1 encoder's (its mean half in the last layer)
+        gen_state, split_state = enc.state_dict(), split.state_dict()
+        for key, w in split_state.items():
+            assert torch.equal(w, gen_state[key][:w.shape[0]]), key  # [:n] is the whole weight where shapes agree
         with torch.no_grad():
-            torch.testing.assert_close(split(x), enc(x)[:, :p.latent_dim], rtol=0, atol=0)
+            # Outputs to float32 rounding only: the last layer is a product of latent_dim outputs on one side and
+            # of 2 * latent_dim on the other, which some CPUs round alike (AMD AVX2) and some not (Intel AVX-512).
+            torch.testing.assert_close(split(x), enc(x)[:, :p.latent_dim], rtol=1e-5, atol=1e-6)
     assert model.history_[0]["stage"] == "generative-pretrain" and len(model.history_) == 2
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_own_data_doc import run_documented, script_and_files
+from test_own_data_doc import run_documented, script_and_files, unmatched
 
 pytest.importorskip("fastapi")
 
@@ -19,12 +19,12 @@ DOC = ROOT / "docs" / "serving.md"
 DOC_PORTS = ("50061", "50062", "50063", "8080", "8081")
 
 
+@pytest.mark.float_sensitive
 def test_the_serving_page_runs_as_documented(tmp_path: Path) -> None:
     if shutil.which("curl") is None:
         pytest.skip("the page calls the service with curl")
     script, files, shown = script_and_files(DOC)
     assert "partialvfl serve --model" in script and "--federation" in script and len(files) == 4
     out = run_documented(tmp_path, script, files, DOC_PORTS, timeout=900)
-    printed = set(out.splitlines())
-    missing = [line for line in shown if line.strip() and line not in printed]
+    missing = unmatched(shown, out.splitlines())
     assert not missing, f"the doc shows lines the commands did not print: {missing[:5]}\n{out[-3000:]}"

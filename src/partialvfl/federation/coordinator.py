@@ -31,6 +31,10 @@ class Federation(ABC):
         self.active_party = active_party
         self._handles = itertools.count()
         self.privacy_setups: dict[int, dict[str, Any]] = {}  # what parties with a budget said at the last setup
+        # what a fit in progress tells every setup about its labels (``{"fit": True, "label_dp": EPS}``, set by the
+        # fit's orchestration; ``None``: a setup that does not say it trains, e.g. to predict): a party whose policy
+        # requires label protection ([policy] require_label_dp) refuses a fit without it
+        self.fit_labels: dict[str, Any] | None = None
 
     @property
     def n_parties(self) -> int:
@@ -69,7 +73,7 @@ class Federation(ABC):
         self.transport.new_step()
         requests = {}
         for k in parties:
-            meta = {"program": program, "config": dict(configs[k]), "seed": int(seed)}
+            meta = {"program": program, "config": dict(configs[k]), "seed": int(seed), **(self.fit_labels or {})}
             if plans and k in plans:
                 meta["privacy"] = dict(plans[k])
             requests[k] = Request("setup", {}, meta)

@@ -44,13 +44,14 @@ from partialvfl.data.ids import normalize_ids
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
 from partialvfl.federation.alignment import hex_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.checkpoint import LATEST
 from partialvfl.federation.coordinator import Federation, model_tag
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
 from partialvfl.federation.party_config import TRAINING_TABLE
 from partialvfl.federation.pins import require_pins
 from partialvfl.federation.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
-from partialvfl.federation.sessions import SessionSecrets
+from partialvfl.federation.sessions import AlignmentTickets, SessionSecrets
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
@@ -67,8 +68,10 @@ FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
     "labels": ("path", "id_column", "label_column", "task", "classes", "label_dp"),
     "parties": ("name", "address", "identity", "ca", "certificate"),
 }
-#: where a coordinator keeps its session secrets (in its state directory, or with a fit's checkpoints)
+#: where a coordinator keeps its session secrets and the parties' alignment tickets (in its state directory, or with a
+#: fit's checkpoints)
 SESSIONS_FILE = "sessions.json"
+TICKETS_FILE = "alignment-tickets.json"
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,15 @@ def load_federation_config(path: str | Path) -> FederationConfig:
     )
 
 
+def _budget_left(lookups: Mapping[str, Any]) -> float:
+    """The lookups a party's budget has left for this coordinator, by its ``hello`` (its tightest window)."""
+    limits, used = lookups.get("limits") or {}, lookups.get("used") or {}
+    try:
+        return min((float(v) - float(used.get(rule, 0)) for rule, v in limits.items()), default=float("inf"))
+    except (TypeError, ValueError):
+        return float("inf")
+
+
 def read_labels(src: LabelSource) -> tuple[np.ndarray, np.ndarray, Task]:
     """The label table as (normalised IDs, labels (class indices or floats), task); rows without a label dropped.
 
@@ -221,8 +233,11 @@ class GrpcFederation(Federation):
         super().__init__(transport, [e.name for e in endpoints], active_party)
         self.key = key
         self.sessions = SessionSecrets(session_file)  # what proves this coordinator holds its sessions
+        # the tickets under which keyed parties keep a fit's alignment (beside the session secrets)
+        self.tickets = AlignmentTickets(Path(session_file).with_name(TICKETS_FILE) if session_file else None)
+        self._tickets_with: Path | None = None  # the checkpoint directory holding the tickets (keep_sessions_with)
         self.alignment_mode = alignment
-        self.aligner = make_alignment(alignment, transport, self.party_names, key=key)
+        self.aligner = make_alignment(alignment, transport, self.party_names, key=key, tickets=self.tickets)
         self.allow_absent = allow_absent
         self.absent: set[int] = set()
         self.party_info: dict[int, dict[str, Any]] = {}
@@ -295,19 +310,29 @@ class GrpcFederation(Federation):
                                  f"{r.meta.get('index')} ({r.meta.get('name')!r}), the federation file says party "
                                  f"{k} ({self.party_names[k]!r})")
             self.party_info[k] = dict(r.meta)
+        if hasattr(self.aligner, "remaining"):  # each keyed party's lookup budget left for this coordinator
+            self.aligner.remaining = {k: _budget_left(info["lookups"]) for k, info in self.party_info.items()
+                                      if isinstance(info.get("lookups"), dict)}
         return self.party_info
 
     def keep_sessions_with(self, directory: str | Path) -> None:
-        """Keep the session secrets in ``directory`` (a fit's checkpoints) unless the federation file's
-        ``[coordinator] state_dir`` keeps them; a restarted coordinator finds them there (``fit --resume``)."""
+        """Keep the session secrets and alignment tickets in ``directory`` (a fit's checkpoints) unless the
+        federation file's ``[coordinator] state_dir`` keeps them; a restarted coordinator finds them there
+        (``fit --resume``)."""
         if self.sessions.path is None:
             self.sessions = SessionSecrets(Path(directory) / SESSIONS_FILE)
+            self.tickets = AlignmentTickets(Path(directory) / TICKETS_FILE)
+            self._tickets_with = Path(directory)  # kept there only while it holds a checkpoint to resume
+            if hasattr(self.aligner, "tickets"):
+                self.aligner.tickets = self.tickets
 
     def close(self) -> None:
         """End the sessions (``bye``: the parties then accept another coordinator at once) and the channels."""
         try:
             self.transport.new_step()
             replies = self.transport.broadcast(self._present(), "bye", tolerate=True)
+            if self._tickets_with is not None and not (self._tickets_with / LATEST).exists():
+                self.tickets.discard()  # no checkpoint to resume: a fit that stopped early leaves nothing behind
             if len(replies) == len(self._present()):
                 self.sessions.forget()
         except Exception as e:  # noqa: BLE001 - closing: a party that refuses or is gone keeps its session

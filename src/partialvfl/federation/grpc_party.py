@@ -76,6 +76,7 @@ from partialvfl.federation.grpc_transport import (
     decode_request,
     encode_reply,
 )
+from partialvfl.federation.lookups import LOOKUP_LEDGER, SPANS, LookupLedger
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import NotSetUp, PartyRuntime
 from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
@@ -186,10 +187,15 @@ class PartyServer:
         handlers = {"hello": self._hello, "bye": self._bye, "ids": self._ids, "attach": self._attach,
                     "release": self._release}
         self.state_dir = cfg.state_dir.resolve()
+        where = f"party {cfg.index} ({cfg.name!r})"
+        limits = cfg.policy.lookup_limits(len(self.table.ids))
+        self.lookups = LookupLedger(limits, self.state_dir / LOOKUP_LEDGER, where=where,
+                                    warn_fraction=cfg.policy.lookup_warn_fraction)  # kept across sessions, restarts
         self.aligner = PartyAligner(  # the keyless alignment (unused with alignment = "hmac")
             cfg.name, read_alignment_key(cfg.alignment_key_file) if cfg.alignment_key_file else None,
             lambda name: self.tables[name].ids, self.state_dir, persist=cfg.policy.persist_alignment,
-            max_lookups=cfg.policy.max_lookups, threads=cfg.threads)
+            max_lookups=cfg.policy.max_lookups, threads=cfg.threads, ledger=self.lookups if limits else None,
+            resume_by_name=cfg.policy.resume_alignment_by_name)
         builtins = {k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()}
         if cfg.alignment == "psu":
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))
@@ -225,9 +231,9 @@ class PartyServer:
         return table
 
     # -- checks
-    def _check_peer(self, context: grpc.ServicerContext, entry: dict[str, Any]) -> str:
-        """The peer's allowlisted name (its certificate must match the pin of that name); ``entry`` records who
-        asked, refused or not."""
+    def _check_peer(self, context: grpc.ServicerContext, entry: dict[str, Any]) -> tuple[str, str]:
+        """The peer's allowlisted name (its certificate must match the pin of that name) and its identity for the
+        lookup budget (the SHA-256 of its certificate's public key); ``entry`` records who asked, refused or not."""
         auth = context.auth_context()
         names = [v.decode() for key in ("x509_common_name", "x509_subject_alternative_name")
                  for v in auth.get(key, [])]
@@ -235,14 +241,15 @@ class PartyServer:
             if n in self.cfg.allowed_peers:
                 pin = self.cfg.peers.get(n)
                 cert = (auth.get("x509_pem_cert") or [b""])[0]
+                fingerprint = spki_sha256(cert) if cert else n
                 entry["peer"] = n
                 if cert:
-                    entry["peer_key"] = spki_sha256(cert)[:16]
+                    entry["peer_key"] = fingerprint[:16]
                 why = pin.refusal(cert) if pin is not None else None
                 if why is not None:  # the right name from a CA or key this party does not trust for it
                     raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"party {self.cfg.name!r} refused the peer: "
                                                                    f"{why}")
-                return n
+                return n, fingerprint
         raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                       f"party {self.cfg.name!r} does not accept peer {names or 'without certificate'}: not on its "
                       f"allowlist {list(self.cfg.allowed_peers)}")
@@ -283,7 +290,7 @@ class PartyServer:
 
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
-        self.aligner.new_session()  # keys, blindings and tokens are per session
+        self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
         self._reread_prediction_tables()
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
@@ -294,6 +301,8 @@ class PartyServer:
         if self.runtime.privacy is not None:  # the coordinator learns the budget; it cannot change it
             budget = self.runtime.privacy.budget
             meta["dp"] = {"epsilon": budget.epsilon, "delta": budget.delta}
+        if self.cfg.alignment == "psu" and self.aligner.budget():  # its lookup budget, and what this caller used
+            meta["lookups"] = self.aligner.budget()
         return Reply(meta=meta)
 
     def _bye(self, req: Request) -> Reply:
@@ -417,10 +426,10 @@ class PartyServer:
         the peer's bounds (:mod:`partialvfl.federation.grpc_limits`)."""
         entry: dict[str, Any] = {"peer": None, "address": context.peer(), "kind": "?"}
         try:
-            peer = self._check_peer(context, entry)
+            peer, caller = self._check_peer(context, entry)
             with self.peers.call(peer), contextlib.ExitStack() as held:
                 reply = self._answer(requests, entry, lambda size: held.enter_context(
-                    self.peers.bytes(peer, size, context.time_remaining())))
+                    self.peers.bytes(peer, size, context.time_remaining())), caller)
             payload = encode_reply(reply)
             self._log(entry, "served", grpc.StatusCode.OK, reply_bytes=len(payload),
                       reply=tensor_summary(reply.tensors))
@@ -432,7 +441,8 @@ class PartyServer:
                          f"party {self.cfg.name!r} failed on {entry['kind']!r}: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")  # context.abort raises
 
-    def _answer(self, requests: Iterator[bytes], entry: dict[str, Any], hold: Callable[[int], object]) -> Reply:
+    def _answer(self, requests: Iterator[bytes], entry: dict[str, Any], hold: Callable[[int], object],
+                caller: str) -> Reply:
         """Read, decode and serve one request.  Its buffer (which the request's tensors are views of) is freed
         before this returns or raises, so that the peer's byte budget is released only once the memory is: a
         failure is re-raised without the traceback that would keep the request alive."""
@@ -446,7 +456,7 @@ class PartyServer:
             except WireError as e:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}") from None
             data = None  # the tensors are views of it: it lives as long as they do
-            return self._serve(wire, entry)
+            return self._serve(wire, entry, caller)
         except Exception as e:  # noqa: BLE001 - re-raised below, without the frames that hold the request
             if not isinstance(e, Refused):
                 log.exception("internal error while serving %r", entry["kind"])
@@ -458,7 +468,7 @@ class PartyServer:
             gc.collect(1)  # the failed request's frames may sit in young reference cycles
         raise failure
 
-    def _serve(self, wire: WireRequest, entry: dict[str, Any]) -> Reply:
+    def _serve(self, wire: WireRequest, entry: dict[str, Any], caller: str) -> Reply:
         request = wire.request
         kind = request.kind
         entry.update(kind=kind, step=wire.step, round=wire.round, session=wire.session[:8],
@@ -468,6 +478,7 @@ class PartyServer:
             entry["lane"] = wire.lane
         with self._lock:
             t0 = time.perf_counter()
+            self.aligner.caller, self.aligner.caller_name = caller, str(entry.get("peer") or "")
             self.sessions.check(wire)
             program = self.runtime.program
             if wire.lane:
@@ -496,6 +507,8 @@ class PartyServer:
             self._check_disclosure(kind, reply)
             if self.runtime.privacy is not None and kind not in self.runtime.builtins:
                 entry["dp_epsilon_spent"] = self.runtime.privacy.ledger.epsilon_spent()
+            if kind == "psu_eval" and self.aligner.ledger is not None:  # the caller's lookups after this one
+                entry["lookups"] = self.aligner.budget()["used"]
             self.sessions.touch(wire.session)
             if self.runtime.clipped_rows:
                 entry["clipped_rows"] = self.runtime.clipped_rows
@@ -635,6 +648,11 @@ def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     else:
         log.info("party %s aligns by private set union (%s)", cfg.name, "holds the passive parties' alignment key"
                  if handler.aligner.keyed else "no alignment key: its tokens come through a keyed party")
+        if handler.aligner.keyed:
+            limits = handler.lookups.limits
+            log.info("party %s answers at most %s per coordinator (its lookup budget, kept in %s)", cfg.name,
+                     ", ".join(f"{v:,} lookups {SPANS[k]}" for k, v in limits.items()) or "any number of lookups",
+                     handler.lookups.path)
     if cfg.policy.seed == "coordinator":
         log.warning("party %s builds its parameters from the coordinator's seed ([policy] seed = 'coordinator'): "
                     "for research only, a coordinator knowing the initial weights can invert embeddings", cfg.name)

@@ -65,6 +65,9 @@ MAX_HEADER_BYTES = 1 << 20
 CHUNK_BYTES = 512 << 10
 #: the largest single wire message a party accepts (the first chunk with the largest header)
 MAX_WIRE_MESSAGE = 8 + MAX_HEADER_BYTES + CHUNK_BYTES
+#: how deep a header's JSON may nest (a setup config is a few levels deep): a deeper one is refused before any code
+#: walks it recursively (a 40 KB config nested 20,000 deep once reached the party's handler as a RecursionError)
+MAX_NESTING = 64
 _TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
                  "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8, "BOOL": torch.bool}
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}$")
@@ -110,13 +113,36 @@ def _table(data: bytes | bytearray) -> tuple[int, dict[str, Any]]:
     (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
         raise WireError(f"frame header length {n} is out of bounds for a {len(data)}-byte message")
-    try:
-        table = json.loads(bytes(data[8:8 + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"frame header is not JSON: {e}") from None
+    table = _json(bytes(data[8:8 + n]), "frame header")
     if not isinstance(table, dict):
         raise WireError("frame header is not a JSON object")
     return n, table
+
+
+def _nesting(value: Any) -> int:
+    """How deep ``value`` (parsed JSON) nests containers, counted without recursion (a scalar: 0)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_NESTING:  # deeper than the limit is refused anyway: no need to walk further
+                todo.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _json(text: bytes | str, what: str) -> Any:
+    """``text`` parsed as JSON, refused (:class:`WireError`, one line) if it is not JSON or nests deeper than
+    :data:`MAX_NESTING` levels."""
+    try:
+        value = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WireError(f"{what} is not JSON: {e}") from None
+    except RecursionError:  # the JSON decoder recurses per level: far too deep
+        raise WireError(f"{what} nests deeper than {MAX_NESTING} levels") from None
+    if _nesting(value) > MAX_NESTING:
+        raise WireError(f"{what} nests deeper than {MAX_NESTING} levels")
+    return value
 
 
 def _spans(table: Mapping[str, Any]) -> list[tuple[int, int, str, torch.dtype, list[int]]]:
@@ -187,10 +213,9 @@ def _unframe(data: bytes | bytearray, max_bytes: int | None = None) -> tuple[dic
     meta = table.pop("__metadata__", None)
     if not isinstance(meta, dict) or "partialvfl" not in meta:
         raise WireError("frame carries no partialvfl header")
-    try:
-        header = json.loads(meta["partialvfl"])
-    except (TypeError, json.JSONDecodeError) as e:
-        raise WireError(f"partialvfl header is not JSON: {e}") from None
+    if not isinstance(meta["partialvfl"], str):
+        raise WireError("partialvfl header is not JSON text")
+    header = _json(meta["partialvfl"], "partialvfl header")
     if not isinstance(header, dict):
         raise WireError("partialvfl header is not a JSON object")
     spans = _spans(table)

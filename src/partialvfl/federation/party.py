@@ -42,7 +42,7 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
 from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
 from partialvfl.federation.setup_shape import SetupShape
-from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
+from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor, to_device
 
 __all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
            "register_program", "state_file"]
@@ -52,11 +52,14 @@ PROGRAMS: dict[str, type[PartyProgram]] = {}
 #: The runtime's own message kinds.
 RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
-    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config", "privacy"],
+    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config", "privacy", "fit", "label_dp"],
                          doc="Build the named party program with this config and seed. `privacy`: the method's plan "
                              "for a party with a differential-privacy budget (charges per row, clip norms); such a "
-                             "party refuses a setup without one. Replies `privacy` (the party's budget, what it "
-                             "spent, the noise it will add) where the party has a budget."),
+                             "party refuses a setup without one. `fit`: the setup is for a fit (it will train), "
+                             "`label_dp`: the epsilon of the fit's label DP; a party that requires label protection "
+                             "refuses a fit without it, and trains nothing after a setup that is not such a fit. "
+                             "Replies `privacy` (the party's budget, what it spent, the noise it will add) where the "
+                             "party has a budget."),
     "privacy": MessageSpec(doc="The party's differential-privacy budget and what its most-charged row has spent "
                                "(`enabled` false where it keeps none)."),
     "preprocess": MessageSpec(meta=["data", "standardize"],
@@ -174,7 +177,7 @@ class PartyProgram:
         """Its own features (float32, on its device) of ``rows``, shared-order positions, in the data attached as
         ``handle``: gathered from the table the party moved to its device once."""
         pos = self.data(handle).position_of_rows(np.asarray(rows))
-        return self.runtime.table(handle)[torch.as_tensor(pos, device=self.device)]
+        return self.runtime.table(handle)[to_device(torch.as_tensor(pos), self.device)]
 
     def handle(self, request: Request) -> Reply:
         fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
@@ -237,6 +240,7 @@ class PartyRuntime:
         self.program: PartyProgram | None = None
         self.resolve_dir = resolve_dir
         self.rewinds = RewindGuard()  # no training again and again from one saved state ([policy] max_rewinds)
+        self.trains = True  # whether the current setup may train ([policy] require_label_dp: only a protected fit)
         self.clipped_rows = 0  # gradient rows the last admitted request had clipped ([policy] max_grad_norm)
         own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "preprocess": self._preprocess,
                                    "save": self._save, "load": self._load, "forget": self._forget,
@@ -405,6 +409,8 @@ class PartyRuntime:
         tensors, self.clipped_rows = clip_gradient_rows(spec, request.tensors, self.policy.max_grad_norm,
                                                         request.kind)
         if spec.role == TRAINS:
+            if not self.trains:
+                self.policy.refuse_training(request.kind)
             self.rewinds.training(self.policy.max_rewinds)
         return Request(request.kind, tensors, request.meta) if self.clipped_rows else request
 
@@ -423,6 +429,7 @@ class PartyRuntime:
         shadowed = sorted(set(PROGRAMS[name].messages) & set(self.builtins))
         if shadowed:
             raise ValueError(f"party program {name!r} declares this party's built-in kind(s) {shadowed}")
+        self.trains = self.policy.check_labels(request.meta.get("fit"), request.meta.get("label_dp"))
         seed = self.policy.init_seed(int(request.meta["seed"]))
         meta: dict[str, Any] = {"ok": True}
         if self.privacy is not None:

@@ -181,7 +181,7 @@ def load_party_config(path: str | Path) -> PartyConfig:
         extra=raw,
         policy=policy,
         predict_tables=_predict_tables(data, p, rel),
-        access_log=AccessLogConfig(rel(access.get("path", str(state_dir / "access.log"))),
+        access_log=AccessLogConfig(rel(access["path"]) if "path" in access else state_dir / "access.log",
                                    int(float(access.get("max_mb", 10)) * 2**20), int(access.get("backups", 5))),
         max_concurrent_rpcs=max(1, int(party.get("max_concurrent_rpcs", 4))),
         peers=peers,

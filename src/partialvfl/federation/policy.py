@@ -34,12 +34,16 @@ from typing import Any
 from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, kinds_with_role, meta_path
 from partialvfl.federation.setup_shape import Network, SetupShape
 
-__all__ = ["PACKAGE_PROGRAMS", "InferenceGuard", "Network", "PartyPolicy", "PolicyViolation", "SetupShape",
-           "toml_value"]
+__all__ = ["LOOKUP_FLOOR", "LOOKUP_RULES", "PACKAGE_PROGRAMS", "InferenceGuard", "Network", "PartyPolicy",
+           "PolicyViolation", "SetupShape", "toml_value"]
 
 #: In ``programs``: every registered program whose class is defined in the ``partialvfl`` package (the default).
 PACKAGE_PROGRAMS = "builtin"
 SEED_MODES = ("secret", "coordinator")
+#: the lookup budget's rules (:mod:`partialvfl.federation.lookups`), and the fewest lookups a share ("N%") allows, so
+#: that a small party is not refused its federation's first fits (one fit evaluates the label side's IDs once)
+LOOKUP_RULES = ("max_lookups_per_hour", "max_lookups_per_day", "max_lookups_total")
+LOOKUP_FLOOR = 10_000
 
 
 def toml_value(value: Any) -> str:
@@ -127,10 +131,23 @@ class PartyPolicy:
     max_peer_mb: float = 64.0
     allow_likelihood_release: bool = False
     min_latent_scale: float | None = 0.3
-    max_lookups: int | None = 2_000_000  # IDs this party blinds for others per session (keyless alignment)
+    max_lookups: int | None = 2_000_000  # IDs this party evaluates in one coordinator session (a resume continues it)
+    # ---- the lookup budget (issue 35): IDs this party evaluates (psu_eval) for one coordinator identity, counted in a
+    # ledger in its state (partialvfl.federation.lookups); a number, or "N%" of its training rows (at least
+    # LOOKUP_FLOOR); None: no bound
+    max_lookups_per_hour: int | str | None = None
+    max_lookups_per_day: int | str | None = "100%"
+    max_lookups_total: int | str | None = None
+    lookup_warn_fraction: float = 0.5  # a warning on the party's log when a window passes this share of its limit
     persist_alignment: bool = True  # keep a session's alignment nonce when asked (resuming a fit), else always fresh
+    # resume an alignment by a name the coordinator chooses (research: a fit with the same seed gets the same tokens);
+    # false: only with the ticket this party handed that coordinator for that session
+    resume_alignment_by_name: bool = False
     # the label holder's own party only: feature values its coordinator sends for its new users (never trained on)
     accept_coordinator_features: bool = False
+    # ---- label protection (issue 35): a fit this party takes part in must protect the labels by label DP at an
+    # epsilon at most this (a setup that does not say it is such a fit may predict, never train); None: no requirement
+    require_label_dp: float | None = None
     # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
     # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
     dp_epsilon: float | None = None
@@ -148,7 +165,8 @@ class PartyPolicy:
                    min_lr=None, max_parameters=None, max_handles=None, max_config_kb=None,
                    allow_weight_sharing=True, seed="coordinator", max_setup_width_ratio=None, max_lr=None,
                    max_weight_decay=None, max_momentum=None, max_grad_norm=None, max_rewinds=None,
-                   allow_likelihood_release=True, min_latent_scale=None, max_lookups=None)
+                   allow_likelihood_release=True, min_latent_scale=None, max_lookups=None,
+                   max_lookups_per_day=None, resume_alignment_by_name=True)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -175,6 +193,18 @@ class PartyPolicy:
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {policy.seed!r}")
         _check_dp(policy, where)
         return policy
+
+    def lookup_limits(self, rows: int) -> dict[str, int]:
+        """The lookup budget of a party with ``rows`` training rows: ``{rule: lookups}`` for every bounded window
+        (``"N%"`` is N % of ``rows``, at least :data:`LOOKUP_FLOOR`)."""
+        out = {}
+        for rule in LOOKUP_RULES:
+            value = getattr(self, rule)
+            if isinstance(value, str):
+                out[rule] = max(LOOKUP_FLOOR, math.ceil(float(value[:-1]) / 100 * rows))
+            elif value is not None:
+                out[rule] = int(value)
+        return out
 
     def with_dp(self, epsilon: float, delta: float) -> PartyPolicy:
         """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)."""
@@ -421,6 +451,34 @@ class PartyPolicy:
         if refused is not None:
             raise refused
 
+    def check_labels(self, fit: Any, label_dp: Any) -> bool:
+        """Whether a ``setup`` may train: refuse a fit (``fit`` true) whose labels are not protected as
+        ``require_label_dp`` requires (:class:`PolicyViolation`, rule ``require_label_dp``); a setup that does not
+        say it is a fit may only predict under that rule."""
+        need = self.require_label_dp
+        if need is None:
+            return True
+        if fit is not True:
+            return False
+        try:
+            eps = float(label_dp) if label_dp is not None else math.inf
+        except (TypeError, ValueError):
+            eps = math.nan
+        if not eps <= need:  # also NaN: a label_dp that is not a number
+            asked = "no label DP" if label_dp is None else f"label DP at epsilon {label_dp!r}"
+            raise PolicyViolation("require_label_dp", f"this party takes part only in fits whose labels are protected "
+                                  f"by label DP at epsilon at most {need:g}; this fit has {asked} (fit with --label-dp "
+                                  f"{need:g} or less, or [labels] label_dp in the federation file)", label_dp,
+                                  {"require_label_dp": eps} if math.isfinite(eps) else None)
+        return True
+
+    def refuse_training(self, kind: str) -> None:
+        """Refuse a training request after a setup that did not say it is a label-protected fit (rule
+        ``require_label_dp``)."""
+        raise PolicyViolation("require_label_dp", f"{kind!r} trains, and this party trains only in fits whose labels "
+                              f"are protected by label DP at epsilon at most {self.require_label_dp:g}: the current "
+                              "setup did not say it is one (partialvfl fit --label-dp EPS says so)", kind)
+
     def check_handles(self, held: int, handle: str, existing: bool) -> None:
         """Refuse one more attached data set beyond ``max_handles``."""
         if not existing and self.max_handles is not None and held >= self.max_handles:
@@ -445,6 +503,8 @@ class PartyPolicy:
         how = f" changed by party.toml ({changed})" if changed else " (the preset unchanged)"
         dp = (f"; differential privacy: epsilon {self.dp_epsilon:g}, delta {self.dp_delta:g} per row"
               if self.dp_epsilon is not None else "")
+        if self.require_label_dp is not None:
+            dp += f"; fits only with label DP at epsilon <= {self.require_label_dp:g}"
         return (f"policy {self.preset}{how}: {progs}; {seed}; weight sharing "
                 f"{'allowed' if self.allow_weight_sharing else 'refused'}{dp}")
 
@@ -464,11 +524,13 @@ def _check_dp(policy: PartyPolicy, where: str) -> None:
         raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
 
 
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups"}
+_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups",
+             *LOOKUP_RULES}
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
                "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
-               "dp_delta"}
-_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "accept_coordinator_features"}
+               "dp_delta", "lookup_warn_fraction", "require_label_dp"}
+_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "resume_alignment_by_name",
+              "accept_coordinator_features"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 
@@ -482,6 +544,23 @@ def _policy_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         return value
+    if key in LOOKUP_RULES and isinstance(value, str):
+        share = value.strip()
+        try:
+            ok = share.endswith("%") and 0 < float(share[:-1]) < math.inf
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}: {key} must be a number of lookups or a share of the party's training rows "
+                             f"such as \"100%\", got {value!r}")
+        return share
+    if key == "require_label_dp" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                          and 0 < value < math.inf):
+        raise ValueError(f"{where}: require_label_dp must be a positive epsilon (the largest label-DP epsilon a fit "
+                         f"may use), got {value!r}")
+    if key == "lookup_warn_fraction" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                              and 0 < value <= 1):
+        raise ValueError(f"{where}: lookup_warn_fraction must be a number in (0, 1], got {value!r}")
     if key == "seed":
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {value!r}")

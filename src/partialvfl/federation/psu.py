@@ -9,13 +9,18 @@ arithmetic is written here.  An ID, normalised by :mod:`partialvfl.data.ids`, is
 ``S`` (a file, ``alignment_key_file``; ``partialvfl certs init`` writes one), which the coordinator and the label
 holder's own party process never hold.  At the start of every coordinator session each keyed party draws a fresh
 nonce; the session key is ``a = reduce(HMAC-SHA512(S, KEY_DOMAIN || sorted nonces))``, so tokens of two sessions
-are unlinkable unless a party chooses to reuse its nonce (``persist_alignment``, to resume a fit).
+are unlinkable unless the party itself reuses its nonce: a coordinator that asks to keep a session (to resume a fit)
+gets a *ticket* (32 random bytes) under which the party keeps that nonce in its own state, bound to that
+coordinator's certificate key; presenting it later resumes exactly that session's tokens (``persist_alignment``).
+A salt or name the coordinator chooses cannot reproduce an earlier session's tokens (the research preset's
+``resume_alignment_by_name`` also honours a name, so that simulations reproduce).
 
 **Tokens.**  A keyed party reports ``T(y) = H(y)^a`` for its rows.  Everyone else (the label holder's party process,
 the coordinator's label table and the IDs it predicts) gets tokens through an oblivious evaluation by one keyed party:
 blind ``H(x)^r`` with a fresh secret scalar ``r``, have it raised to ``a`` (``psu_eval``), unblind with ``1/r``.
-The evaluating party sees only uniformly random group elements; it counts them against its ``max_lookups`` per
-session and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
+The evaluating party sees only uniformly random group elements; it counts them against its lookup budget (a ledger
+per coordinator identity in its own state, over time windows and in total: :mod:`partialvfl.federation.lookups`)
+and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
 but cannot compute ``T`` for a guessed ID without a keyed party's online answer.  The security argument is in
 ``docs/deployment.md`` ("Alignment").
 
@@ -31,6 +36,7 @@ import hmac
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,9 +45,11 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.ids import normalize_ids, read_key
+from partialvfl.federation.lookups import LookupLedger
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import MessageSpec, TensorSpec
+from partialvfl.utils.private_files import write_private_json
 
 __all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "PartyAligner", "evaluate",
            "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key", "session_order",
@@ -56,9 +64,11 @@ NONCE_BYTES = 32
 
 #: the party server's alignment messages (built-in kinds, beside ``hello``/``ids``/``attach``/``release``)
 PSU_MESSAGES: dict[str, MessageSpec] = {
-    "psu_open": MessageSpec(optional_meta=["alignment_id"],
-                            doc="Start this session's alignment: a keyed party replies a fresh nonce (or, for "
-                                "`alignment_id`, the one it kept for it, if its policy persists alignment keys)."),
+    "psu_open": MessageSpec(optional_meta=["alignment_id", "resume"],
+                            doc="Start this session's alignment: a keyed party replies a fresh nonce; with "
+                                "`alignment_id` (keep it, to resume a fit) also a `ticket`, and with `resume` (a "
+                                "ticket it handed this coordinator before) the nonce it kept under it, if its policy "
+                                "persists alignment keys."),
     "psu_tokens": MessageSpec(reply=[TensorSpec("tokens", "uint8", ("N", 32))], meta=["salt"],
                               optional_meta=["table"],
                               doc="A keyed party's tokens H(id)^a of its table's rows, sorted; `salt` is every keyed "
@@ -71,8 +81,8 @@ PSU_MESSAGES: dict[str, MessageSpec] = {
                                    "removes r and replies its tokens, sorted."),
     "psu_eval": MessageSpec(request=[TensorSpec("points", "uint8", ("N", 32))],
                             reply=[TensorSpec("points", "uint8", ("N", 32))], meta=["salt"],
-                            doc="Raise blinded points to the session key (an oblivious lookup; counted against "
-                                "max_lookups and logged)."),
+                            doc="Raise blinded points to the session key (an oblivious lookup: charged to the "
+                                "coordinator's lookup budget, a ledger in the party's state, and logged)."),
 }
 
 
@@ -243,58 +253,92 @@ class PartyAligner:
 
     ``secret``: the passive parties' shared alignment secret (``None``: a party without it, e.g. the label holder's
     own block, which gets its tokens through a keyed party).  ``texts(table)`` gives a table's normalised IDs.
+    ``persist``: whether the party keeps a session's nonce when a coordinator asks (to resume a fit), under a ticket
+    it hands that coordinator (and, with ``resume_by_name``, under the coordinator's ``alignment_id`` too: research
+    runs, where a fit with the same seed gets the same tokens).  ``max_lookups``: points evaluated per coordinator
+    session; ``ledger``: the party's lookup budget across sessions (:mod:`partialvfl.federation.lookups`).  The
+    server sets ``caller`` (the asking coordinator's certificate key fingerprint) and ``caller_name`` per request.
     """
 
     def __init__(self, name: str, secret: bytes | None, texts: Callable[[str], Sequence[str]], state_dir: Path, *,
-                 persist: bool = True, max_lookups: int | None = None, threads: int = 1) -> None:
+                 persist: bool = True, max_lookups: int | None = None, threads: int = 1,
+                 ledger: LookupLedger | None = None, resume_by_name: bool = False) -> None:
         self.name, self.secret, self.texts = name, secret, texts
         self.state_dir, self.persist, self.max_lookups, self.threads = state_dir, persist, max_lookups, threads
+        self.ledger, self.resume_by_name = ledger, resume_by_name
+        self.caller, self.caller_name = "coordinator", ""
+        self.lookups = 0
         self.new_session()
 
     @property
     def keyed(self) -> bool:
         return self.secret is not None
 
-    def new_session(self) -> None:
-        """Forget every key, blinding and token of the previous session."""
+    def new_session(self, resumed: bool = False) -> None:
+        """Forget every key, blinding and token of the previous session (``resumed``: the same coordinator session
+        goes on, e.g. after its coordinator restarted, and keeps counting its lookups)."""
         self.nonce: str | None = None
         self.salt: list[str] | None = None
         self.key: bytes | None = None
         self.rows: dict[str, dict[bytes, int]] = {}
         self.blinded: dict[str, tuple[Blinding, list[int]]] = {}
         self.evaluated: set[bytes] = set()
-        self.lookups = 0
+        if not resumed:
+            self.lookups = 0
 
     def _where(self, what: str) -> str:
         return f"party {self.name!r}, {what}"
 
     # -- psu_open
-    def open(self, alignment_id: Any = None) -> dict[str, Any]:
+    def open(self, alignment_id: Any = None, resume: Any = None) -> dict[str, Any]:
+        """Start this session's alignment: a fresh nonce, unless ``resume`` is a ticket this party handed the same
+        coordinator for an earlier session (or, with ``resume_by_name``, ``alignment_id`` names one); a coordinator
+        that asks to keep the session (``alignment_id``) gets a ticket for it."""
         if self.nonce is not None:
             raise AlignmentError(self._where("psu_open: this session's alignment is already open"))
         if not self.keyed:
             self.nonce = ""
             return {"keyed": False}
-        kept = self._kept_nonce(alignment_id) if alignment_id is not None else None
+        kept = None
+        if self.persist and isinstance(resume, str):
+            kept = self._ticket_nonce(resume)
+        if kept is None and self.persist and self.resume_by_name and alignment_id is not None:
+            kept = self._named_nonce(alignment_id)
         self.nonce = kept or secrets.token_hex(NONCE_BYTES)
-        persisted = kept is not None
-        if alignment_id is not None and kept is None and self.persist:
-            path = self._nonce_file(alignment_id)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"nonce": self.nonce}))
-            path.chmod(0o600)
-            persisted = True
-        return {"keyed": True, "nonce": self.nonce, "persisted": persisted}
+        reply: dict[str, Any] = {"keyed": True, "nonce": self.nonce, "persisted": kept is not None,
+                                 "resumed": kept is not None}
+        if alignment_id is not None and self.persist:
+            if kept is None:
+                ticket = secrets.token_hex(NONCE_BYTES)
+                write_private_json(self._ticket_file(ticket), {"nonce": self.nonce, "coordinator": self.caller,
+                                                           "created": time.time()})
+                reply.update(persisted=True, ticket=ticket)
+                if self.resume_by_name and not self._named_file(alignment_id).is_file():
+                    write_private_json(self._named_file(alignment_id), {"nonce": self.nonce})
+            elif isinstance(resume, str):
+                reply["ticket"] = resume
+        return reply
 
-    def _nonce_file(self, alignment_id: Any) -> Path:
+    def _ticket_file(self, ticket: str) -> Path:
+        return self.state_dir / "alignment" / "tickets" / f"{hashlib.sha256(ticket.encode()).hexdigest()[:32]}.json"
+
+    def _ticket_nonce(self, ticket: str) -> str | None:
+        """The nonce kept under ``ticket``, if this party issued it to the coordinator asking now."""
+        path = self._ticket_file(ticket)
+        if not path.is_file():
+            return None
+        kept = json.loads(path.read_text())
+        if not hmac.compare_digest(str(kept.get("coordinator", "")).encode(), self.caller.encode()):
+            return None  # another coordinator's ticket: it cannot link this party's sessions
+        return str(kept["nonce"])
+
+    def _named_file(self, alignment_id: Any) -> Path:
         digest = hashlib.sha256(str(alignment_id).encode()).hexdigest()[:32]
         return self.state_dir / "alignment" / f"{digest}.json"
 
-    def _kept_nonce(self, alignment_id: Any) -> str | None:
-        path = self._nonce_file(alignment_id)
-        if not self.persist or not path.is_file():
-            return None
-        return str(json.loads(path.read_text())["nonce"])
+    def _named_nonce(self, alignment_id: Any) -> str | None:
+        path = self._named_file(alignment_id)
+        return str(json.loads(path.read_text())["nonce"]) if path.is_file() else None
 
     def _session_key(self, salt: Any, kind: str) -> bytes:
         if not self.keyed:
@@ -352,10 +396,15 @@ class PartyAligner:
             raise AlignmentError(self._where("psu_eval: elements already evaluated in this session (a replayed set)"))
         if self.max_lookups is not None and self.lookups + len(pts) > self.max_lookups:
             raise PolicyViolation("max_lookups", f"evaluating {len(pts)} more IDs would make {self.lookups + len(pts)} "
-                                  f"in this session; at most {self.max_lookups}", self.lookups + len(pts))
+                                  f"in this session; at most {self.max_lookups}", self.lookups + len(pts),
+                                  {"max_lookups": self.lookups + len(pts)})
+        if self.ledger is not None:  # the party's budget across sessions: refused before anything is computed
+            self.ledger.check(self.caller, len(pts), self.caller_name)
         out = evaluate(pts, key, self._where("psu_eval"), self.threads)
         self.lookups += len(pts)
         self.evaluated.update(pts)
+        if self.ledger is not None:
+            self.ledger.record(self.caller, len(pts), self.caller_name)
         return points_array(out)
 
     def handlers(self, table_name: Callable[[Request], str]) -> dict[str, tuple[MessageSpec, Callable[..., Reply]]]:
@@ -370,13 +419,21 @@ class PartyAligner:
             return Reply({"tokens": t(arr)}, meta)
 
         fns: dict[str, Callable[[Request], Reply]] = {
-            "psu_open": lambda req: Reply(meta=self.open(req.meta.get("alignment_id"))),
+            "psu_open": lambda req: Reply(meta=self.open(req.meta.get("alignment_id"), req.meta.get("resume"))),
             "psu_tokens": tokens,
             "psu_blind": lambda req: Reply({"points": t(self.blind(table_name(req)))}),
             "psu_unblind": lambda req: Reply({"tokens": t(self.unblind(table_name(req), req.tensors["points"]))}),
             "psu_eval": lambda req: Reply({"points": t(self.evaluate(req.tensors["points"], req.meta.get("salt")))}),
         }
         return {k: (PSU_MESSAGES[k], fn) for k, fn in fns.items()}
+
+    def budget(self) -> dict[str, Any]:
+        """What the party tells a coordinator about its lookup budget in its ``hello``: the limits and what that
+        coordinator has used ({} for a party without the key or without a budget)."""
+        if not self.keyed or self.ledger is None:
+            return {}
+        used = self.ledger.counts(self.caller)
+        return {"limits": dict(self.ledger.limits), "used": {rule: used[rule] for rule in self.ledger.limits}}
 
     def row_index(self, table: str) -> dict[bytes, int]:
         """Token -> row of ``table`` in this session (``attach`` names rows by token)."""

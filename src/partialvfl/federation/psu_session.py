@@ -9,7 +9,8 @@ Two strategies behind one interface (:class:`PsuAlignment`, the default, and :cl
 
 Message flow of one session (``psu``; K parties of which the keyed ones hold the passive parties' secret):
 
-1. ``psu_open`` to every party: each keyed party replies a fresh nonce; the salt is the sorted nonces.
+1. ``psu_open`` to every party: each keyed party replies a fresh nonce (or, given the ticket it handed out for an
+   alignment to resume, the nonce it kept under it); the salt is the sorted nonces.
 2. concurrently: ``psu_tokens`` (salt) to each keyed party -> its tokens ``H(y)^a``, sorted, and a key check;
    ``psu_blind`` to each party without the key -> its rows blinded ``H(y)^r``, sorted.
 3. ``psu_eval`` (salt): the unkeyed parties' points and the coordinator's own blinded IDs, split over the keyed
@@ -25,6 +26,7 @@ The coordinator blinds and unblinds its own IDs while the parties compute (libso
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,6 +44,7 @@ from partialvfl.federation.psu import (
     points_list,
     validate_points,
 )
+from partialvfl.federation.sessions import AlignmentTickets
 from partialvfl.federation.transport import Transport
 
 __all__ = ["ALIGNMENT_MODES", "AlignmentError", "HmacAlignment", "PsuAlignment", "make_alignment"]
@@ -101,13 +104,15 @@ class HmacAlignment(_Base):
 
 class PsuAlignment(_Base):
     """The keyless private set union (module docstring).  ``alignment_id``: asks the parties to keep this
-    session's nonces under that name (to resume a fit with the same tokens), if their policy allows."""
+    session's nonces (to resume a fit with the same tokens), if their policy allows; each keyed party hands out a
+    ticket for it, kept in ``tickets`` (with a fit's checkpoints), which a later session presents to resume."""
 
     def __init__(self, transport: Transport, party_names: Sequence[str], *, alignment_id: str | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, tickets: AlignmentTickets | None = None) -> None:
         super().__init__(transport, party_names)
         self.alignment_id = alignment_id
         self.threads = threads
+        self.tickets = tickets if tickets is not None else AlignmentTickets()
         self.cache_tokens = False
         self.reset()
 
@@ -118,6 +123,9 @@ class PsuAlignment(_Base):
         self.persisted: dict[int, bool] = {}
         self._next = 0
         self.avoid: set[int] = set()  # keyed parties not to ask a lookup of while another can answer (a slow one)
+        # lookups each keyed party's budget has left for this coordinator (from its hello; absent: no budget known):
+        # a lookup batch goes to the party with the most left, so that one party's budget is not spent first
+        self.remaining: dict[int, float] = {}
         # with ``cache_tokens`` (a long-lived prediction service), each ID is looked up once per session
         self.token_cache: dict[str, bytes] = {}
 
@@ -130,9 +138,9 @@ class PsuAlignment(_Base):
         if self.salt is not None:
             raise AlignmentError(f"{[self.who(k) for k in todo]} joined after this session's alignment was opened; "
                                  "open a new session (connect again)")
-        meta = {} if self.alignment_id is None else {"alignment_id": self.alignment_id}
         self.transport.new_step()
-        replies = self.transport.call_many({k: Request("psu_open", {}, dict(meta)) for k in todo}, tolerate=tolerate)
+        replies = self.transport.call_many({k: Request("psu_open", {}, self._open_meta(k)) for k in todo},
+                                           tolerate=tolerate)
         nonces = []
         for k, r in sorted(replies.items()):
             self.opened.add(k)
@@ -140,6 +148,8 @@ class PsuAlignment(_Base):
                 self.keyed.append(k)
                 self.persisted[k] = bool(r.meta.get("persisted"))
                 nonces.append(str(r.meta.get("nonce")))
+                if self.alignment_id is not None:
+                    self.tickets.set(self.alignment_id, self.names[k], r.meta.get("ticket"))
         if not self.keyed:
             raise AlignmentError("no party holds the alignment key: give the passive parties alignment_key_file "
                                  "(partialvfl certs init writes one; never to the label holder), or choose "
@@ -152,6 +162,14 @@ class PsuAlignment(_Base):
             if kept:
                 log.warning("parties %s do not keep alignment keys (persist_alignment = false): a resumed fit "
                             "aligns with new tokens", kept)
+
+    def _open_meta(self, k: int) -> dict[str, Any]:
+        """``psu_open``'s metadata for party ``k``: keep this alignment (``alignment_id``), and resume it with the
+        ticket the party handed out for it, if this coordinator holds one."""
+        if self.alignment_id is None:
+            return {}
+        ticket = self.tickets.get(self.alignment_id, self.names[k])
+        return {"alignment_id": self.alignment_id, **({"resume": ticket} if ticket else {})}
 
     # ------------------------------------------------------------------ steps 2-4
     def party_tokens(self, parties: Sequence[int], table: str | None, own: Sequence[str] | None = None, *,
@@ -238,6 +256,9 @@ class PsuAlignment(_Base):
         chunk = -(-len(flat) // n_parts)
         parts = {}
         turns = [k for k in self.keyed if k not in self.avoid] if n_parts == 1 else []
+        if turns and self.remaining:  # the parties with the most budget left, taking turns among them
+            most = max(self.remaining.get(k, math.inf) for k in turns)
+            turns = [k for k in turns if self.remaining.get(k, math.inf) == most]
         for i in range(n_parts):
             k = turns[self._next % len(turns)] if turns else self.keyed[(self._next + i) % len(self.keyed)]
             parts[k] = (i * chunk, min(len(flat), (i + 1) * chunk))
@@ -245,6 +266,9 @@ class PsuAlignment(_Base):
         self.transport.new_step()
         replies = self.transport.call_many({k: Request("psu_eval", {"points": torch.from_numpy(
             points_array(flat[a:b]))}, {"salt": self.salt}) for k, (a, b) in parts.items()})
+        for k, (a, b) in parts.items():  # what each party's budget has left, as it counts (a refusal charges none)
+            if k in self.remaining:
+                self.remaining[k] -= b - a
         out: list[bytes] = []
         answers: dict[int, list[bytes]] = {}
         for k, (a, b) in sorted(parts.items(), key=lambda kv: kv[1]):
@@ -273,10 +297,11 @@ class PsuAlignment(_Base):
 
 
 def make_alignment(mode: str, transport: Transport, party_names: Sequence[str], *, key: bytes | None = None,
-                   alignment_id: str | None = None) -> HmacAlignment | PsuAlignment:
+                   alignment_id: str | None = None, tickets: AlignmentTickets | None = None,
+                   ) -> HmacAlignment | PsuAlignment:
     """The coordinator's alignment for ``mode`` (``"psu"``, the default, or the explicit ``"hmac"``)."""
     if mode == "hmac":
         return HmacAlignment(transport, party_names, key)
     if mode != "psu":
         raise ValueError(f"alignment must be one of {list(ALIGNMENT_MODES)}, got {mode!r}")
-    return PsuAlignment(transport, party_names, alignment_id=alignment_id)
+    return PsuAlignment(transport, party_names, alignment_id=alignment_id, tickets=tickets)

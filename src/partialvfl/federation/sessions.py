@@ -1,4 +1,4 @@
-"""Coordinator sessions at a party, and the session secrets a coordinator keeps to resume one.
+"""Coordinator sessions at a party, and the secrets a coordinator keeps to resume one (and its alignment).
 
 A party serves one coordinator session at a time.  A ``hello`` opens one when none is live; while one is live
 (its last request less than ``[party] session_idle_seconds`` ago) a ``hello`` is refused without touching it,
@@ -9,7 +9,10 @@ really restarted (``fit --resume``, which finds the secrets kept with its checkp
 without the secret waits for the idle timeout.  ``bye`` ends the session (the coordinator says it when it closes).
 
 :class:`SessionGuard` is the party's side (with the replay rules inside a session); :class:`SessionSecrets` the
-coordinator's (a JSON file, readable by its owner only, written atomically).
+coordinator's (a JSON file, readable by its owner only, written atomically).  :class:`AlignmentTickets` keeps the
+tickets keyed parties hand out when a fit asks them to keep its alignment (:mod:`partialvfl.federation.psu`): only
+with its ticket does a party reuse a session's tokens, so a resumed fit (``fit --resume``, which finds them with its
+checkpoints) aligns in the same order.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import contextlib
 import hmac
 import json
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -29,8 +31,9 @@ import grpc
 
 from partialvfl.federation.grpc_limits import Refused
 from partialvfl.federation.grpc_transport import WireRequest
+from partialvfl.utils.private_files import write_private_json
 
-__all__ = ["DEFAULT_IDLE_SECONDS", "SessionGuard", "SessionSecrets"]
+__all__ = ["DEFAULT_IDLE_SECONDS", "AlignmentTickets", "SessionGuard", "SessionSecrets"]
 
 #: how long a party keeps a silent session before another coordinator may open one
 DEFAULT_IDLE_SECONDS = 600.0
@@ -52,6 +55,7 @@ class SessionGuard:
         self.session: str | None = None
         self.secret: str | None = None
         self.last_active = -math.inf
+        self.resumed = False  # whether the last hello resumed the session it found (rather than opening one)
         self.last_seq = 0
         self.last_step = -1
         self.served: set[tuple[int, int, str]] = set()
@@ -107,7 +111,8 @@ class SessionGuard:
         kind = wire.request.kind
         self.last_active = self.clock()
         if kind == "hello":
-            if not (self.session is not None and self._resumes(wire.request.meta)):
+            self.resumed = self.session is not None and self._resumes(wire.request.meta)
+            if not self.resumed:
                 self.secret = secrets.token_hex(32)  # a new session, not a resumed one
             self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
             self.served.clear()
@@ -178,9 +183,38 @@ class SessionSecrets:
             return
         missing = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]
         self._made.extend(reversed(missing))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"parties": self.secrets}, f)
-        os.replace(tmp, self.path)
+        write_private_json(self.path, {"parties": self.secrets})
+
+
+
+class AlignmentTickets:
+    """The tickets under which keyed parties keep an alignment's nonce: ``{alignment_id: {party: ticket}}``, in
+    memory and (if ``path`` is set) in a JSON file readable by its owner only, rewritten atomically.  Unlike the
+    session secrets they outlive ``bye``: a fit stopped by a signal resumes with them."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.tickets: dict[str, dict[str, str]] = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                raw = json.loads(self.path.read_text())
+                self.tickets = {str(a): {str(p): str(t) for p, t in per.items()} for a, per in raw.items()}
+            except (OSError, ValueError, AttributeError) as e:
+                raise ValueError(f"alignment ticket file {self.path} is not readable JSON ({type(e).__name__}); "
+                                 "remove it (the parties then align a resumed fit with new tokens)") from None
+
+    def get(self, alignment_id: str, party: str) -> str | None:
+        return self.tickets.get(alignment_id, {}).get(party)
+
+    def set(self, alignment_id: str, party: str, ticket: Any) -> None:
+        if not isinstance(ticket, str) or self.get(alignment_id, party) == ticket:
+            return
+        self.tickets.setdefault(alignment_id, {})[party] = ticket
+        if self.path is not None:
+            write_private_json(self.path, self.tickets)
+
+    def discard(self) -> None:
+        """Drop every ticket and the file (nothing is left to resume)."""
+        self.tickets.clear()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

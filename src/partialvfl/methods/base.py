@@ -256,7 +256,9 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         """``data`` (an array, e.g. row indices or labels) as a tensor on the coordinator's device."""
         import torch
 
-        return torch.as_tensor(data, dtype=dtype, device=self.device_)
+        from partialvfl.utils.devices import to_device
+
+        return to_device(torch.as_tensor(data, dtype=dtype), self.device_)  # on a GPU: queued, the host goes on
 
     def _on_device(self, module: nn.Module) -> nn.Module:
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""

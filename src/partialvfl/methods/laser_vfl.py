@@ -51,7 +51,7 @@ from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
-from partialvfl.utils.devices import to_numpy
+from partialvfl.utils.devices import to_device, to_numpy
 
 __all__ = [
     "LaserVFL",
@@ -124,12 +124,13 @@ def laser_estimate(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights
     if k_idx.size == 0:
         return emb.new_zeros(())
     dev = emb.device
-    members = torch.as_tensor(sets, dtype=emb.dtype, device=dev)  # (K, K, B, K): every task's subset, live or not
+    members = to_device(torch.as_tensor(sets, dtype=emb.dtype), dev)  # (K, K, B, K): every task's subset, live or not
     means = torch.einsum("kibj,bjd->kibd", members, emb) / members.sum(-1).clamp(min=1.0).unsqueeze(-1)
-    n_t = torch.as_tensor(n_idx, device=dev)
-    agg = means[torch.as_tensor(k_idx, device=dev), torch.as_tensor(i_idx, device=dev), n_t]  # (L, d): live tasks
+    n_t = to_device(torch.as_tensor(n_idx), dev)
+    k_t, i_t = (to_device(torch.as_tensor(idx), dev) for idx in (k_idx, i_idx))
+    agg = means[k_t, i_t, n_t]  # (L, d): live tasks
     ce = F.cross_entropy(_per_head(agg, k_idx, head), y[n_t], reduction="none")
-    return (ce * torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype, device=dev)).sum() / max(b, 1)
+    return (ce * to_device(torch.as_tensor(weights[k_idx, i_idx, n_idx], dtype=ce.dtype), dev)).sum() / max(b, 1)
 
 
 def _shared_tasks_loss(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, weights: np.ndarray,
@@ -139,12 +140,12 @@ def _shared_tasks_loss(emb: torch.Tensor, y: torch.Tensor, sets: np.ndarray, wei
     k_idx, i_idx = np.nonzero(weights > 0)
     if k_idx.size == 0:
         return emb.new_zeros(())
-    members = torch.as_tensor(sets[k_idx, i_idx], dtype=emb.dtype, device=emb.device)  # (T, K)
+    members = to_device(torch.as_tensor(sets[k_idx, i_idx], dtype=emb.dtype), emb.device)  # (T, K)
     agg = torch.einsum("tj,bjd->tbd", members / members.sum(1, keepdim=True), emb)  # (T, B, d)
     rows = np.repeat(k_idx, b)  # the head of every (task, row)
     ce = F.cross_entropy(_per_head(agg.reshape(-1, agg.shape[-1]), rows, head), y.repeat(len(k_idx)),
                          reduction="none").view(len(k_idx), b)
-    return (ce.sum(1) * torch.as_tensor(weights[k_idx, i_idx], dtype=ce.dtype, device=ce.device)).sum() / b
+    return (ce.sum(1) * to_device(torch.as_tensor(weights[k_idx, i_idx], dtype=ce.dtype), ce.device)).sum() / b
 
 
 def _per_head(agg: torch.Tensor, heads_of_rows: np.ndarray, head: Callable[[int], nn.Module]) -> torch.Tensor:
@@ -158,9 +159,9 @@ def _per_head(agg: torch.Tensor, heads_of_rows: np.ndarray, head: Callable[[int]
     parts, order = [], []
     for module, ks in modules.values():
         rows = np.flatnonzero(np.isin(heads_of_rows, ks))
-        parts.append(module(agg[torch.as_tensor(rows, device=agg.device)]))
+        parts.append(module(agg[to_device(torch.as_tensor(rows), agg.device)]))
         order.append(rows)
-    return torch.cat(parts)[torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"), device=agg.device)]
+    return torch.cat(parts)[to_device(torch.as_tensor(np.argsort(np.concatenate(order), kind="stable")), agg.device)]
 
 
 def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,

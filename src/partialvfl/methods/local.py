@@ -30,6 +30,7 @@ class Local(SplitNNMethod):
 
     name = "local"
     params = SPACES["local"]
+    label_exposure = "nothing"  # the passive parties are sent nothing
 
     def _model_names(self, party: int) -> list[str]:
         return ["f"] if party == self.index_.active_party else []

@@ -45,6 +45,10 @@ class PrivacyHooks:
 
     #: whether the method runs with label DP and at parties that keep a differential-privacy budget
     supports_privacy: ClassVar[bool] = False
+    #: what the passive parties' messages in a fit reveal about the labels without label DP: ``"labels"`` (gradients
+    #: of a supervised loss: their rows' labels, and which rows are labelled), ``"labelled rows"`` (only which rows
+    #: are labelled) or ``"nothing"`` (they are sent nothing); the fit's first line says it (docs/privacy.md)
+    label_exposure: ClassVar[str] = "labels"
     name: ClassVar[str] = ""
 
     def _privacy_charges(self, party: int, purpose: str) -> int:

@@ -66,12 +66,13 @@ class _FeatureGaussian(torch.autograd.Function):
         diff, sq, prec = ctx.saved_tensors
         k, s, b, d = diff.shape
         grad_mean = grad_logvar = None
-        if ctx.needs_input_grad[2]:
-            weighted = torch.bmm(grad.reshape(k, 1, s * b), sq.view(k, s * b, d)).view(k, d)
-            grad_logvar = 0.5 * (prec * weighted - grad.sum((1, 2)).unsqueeze(-1))
-        if ctx.needs_input_grad[1]:
-            grad_mean = diff * (-prec).view(k, 1, 1, d)
-            grad_mean.mul_(grad.unsqueeze(-1))
+        with float32(grad):  # a backward pass run under bf16 autocast: the likelihood's gradient stays float32 too
+            if ctx.needs_input_grad[2]:
+                weighted = torch.bmm(grad.reshape(k, 1, s * b), sq.view(k, s * b, d)).view(k, d)
+                grad_logvar = 0.5 * (prec * weighted - grad.sum((1, 2)).unsqueeze(-1))
+            if ctx.needs_input_grad[1]:
+                grad_mean = diff * (-prec).view(k, 1, 1, d)
+                grad_mean.mul_(grad.unsqueeze(-1))
         return None, grad_mean, grad_logvar
 
 

@@ -8,14 +8,15 @@ service call directly::
     result = run_fit(get_method("false-vfl-1")("fast", seed=0), fed, options)
     result.model.save("model")
 
-Across a federation it opens the session, aligns the parties' IDs (asking them to keep the alignment nonces under
-``fit seed N``, unless the federation's ``alignment_id`` is set, so that a resumed fit gets the same sample order)
-and trains; with ``party_timeout`` a party that stops answering is waited for (up to ``party_retries`` times) and
-the fit continues from the last checkpoint once every party answers again, ending in the parameters of an
-uninterrupted fit.  Without it the fit stops with the party's
-:class:`~partialvfl.federation.transport.PartyUnavailable`; a :class:`~.stopping.StopRequest` stops it with
-:class:`~partialvfl.federation.checkpoint.FitInterrupted` after a checkpoint.  Both leave the checkpoint that a
-call with ``resume=True`` continues from.
+Across a federation it says, in one line, what the passive parties can infer about the labels when the fit does not
+protect them (:func:`label_exposure`), opens the session, aligns the parties' IDs (asking them to keep the alignment
+nonces for ``fit seed N``, unless the federation's ``alignment_id`` is set, so that a resumed fit gets the same
+sample order; every setup says it is a fit and how its labels are protected) and trains; with ``party_timeout`` a
+party that stops answering is waited for (up to ``party_retries`` times) and the fit continues from the last
+checkpoint once every party answers again, ending in the parameters of an uninterrupted fit.  Without it the fit
+stops with the party's :class:`~partialvfl.federation.transport.PartyUnavailable`; a
+:class:`~.stopping.StopRequest` stops it with :class:`~partialvfl.federation.checkpoint.FitInterrupted` after a
+checkpoint.  Both leave the checkpoint that a call with ``resume=True`` continues from.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from partialvfl.methods.training import EpochCallback
     from partialvfl.orchestration.stopping import StopRequest
 
-__all__ = ["FitOptions", "FitResult", "fit_threads", "make_checkpointer", "run_fit"]
+__all__ = ["FitOptions", "FitResult", "fit_threads", "label_exposure", "make_checkpointer", "run_fit"]
 
 #: a checkpoint interval that never comes: the checkpointer only saves when a stop is requested
 NEVER = 10**12
@@ -158,13 +159,44 @@ def _fit_federation(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkp
                     ) -> tuple[int, int]:
     """Connect, align and fit; with ``party_timeout``, wait out up to ``party_retries`` party failures (each time:
     every party says hello again, the fit resumes from the last checkpoint).  Returns (threads, failures)."""
-    timeout = options.party_timeout
+    exposure = label_exposure(method)
+    if exposure is not None:
+        say(exposure)
     if options.checkpoint_dir is not None and hasattr(fed, "keep_sessions_with"):
         fed.keep_sessions_with(options.checkpoint_dir)  # a coordinator restarted with resume proves it holds them
     if getattr(fed, "alignment_id", "") is None:
-        # the parties keep this fit's alignment nonces (if their policy allows): a fit with the same seed, resumed,
-        # repeated or continued after a party restarted, gets the same tokens, so the same sample order and model
+        # the parties keep this fit's alignment nonces (if their policy allows), each under a ticket it hands this
+        # coordinator (kept with the checkpoints): the fit resumed or continued after a party restarted gets the
+        # same tokens, so the same sample order and model (research parties also resume a fit of the same seed)
         fed.alignment_id = f"fit seed {method.seed}"
+    # every setup of this fit says it trains, and how its labels are protected (a party may require label DP)
+    fed.fit_labels = {"fit": True, **({"label_dp": float(method.label_dp)} if method.label_dp is not None else {})}
+    try:
+        return _fit_attempts(method, fed, options, ck, on_epoch, say, extra)
+    finally:
+        fed.fit_labels = None
+
+
+def label_exposure(method: VFLMethod) -> str | None:
+    """The line a federated fit without label protection starts with: what a passive party can infer about the
+    labels from what the method sends it (``label_exposure`` of the method), and ``--label-dp``; ``None`` when the
+    labels are protected or the passive parties are sent nothing."""
+    if method.label_dp is not None or method.label_exposure == "nothing":
+        return None
+    if method.label_exposure == "labelled rows":
+        return (f"labels: not protected: {method.name} sends the passive parties nothing computed from the labels, "
+                "but they learn which of their rows are labelled; --label-dp EPS adds label DP all the same")
+    return (f"labels: not protected: {method.name} sends the passive parties gradients computed from the labels of "
+            "the rows they hold, from which a passive party infers those labels (100 % of them by the gradients' "
+            "direction, docs/privacy.md) and which rows are labelled; fit with --label-dp EPS to bound the labels "
+            "by label DP (randomized response)")
+
+
+def _fit_attempts(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkpointer | None,
+                  on_epoch: EpochCallback | None, say: Callable[[str], None], extra: dict[str, Any]
+                  ) -> tuple[int, int]:
+    """Connect, align and fit, waiting out party failures (:func:`_fit_federation`)."""
+    timeout = options.party_timeout
     if timeout is not None:  # parties not up yet are waited for, too
         fed.rejoin(timeout)
     else:

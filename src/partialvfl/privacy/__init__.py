@@ -1,7 +1,9 @@
 """What crosses a party boundary, measured: attacks that a curious party or coordinator can run on what it receives
-(label inference, which rows are labelled, feature reconstruction), the recorder they read from, and the runs of the
-privacy-utility report.  The mechanisms that bound them live with the code they protect: the label holder's label DP
-in :mod:`partialvfl.methods.label_dp`, each party's own budget in :mod:`partialvfl.federation.dp`.
+(label inference, which rows are labelled, feature reconstruction; and, in :mod:`partialvfl.privacy.enumeration`,
+which needs the gRPC extra, the label holder's enumeration of other parties' customers through online lookups), the
+recorder they read from, and the runs of the privacy-utility report. The mechanisms that bound them live with the
+code they protect: the label holder's label DP in :mod:`partialvfl.methods.label_dp`, each party's own budget in
+:mod:`partialvfl.federation.dp`.
 
 Layer: above ``methods`` (it fits models to attack them), below ``bench`` and ``cli``.
 """

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 __all__ = ["DEVICE_FORMS", "PRECISIONS", "DeviceError", "all_finite", "autocast", "check_precision", "describe",
-           "gpu_count", "host", "move", "move_message", "resolve_device", "scalar", "table_tensor", "to_numpy",
-           "strict_devices", "use_deterministic"]
+           "gpu_count", "host", "move", "move_message", "resolve_device", "scalar", "table_tensor", "to_device",
+           "to_numpy", "strict_devices", "use_deterministic"]
 
 #: the values ``--device`` takes
 DEVICE_FORMS = "auto | cpu | cuda | cuda:N | mps"
@@ -134,6 +134,22 @@ def move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if t.device.type == "meta":
         return _placeholder(t).to(device)
     return t.to(device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor ``t`` (a noise draw, row positions, labels) on ``device`` without making the host wait.
+
+    Itself on the CPU.  To a GPU the copy is queued from pinned (page-locked) memory with ``non_blocking=True``: a
+    plain ``.to("cuda")`` from pageable memory synchronises the stream, so every such copy in a step would drain the
+    GPU's queue and leave it idle while Python prepares the next kernels.  The pinned staging copy is torch's (its
+    caching host allocator keeps the block until the copy has run), so ``t`` may change afterwards.  Any other
+    device (``meta``) gets a plain non-blocking copy.
+    """
+    if t.device == device or t.device.type != "cpu":
+        return move(t, device)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
 
 
 def move_message(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

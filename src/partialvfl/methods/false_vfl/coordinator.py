@@ -38,7 +38,7 @@ from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
-from partialvfl.utils.devices import scalar, to_numpy
+from partialvfl.utils.devices import scalar, to_device, to_numpy
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
 from partialvfl.utils.threads import mlp_flops
 
@@ -51,6 +51,7 @@ class _FalseVFL(VFLMethod):
     party_program: ClassVar[str] = FalseVFLParty.program_name
     variant: ClassVar[int] = 1
     params: ClassVar = PARAMS
+    label_exposure = "labelled rows"  # the parties' gradients are those of the label-free bound (docs/privacy.md)
 
     @classmethod
     def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
@@ -135,7 +136,7 @@ class _FalseVFL(VFLMethod):
     # ------------------------------------------------------------------ one batch
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the coordinator's device."""
-        return torch.randn(shape, generator=gen).to(self.device_)
+        return to_device(torch.randn(shape, generator=gen), self.device_)
 
     def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """The coordinator's reparameterisation noise (:class:`~.rounds.LatentSide`)."""

@@ -31,12 +31,13 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
-from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise_generator, reparameterize, split_gaussian
+from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.spec import WIRES
-from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
+from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch, for_device
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import feature_gaussian_log_density
+from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 
 __all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "PartyModules", "allowed_tensors", "as_rows"]
@@ -145,7 +146,7 @@ class FalseVFLParty(PartyProgram):
         self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
         self.latent_scale_floor = float(config.get("latent_scale_floor", 0.0))
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
-            self.net = PartyModules(config).to(self.device)
+            self.net = for_device(PartyModules(config).to(self.device), self.device)  # CUDA: channels last
         self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
         self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
         self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
@@ -157,7 +158,7 @@ class FalseVFLParty(PartyProgram):
     # -------------------------------------------------------------- helpers
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
-        return torch.randn(shape, generator=gen).to(self.device)
+        return to_device(torch.randn(shape, generator=gen), self.device)
 
     def decoder_logvar(self) -> torch.Tensor:
         lo, hi = self.decoder_logvar_range
@@ -178,8 +179,7 @@ class FalseVFLParty(PartyProgram):
 
     def shared_noise(self, meta: dict[str, Any], d_h: int) -> torch.Tensor:
         """The batch's reparameterisation noise ``eps_h`` ``(S, batch, d_h)``, the same draw as the coordinator's."""
-        gen = latent_noise_generator(int(meta["noise_seed"]))
-        return self._draw(gen, (int(meta["samples"]), int(meta["batch"]), d_h))
+        return latent_noise(int(meta["noise_seed"]), (int(meta["samples"]), int(meta["batch"]), d_h), self.device)
 
     def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
         """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
@@ -242,8 +242,8 @@ class FalseVFLParty(PartyProgram):
             leaves = {n: t[n].float() for n in ("h", "h_mis") if n in t}
         else:
             leaves = {n: t[n].float() for n in ("mean", "scale", "mean_mis", "scale_mis") if n in t}
-        if train:
-            leaves = {n: v.clone().requires_grad_() for n, v in leaves.items()}
+        if train:  # leaves of its own graph (a view: the request is never written, so no copy is needed)
+            leaves = {n: v.detach().requires_grad_() for n, v in leaves.items()}
         if self.wire == "samples":
             return leaves, leaves.get("h"), leaves.get("h_mis")
         eps = self.latent_noise(req, int(self.config["d_h"]))

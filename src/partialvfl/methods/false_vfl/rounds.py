@@ -27,14 +27,16 @@ from torch import nn
 
 from partialvfl.federation.messages import Request
 from partialvfl.methods.false_vfl.formulas import (
+    after_latent_noise,
     bound_noise,
     fuse_posteriors,
     latent_log_weights,
-    latent_noise_generator,
+    latent_noise,
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
 from partialvfl.nn.compiled import compiled
+from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ def _straight_through(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _cat_index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64), device=device)
+    return to_device(torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), device)
 
 
 class LatentSide(Protocol):
@@ -166,7 +168,7 @@ class Rounds:
                 full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
             stacked.append(full.view(n_parties, b, d_h))
         st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
-                                                 torch.as_tensor(st.avail.T, device=self.side.device_),
+                                                 to_device(torch.as_tensor(st.avail.T), self.side.device_),
                                                  self.settings.fusion, any_unobserved=not st.keep.all())
         floor = self.settings.latent_scale_floor
         if self.settings.wire == "bound" and floor > 0:  # the parties evaluate no latent of a narrower posterior
@@ -199,9 +201,8 @@ class Rounds:
         for k in range(observed.shape[1]):
             st.held[k], st.missing[k] = np.flatnonzero(observed[:, k]), np.flatnonzero(~observed[:, k])
         self._fuse(st, answers, train)
-        gen = latent_noise_generator(noise_seed)
-        st.eps = self.side.draw_noise(gen, (n_samples, b, d_h))
-        eps_z = self.side.draw_noise(gen, (n_samples, b, d_z))
+        st.eps = latent_noise(noise_seed, (n_samples, b, d_h), self.side.device_)  # the parties' draw too
+        eps_z = self.side.draw_noise(after_latent_noise(noise_seed, (n_samples, b, d_h)), (n_samples, b, d_z))
         if p.wire == "bound":  # each row's noise: a hash of the mean and scale it is sent with (the parties' own draw)
             st.eps = bound_noise(noise_seed, torch.arange(b), st.mean_leaf.detach().to(dtype).cpu(),
                                  torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype).cpu(),

@@ -37,7 +37,7 @@ from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
 from partialvfl.nn.optim import make_optimizer
-from partialvfl.utils.devices import scalar
+from partialvfl.utils.devices import scalar, to_device
 from partialvfl.utils.seeding import derive_seed, numpy_rng, torch_seeded
 from partialvfl.utils.threads import mlp_flops
 
@@ -329,7 +329,7 @@ def fuse(emb: torch.Tensor, present: np.ndarray, parties: list[int] | None = Non
     if how == "concat":
         return part.reshape(part.shape[0], -1)
     if how == "mean":
-        m = torch.as_tensor(np.asarray(present)[:, sel], dtype=emb.dtype, device=emb.device)
+        m = to_device(torch.as_tensor(np.asarray(present)[:, sel], dtype=emb.dtype), emb.device)
         return (m[..., None] * part).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)[:, None]
     raise ValueError(f"fusion must be 'concat' or 'mean', got {how!r}")
 

@@ -18,7 +18,7 @@ from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
-from partialvfl.nn.blocks import build_encoder, encoder_arch
+from partialvfl.nn.blocks import build_encoder, encoder_arch, for_device
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
@@ -109,7 +109,8 @@ class SplitParty(PartyProgram):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         opt = config["optimizer"]
         for name in config["models"]:
-            self.models[name] = model = build_party_model(config, seed, runtime.index, name).to(self.device)
+            model = for_device(build_party_model(config, seed, runtime.index, name).to(self.device), self.device)
+            self.models[name] = model
             self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
                                                    opt["weight_decay"], opt.get("momentum", 0.0))
         self._pending: dict[str, torch.Tensor] = {}
