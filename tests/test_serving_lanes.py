@@ -6,6 +6,7 @@ party processes; the waits are seconds long, far from any machine-speed limit.""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from partialvfl.federation.delay_proxy import DelayProxy
 from partialvfl.federation.grpc_limits import Refused
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import PartyError, WireRequest
+from partialvfl.federation.lookups import LOOKUP_LEDGER
 from partialvfl.federation.messages import MessageLog, Request
 from partialvfl.federation.sessions import SessionGuard
 from partialvfl.methods import get_method
@@ -44,7 +46,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeplo
     d = write_example(tmp_path_factory.mktemp("example"), seed=13, n_train=300, n_new=10)
     train = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, id_column="customer_id",
                         label_column="defaulted", active_party="bank")
-    dep = LocalDeployment(tmp_path_factory.mktemp("fed"), train, deadline=120.0, start_timeout=600.0)
+    # the research policy, with a lookup budget: the keyed parties keep a ledger of every lookup
+    dep = LocalDeployment(tmp_path_factory.mktemp("fed"), train, deadline=120.0, start_timeout=600.0,
+                          policy={"preset": "research", "max_lookups_per_day": 1_000_000})
     try:
         dep.start()
         fit_across(dep, d / "model")
@@ -160,3 +164,26 @@ def test_a_party_keeps_each_lanes_order_apart() -> None:
     guard.check(_wire("hello", 1, 0, session="t"))
     guard.commit(_wire("hello", 1, 0, session="t"))  # a new session: every lane starts again
     guard.check(_wire("embed", 1, 0, lane=1, session="t"))
+
+
+def _lookups_charged(dep: LocalDeployment) -> int:
+    """Every lookup the keyed parties (shop, telco) have charged to any coordinator, by their ledgers' files."""
+    total = 0
+    for name in ("shop", "telco"):
+        book = json.loads((dep.dir / "state" / name / LOOKUP_LEDGER).read_text())
+        total += sum(int(entry["total"]) for entry in book["coordinators"].values())
+    return total
+
+
+def test_every_lookup_on_every_lane_is_charged_to_the_keyed_parties_ledgers(
+        setup: tuple[LocalDeployment, Path, DelayProxy, dict], service: Service) -> None:
+    dep, _, _, ref = setup
+    predictor = service.predictor  # type: ignore[attr-defined]
+    known = set(ref["telco"]) | set(ref["not_telco"])  # looked up already in this session (the token cache)
+    fresh = [str(i) for i in pd.read_parquet(dep.dir / "data" / "party-0.parquet")["id"] if str(i) not in known]
+    asked = {0: fresh[:5] + ["no-such-user-0"], 1: fresh[5:9] + ["no-such-user-1", "no-such-user-2"]}
+    before = _lookups_charged(dep)
+    for lane, ids in asked.items():
+        predictor.predict(ids, {}, 30.0, lane=lane)
+        predictor.predict(ids, {}, 30.0, lane=lane)  # the same IDs again: from the cache, no lookup
+    assert _lookups_charged(dep) - before == sum(len(ids) for ids in asked.values())
