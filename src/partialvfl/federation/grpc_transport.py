@@ -46,7 +46,7 @@ from partialvfl.utils.jsonable import json_default
 
 __all__ = [
     "ALLOWED_DTYPES", "ATTACH_PREFIX", "CALL_METHOD", "CHUNK_BYTES", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport",
-    "MAX_LANES", "MAX_WIRE_MESSAGE", "PartyEndpoint",
+    "MAX_LANES", "MAX_WIRE_MESSAGE", "PartyEndpoint", "RECONNECT_BACKOFF_MS", "RECONNECT_OPTIONS",
     "PartyError", "TlsFiles", "WireError", "chunks", "decode_reply", "decode_request", "encode_reply",
     "encode_request", "frame_length",
 ]
@@ -59,6 +59,12 @@ ATTACH_PREFIX = "attach."
 #: lanes of one session (:meth:`GrpcTransport.lane`): lane 0 carries everything, the others inference only
 MAX_LANES = 16
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: the longest a channel waits between two attempts to reach a party it lost (gRPC's exponential backoff, from 100 ms,
+#: capped here instead of at 120 s): a restarted party is reached at most this long after it listens (a prediction
+#: service uses it again then), and an attempt at a party that is down costs one refused connection
+RECONNECT_BACKOFF_MS = 250
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS))
 MAX_HEADER_BYTES = 1 << 20
 #: the pieces a request frame travels in (the first one holds the whole header, at most 1 MiB): small pieces keep
 #: what gRPC and Python buffer per request small next to the request itself
@@ -374,8 +380,7 @@ class GrpcTransport(Transport):
                 ("grpc.ssl_target_name_override", ep.identity),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 1000),
+                *RECONNECT_OPTIONS,
             ]
             ch = grpc.secure_channel(ep.address, creds, options=options)
             self._channels.append(ch)

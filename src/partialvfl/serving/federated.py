@@ -13,7 +13,10 @@ kinds of party trouble are told apart:
   party that is on time again is used again at once;
 * *down* (connection refused, or its process restarted and lost the session): it is left out of the batches until
   its server accepts connections again; then, between two batches, every party gets a new session and the model is
-  loaded again (:meth:`FederationPredictor.rejoin_if_back`).
+  loaded again (:meth:`FederationPredictor.rejoin_if_back`).  The return is noticed by the party's channel itself
+  (a ready future set when it is marked down; the channel tries to connect every
+  :data:`~partialvfl.federation.grpc_transport.RECONNECT_BACKOFF_MS` at most), so the rejoin follows the party's
+  listening, not a poll period.
 
 The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
 time an on-time batch takes (a running average of a session's batches after its first, which takes seconds while
@@ -80,9 +83,10 @@ class FederationPredictor(_Base):
     ``min_timeout``: once a batch's deadline has passed (a party was late), the parties that are on time still get
     this long for each remaining round of the batch.  ``connect_timeout``: how long a (re)connection waits for a party.
     ``rejoin_timeout``: how long rejoining a returned party may take (a new session at every party, the model loaded
-    again and the alignment's tokens computed again: about two seconds for a freshly started party process on this
-    project's 2-core machine, during which the batches wait); a party that has not answered by then is tried again
-    later.
+    again and the alignment's tokens computed again, during which the batches wait); a party that has not answered by
+    then is tried again after ``rejoin_interval`` seconds, then twice as long each time (up to 30 s).  A rejoin that
+    worked is followed by no other for ``rejoin_interval`` seconds (a party that fails at once is not rejoined at
+    every batch); the first rejoin after a party went down waits for nothing but the party.
     """
 
     def __init__(self, model_dir: str | Path, federation: str | Path, *, min_timeout: float = 0.02,
@@ -105,8 +109,9 @@ class FederationPredictor(_Base):
         self.model_dir = Path(model_dir)
         self.down: set[int] = set()
         self.state: dict[str, str] = {}
-        self._ready: dict[int, Any] = {}
-        self._last_rejoin = 0.0
+        #: each down party's channel-ready future (done once its server accepts connections again)
+        self._ready: dict[int, grpc.Future] = {}
+        self._retry_at = 0.0  # no rejoin before this (time.monotonic()): after a rejoin, see rejoin_interval
         self._backoff = self.rejoin_interval
         self._announced = False
         #: seconds an on-time batch takes (exponential average): kept back from the parties' wait under a deadline
@@ -140,9 +145,11 @@ class FederationPredictor(_Base):
             self.transport.deadline_at = None
         self.model, self.version, self.model_dir = model, model_version(model_dir), model_dir
         self.down = set(fed.absent)
+        for fut in self._ready.values():
+            fut.cancel()
         self._ready = {}
+        self._watch()
         self.state = {fed.party_names[k]: ("down" if k in self.down else "ok") for k in range(fed.n_parties)}
-        self._last_rejoin = time.monotonic()
         for old in self._lanes[1:]:
             old.fed.grpc_transport.close()
         self._lanes = [_Lane(fed, model, HANDLE)]
@@ -210,20 +217,24 @@ class FederationPredictor(_Base):
         return self
 
     def due(self) -> bool:
-        """Whether a down party accepts connections again (checked at most every ``rejoin_interval`` seconds): the
-        service then runs :meth:`maintain` between two batches."""
+        """Whether a down party accepts connections again: the service then runs :meth:`maintain` between two
+        batches."""
         return bool(self._back())
 
-    def _back(self) -> list[int]:
-        if not self.down or time.monotonic() - self._last_rejoin < self._backoff:
-            return []
+    def _watch(self) -> None:
+        """Watch the channel of each down party: its ready future is done as soon as the party's server accepts
+        connections again (the channel retries on its own, every ``RECONNECT_BACKOFF_MS`` at most)."""
         channels = self.transport._channels
-        back = []
-        for k in sorted(self.down):
-            fut = self._ready.setdefault(k, grpc.channel_ready_future(channels[k]))
-            if fut.done():
-                back.append(k)
-        return back
+        for k in self.down:
+            if k not in self._ready:
+                self._ready[k] = grpc.channel_ready_future(channels[k])
+
+    def _back(self) -> list[int]:
+        """The down parties whose servers accept connections again (none before :attr:`_retry_at`)."""
+        if not self.down or time.monotonic() < self._retry_at:
+            return []
+        self._watch()
+        return [k for k in sorted(self.down) if self._ready[k].done()]
 
     def maintain(self) -> None:
         """The upkeep between batches (no batch in flight): join the down parties that came back."""
@@ -241,6 +252,7 @@ class FederationPredictor(_Base):
         self._open(self.model_dir, self.rejoin_timeout)
         # a party that accepts connections but does not answer in time: ask it less and less often (up to 30 s)
         self._backoff = min(30.0, 2 * self._backoff) if self.down & before else self.rejoin_interval
+        self._retry_at = time.monotonic() + self._backoff
         return True
 
     def close(self) -> None:
@@ -337,6 +349,7 @@ class FederationPredictor(_Base):
             (timed_out if reason.startswith("DEADLINE_EXCEEDED") else failed).add(k)
         timed_out -= failed
         self.down |= failed
+        self._watch()  # from now on: its channel says when it is back
         for k in range(self.fed.n_parties):
             self.state[names[k]] = ("down" if k in self.down else "timed_out" if k in timed_out else "ok")
         return [names[k] for k in sorted(timed_out)], [names[k] for k in sorted(failed)]
