@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class FederationPredictor(_Base):
         self.state: dict[str, str] = {}
         #: each down party's channel-ready future (done once its server accepts connections again)
         self._ready: dict[int, grpc.Future] = {}
+        self._watching = threading.Lock()
         self._retry_at = 0.0  # no rejoin before this (time.monotonic()): after a rejoin, see rejoin_interval
         self._backoff = self.rejoin_interval
         self._announced = False
@@ -225,8 +227,8 @@ class FederationPredictor(_Base):
         """Watch the channel of each down party: its ready future is done as soon as the party's server accepts
         connections again (the channel retries on its own, every ``RECONNECT_BACKOFF_MS`` at most)."""
         channels = self.transport._channels
-        for k in self.down:
-            if k not in self._ready:
+        with self._watching:  # the lanes' batch threads account their failures side by side
+            for k in self.down - set(self._ready):
                 self._ready[k] = grpc.channel_ready_future(channels[k])
 
     def _back(self) -> list[int]:
@@ -234,7 +236,8 @@ class FederationPredictor(_Base):
         if not self.down or time.monotonic() < self._retry_at:
             return []
         self._watch()
-        return [k for k in sorted(self.down) if self._ready[k].done()]
+        ready = dict(self._ready)
+        return [k for k in sorted(self.down) if k in ready and ready[k].done()]
 
     def maintain(self) -> None:
         """The upkeep between batches (no batch in flight): join the down parties that came back."""
