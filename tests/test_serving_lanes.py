@@ -187,3 +187,35 @@ def test_every_lookup_on_every_lane_is_charged_to_the_keyed_parties_ledgers(
         predictor.predict(ids, {}, 30.0, lane=lane)
         predictor.predict(ids, {}, 30.0, lane=lane)  # the same IDs again: from the cache, no lookup
     assert _lookups_charged(dep) - before == sum(len(ids) for ids in asked.values())
+
+
+def test_a_method_whose_parties_keep_state_between_rounds_predicts_one_batch_at_a_time() -> None:
+    """FALSE-VFL's parties keep a batch's ``encode`` for its ``decode``: another batch's ``encode`` in between would
+    replace it (a failed batch, or rows predicted from another batch's features).  Its batches take turns on lane 0;
+    a split-network method's go side by side on their lanes."""
+    predictor = object.__new__(FederationPredictor)
+    predictor._one_batch = threading.Lock()
+    inside, seen, count = [0], [], threading.Lock()
+
+    def predict_on(ids: list[str], features: dict, deadline: float, lane: int) -> int:
+        with count:
+            inside[0] += 1
+            seen.append((inside[0], lane))
+        time.sleep(0.05)
+        with count:
+            inside[0] -= 1
+        return lane
+
+    predictor._predict = predict_on  # type: ignore[method-assign]
+    for method, lanes in (("false-vfl-1", {0}), ("laser-vfl", {0, 1})):
+        predictor.model = get_method(method)("fast")
+        seen.clear()
+        threads = [threading.Thread(target=predictor.predict, args=(["1"], {}, 1.0), kwargs={"lane": lane})
+                   for lane in (0, 1, 0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert {lane for _, lane in seen} == lanes
+        if method == "false-vfl-1":
+            assert max(n for n, _ in seen) == 1  # never two at once

@@ -122,6 +122,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
     params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
+    #: whether batches of predictions may be in flight side by side at the parties (the lanes of a prediction
+    #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
+    #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
+    parallel_inference: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

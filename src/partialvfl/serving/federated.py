@@ -113,6 +113,7 @@ class FederationPredictor(_Base):
         #: each down party's channel-ready future (done once its server accepts connections again)
         self._ready: dict[int, grpc.Future] = {}
         self._watching = threading.Lock()
+        self._one_batch = threading.Lock()  # the batches of a method that cannot have several in flight
         self._retry_at = 0.0  # no rejoin before this (time.monotonic()): after a rejoin, see rejoin_interval
         self._backoff = self.rejoin_interval
         self._announced = False
@@ -277,7 +278,15 @@ class FederationPredictor(_Base):
     def predict(self, ids: Sequence[str], features: Mapping[str, np.ndarray], deadline: float | None = None,
                 lane: int = 0) -> BatchOutcome:
         """Predict the (normalised, distinct) ``ids`` within ``deadline`` seconds (``None``: the federation file's)
-        on ``lane`` (each lane one batch at a time; the lanes side by side)."""
+        on ``lane`` (each lane one batch at a time; the lanes side by side), or, for a method whose parties keep
+        state between inference rounds (``parallel_inference`` false: FALSE-VFL), one batch at a time on lane 0."""
+        if getattr(self.model, "parallel_inference", False):
+            return self._predict(ids, features, deadline, lane)
+        with self._one_batch:
+            return self._predict(ids, features, deadline, 0)
+
+    def _predict(self, ids: Sequence[str], features: Mapping[str, np.ndarray], deadline: float | None,
+                 lane: int) -> BatchOutcome:
         if features and not self.accepts_features():  # a reload may have brought another policy
             raise FeatureError("features", self._features_refused())
         ln = self._lanes[lane]
