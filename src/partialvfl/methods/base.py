@@ -128,6 +128,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
     #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)
     _validating: bool = False
+    #: whether batches of predictions may be in flight side by side at the parties (the lanes of a prediction
+    #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
+    #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
+    parallel_inference: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -8,7 +8,8 @@
   party that went down (its process restarted) is joined again as soon as its server accepts connections: a new
   session at every party and the model loaded again, between two batches.
 
-Both run on the service's one batch thread (:mod:`partialvfl.serving.batcher`): nothing here is thread-safe.
+Each predicts one batch at a time (:mod:`partialvfl.serving.batcher`: in process on the service's event loop,
+across a federation on one thread per lane of batches in flight).
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ class _Base:
 
 class TablePredictor(_Base):
     """Every party's table in this process (``--table PARTY=FILE``); nothing times out here."""
+
+    #: its batches are computation in this process: predicted on the service's event loop
+    #: (:class:`~partialvfl.serving.batcher.LoopBatcher`), not on a thread of their own
+    on_event_loop = True
 
     def __init__(self, model_dir: str | Path, tables: Mapping[str, str | Path], id_column: str | None = None) -> None:
         self.model = VFLMethod.load(model_dir, log=counts_only())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ class SplitNNMethod(VFLMethod):
     Subclasses define ``name``, ``_model_names(k)`` (the representation models party k holds), ``_build_heads()``,
     ``_training_rows(view)``, ``_train_step(view, handle, rows, rng)`` (returns the loss) and ``_predict``.
     """
+
+    parallel_inference: ClassVar[bool] = True  # one inference round (IDs in, representations out), nothing kept
 
     party_program = "splitnn/party"
     supports_privacy = True
