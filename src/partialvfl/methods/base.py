@@ -63,6 +63,7 @@ from partialvfl.methods.registry import METHODS, get_method, load_all, method_na
 from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
+from partialvfl.methods.widths import fit_widths
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 
@@ -332,6 +333,9 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         self.label_prior_ = _label_prior(view) if prior is None else prior
         self.history_ = []
         schedule = self.schedule_ = plan_schedule(self.settings_, view, self.seed) if self._has_schedule() else None
+        self.width_choice_ = fit_widths(self, federation)  # within every party's announced width caps
+        if self.width_choice_ is not None:
+            report_line(self.width_choice_)
         federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed,
                          plans=plans_for(self, private, "fit"))
         self.preprocessing_ = self._preprocess(federation, handle)

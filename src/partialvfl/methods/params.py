@@ -37,7 +37,9 @@ class Param:
     """One tunable: its default, kind, help text and constraints.
 
     ``low``/``high`` bound numbers (inclusive); ``optional`` admits ``None`` (meaning "derive it", said in the
-    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets.
+    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
+    ``width`` marks a width of what a party sends, which a fit narrows (unless it was given) to fit every party's
+    announced width caps (:mod:`partialvfl.methods.widths`).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Param:
     optional: bool = False
     aliases: tuple[str, ...] = ()
     epochs: bool = False
+    width: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
