@@ -94,6 +94,15 @@ class Param:
         return out
 
 
+def parse_bool(value: Any, name: str) -> bool:
+    """``value`` as a declared boolean reads it (``true``/``yes``/``on``/``1``, ``false``/``no``/``off``/``0``, a
+    bool, 0 or 1), or a ``ValueError`` naming ``name``: never Python's truthiness (``bool("no")`` is ``True``)."""
+    try:
+        return bool(_convert("bool", value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be true | false, got {value!r}") from None
+
+
 def _convert(kind: str, value: Any) -> Any:
     if kind == "any":
         return value
