@@ -13,6 +13,7 @@ Both run on the service's one batch thread (:mod:`partialvfl.serving.batcher`): 
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,13 @@ __all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "mod
 
 #: per-ID status values of a response
 OK, UNKNOWN, NO_ANSWER = "ok", "unknown_id", "no_party_answered"
+
+
+def _some_names(columns: Sequence[str], shown: int = 5) -> str:
+    """A party's feature names for an error message: all of a few, else the count and the first ``shown``."""
+    if len(columns) <= shown:
+        return f"its features are {list(columns)}"
+    return f"its {len(columns)} features begin {list(columns[:shown])}"
 
 
 class FeatureError(ValueError):
@@ -100,11 +108,14 @@ class _Base:
                 raise FeatureError(where, "this ID is not in 'ids'")
             unknown = [c for c in values if c not in columns]
             if unknown:
-                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; its "
-                                   f"features are {columns}")
+                close = difflib.get_close_matches(str(unknown[0]), columns, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; {hint}"
+                                   f"{_some_names(columns)}")
             lacking = [c for c in columns if c not in values]
             if lacking:
-                raise FeatureError(f"{where}.{lacking[0]}", f"missing (party {party!r} needs {columns})")
+                raise FeatureError(f"{where}.{lacking[0]}", f"missing ({len(lacking)} of party {party!r}'s "
+                                   f"{_some_names(columns)} are missing)")
             row = []
             for c in columns:
                 v = values[c]
