@@ -29,6 +29,9 @@ def add_commands(sub: Any) -> None:
     init.add_argument("--hmac-key", action="store_true",
                       help="also write hmac.key, for alignment = 'hmac' (one trust domain only: whoever holds it can "
                            "test IDs against every party's hashes)")
+    init.add_argument("--local", action="store_true",
+                      help="templates for a trial on this machine: parties listen on 127.0.0.1 at free ports "
+                           "(named in federation.toml), write a port_file and carry a [policy] table")
     init.add_argument("--no-hmac-key", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
     init.set_defaults(func=run_certs_init)
 
@@ -59,7 +62,7 @@ def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.alignment import write_key
     from partialvfl.federation.certs import init_dev_pki
     from partialvfl.federation.psu import write_alignment_key
-    from partialvfl.federation.templates import write_templates
+    from partialvfl.federation.templates import free_loopback_ports, write_templates
 
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
@@ -72,7 +75,12 @@ def run_certs_init(args: argparse.Namespace) -> int:
     if args.hmac_key:
         print(f"HMAC key for alignment = 'hmac' (every party and the coordinator; one trust domain only): "
               f"{write_key(d / 'hmac.key')}")
-    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key)
+    ports = free_loopback_ports(len(args.parties)) if args.local else None
+    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key, ports=ports)
     print(f"configuration templates with the pins (each party pins the coordinator's key, the coordinator each "
           f"party's certificate; the last party is the label holder): {', '.join(p.name for p in written)}")
+    if ports is not None:
+        print(f"loopback trial: the parties listen on 127.0.0.1, ports {', '.join(map(str, ports))}; put each "
+              f"party's table at its [data] path and the labels at federation.toml's [labels] path, then start "
+              f"each with: partialvfl party serve --config {d / '<party>.party.toml'}")
     return 0

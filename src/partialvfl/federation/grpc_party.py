@@ -90,6 +90,8 @@ __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused"
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
+#: how long a stopping party lets calls in flight finish before it cancels them (SIGTERM: out within a second)
+STOP_GRACE_SECONDS = 0.25
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
 #: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
@@ -540,6 +542,6 @@ def run(config: str | Path | PartyConfig) -> int:
             log.warning("parent process %d is gone: stopping", parent)
             break
     log.info("party %d (%s) stopping", cfg.index, cfg.name)
-    server.stop(grace=1.0).wait()
+    server.stop(grace=STOP_GRACE_SECONDS).wait()
     handler.close()
     return 0
