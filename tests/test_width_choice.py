@@ -55,9 +55,7 @@ def test_a_party_with_6_columns_joins_a_fit_under_the_default_policy(
     line = f"[{name}] widths chosen within every party's announced policy: {key} {preset} -> {chosen} (party 1 ('shop')"
     assert line in err and err.count("widths chosen") == 1, err
     assert method.width_choice_ in err
-    setups = [e for e in log if e.kind == "setup"]
-    assert setups and all(e.kind == "setup" for e in setups)
-    assert not any("PERMISSION_DENIED" in str(e) for e in log)
+    assert sum(e.kind == "setup" for e in log) >= len(DIMS)  # set up once, accepted (a refusal raises)
 
 
 def test_the_research_policy_changes_no_width(capsys: pytest.CaptureFixture) -> None:

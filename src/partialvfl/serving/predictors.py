@@ -114,8 +114,8 @@ class _Base:
                                    f"{_some_names(columns)}")
             lacking = [c for c in columns if c not in values]
             if lacking:
-                raise FeatureError(f"{where}.{lacking[0]}", f"missing ({len(lacking)} of party {party!r}'s "
-                                   f"{_some_names(columns)} are missing)")
+                raise FeatureError(f"{where}.{lacking[0]}", f"missing ({len(lacking)} of the {len(columns)} "
+                                   f"features party {party!r} needs are missing; {_some_names(columns)})")
             row = []
             for c in columns:
                 v = values[c]
