@@ -197,7 +197,7 @@ def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigter
                 time.sleep(0.05)
         fed = GrpcFederation.from_config(pki / "federation.toml")  # TLS names, pins and addresses as written
         try:
-            assert fed.party_names == parties
+            assert list(fed.party_names) == parties
             assert all(a["max_width_ratio"] == 2.0 for a in fed.announced_policies())  # the [policy] table
         finally:
             fed.close()
