@@ -62,8 +62,11 @@ def fit_widths(method: VFLMethod, federation: Federation) -> str | None:
 def _first_refusal(method: VFLMethod, describe: Any, caps: list[PartyPolicy]) -> tuple[int, PolicyViolation] | None:
     """The first party whose announced width caps refuse the setup ``method`` would now ask of it."""
     for k, cap in enumerate(caps):
-        config = method._party_config(k)
-        refusal = cap.width_refusal(method.party_program, describe(config), int(method.index_.feature_dims[k]))
+        try:
+            shape = describe(method._party_config(k))
+        except (KeyError, TypeError, ValueError):
+            return None  # a config the program cannot describe: the party's own check refuses it, naming why
+        refusal = cap.width_refusal(method.party_program, shape, int(method.index_.feature_dims[k]))
         if refusal is not None:
             return k, refusal
     return None
