@@ -180,7 +180,8 @@ def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigter
     for name, text in texts.items():
         address = re.search(r'^address = "127\.0\.0\.1:(\d+)"', text, re.M)
         assert address and f'address = "127.0.0.1:{address[1]}"' in federation, text
-        assert f'port_file = "{name}.port"' in text and "\n[policy]\n" in text and 'preset = "default"' in text
+        assert f'port_file = "{name}.port"' in text and re.search(r"^\[policy\] ", text, re.M), text
+        assert 'preset = "default"' in text
     assert "example.org" not in federation and "0.0.0.0" not in "".join(texts.values())
     _tables(pki, parties)
     env = {**os.environ, grpc_party.EXIT_WITH_PARENT_ENV: "1"}
