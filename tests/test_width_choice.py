@@ -8,6 +8,7 @@ naming the rule.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,8 @@ def test_over_grpc_a_6_column_party_on_the_default_policy_joins_laser_vfl_and_fa
         for name, key, chosen in (("laser-vfl", "latent_dim", 12), ("false-vfl-1", "d_h", 6)):
             out = tmp_path / name
             assert main(["fit", "--federation", str(dep.federation_file), "--method", name, "--epochs", "1",
-                         "--out", str(out), "--quiet"]) == 0
+                         "--out", str(out)]) == 0
             err = capsys.readouterr().err
             assert f"widths chosen within every party's announced policy: {key} " in err, err
             assert f"-> {chosen} (party 1 ('shop')" in err, err
+            assert re.search(rf"fit {name} in [\d.]+ s across 2 parties; model saved to ", err), err  # its time
