@@ -2,8 +2,10 @@
 value that would accept it; the coordinator asks every party and reports every refusal at once, before anything is
 trained (``fit --federation``: exit 3); the party's start-up line says what its file changed from the preset.
 
-The default policy is kept as it is: ``max_width_ratio = 2`` refuses a preset sending 32 values per row from 3
-features; what changes is that one attempt says, for every party, what would let it through.
+The default policy is kept as it is: ``max_width_ratio = 2`` refuses a model sending 32 values per row from 3
+features; what changes is that one attempt says, for every party, what would let it through.  (A fit that is not
+given its widths chooses them within every party's announced caps, ``tests/test_width_choice.py``: these fits ask for
+``latent_dim = 32``, the ``fast`` preset's, explicitly.)
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def test_in_process_every_refusing_party_is_named_at_once_and_nothing_is_trained
     fed = LocalFederation.for_dataset(data, log=log)
     for k in (1, 2):  # two deployed parties, with the default policy; the active party runs the research one
         fed.runtimes[k].policy = PartyPolicy.default()
-    method = get_method("laser-vfl")("fast", seed=0, epochs=1)
+    method = get_method("laser-vfl")("fast", seed=0, epochs=1, latent_dim=32)
     with pytest.raises(SetupRefused) as e:
         method.fit(data, federation=fed)
     text = str(e.value)
@@ -105,7 +107,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 def _fit(dep: LocalDeployment, out: Path) -> list[str]:
     return ["fit", "--federation", str(dep.federation_file), "--method", "laser-vfl", "--epochs", "1",
-            "--out", str(out), "--quiet"]
+            "--param", "latent_dim=32", "--out", str(out), "--quiet"]
 
 
 def test_fit_over_grpc_reports_every_refusing_party_once_before_training_and_exits_3(

@@ -71,7 +71,8 @@ def run_federated_fit(args: argparse.Namespace) -> int:
         if isinstance(fitted, int):
             return fitted
         method.save(out)
-        report_line(f"model saved to {out} (each party keeps its state in its own state directory)", not args.quiet)
+        report_line(f"fit {method.name} in {fitted.seconds:.1f} s across {fed.n_parties} parties; model saved to "
+                    f"{out} (each party keeps its state in its own state directory)", not args.quiet)
         print_privacy(method)
     except PartyUnavailable as e:
         return report_party_lost(args, fed.party_names, e)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.cli.common import device_options, emit, parse_tables, threads_for
+from partialvfl.data.ids import show_id
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
            "used_parties", "write_predictions"]
@@ -159,7 +160,7 @@ def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> Non
     none = ~np.asarray(observed).any(axis=1)
     if not none.any():
         return
-    what = f"{int(none.sum())} of {len(ids)} IDs (first: {ids[np.flatnonzero(none)[0]]!r}) are held by no party"
+    what = f"{int(none.sum())} of {len(ids)} IDs (first: {show_id(ids[np.flatnonzero(none)[0]])}) are held by no party"
     if not allow:
         raise ValueError(f"{what}: their prediction would be the training label prior alone; pass "
                          "--allow-prior-only to write such rows")
@@ -173,7 +174,7 @@ def used_parties(model: Any, view: Any) -> np.ndarray:
     fell = np.asarray(view.observed, dtype=bool).any(axis=1) & ~used.any(axis=1)
     if fell.any():
         first = np.asarray(view.ids)[np.flatnonzero(fell)[0]]
-        _say(f"note: {model.name}: {int(fell.sum())} of {len(fell)} rows (first: {first!r}) are predicted from "
+        _say(f"note: {model.name}: {int(fell.sum())} of {len(fell)} rows (first: {show_id(first)}) are predicted from "
              f"{model.fallback()}, without any party's features (n_parties 0)")
     return used
 

@@ -40,7 +40,7 @@ from partialvfl.data.checks import show_id
 from partialvfl.data.dataset import DataValidationError
 
 __all__ = ["DEFAULT_ORDER_KEY", "MIN_KEY_BYTES", "hash_ids", "id_seeds", "normalize_id", "normalize_ids",
-           "order_key", "read_key", "sample_order"]
+           "order_key", "read_key", "sample_order", "show_id"]
 
 #: The key of the canonical sample order in one process when no federation key is given (public, not a secret).
 DEFAULT_ORDER_KEY = b"partialvfl canonical sample order, v1"

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationError, Task, VerticalDataset
-from partialvfl.data.ids import normalize_ids
+from partialvfl.data.ids import normalize_ids, show_id
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
 from partialvfl.federation.alignment import hex_ids, load_key, observed_from_hashes, positions_in
@@ -478,8 +478,9 @@ class GrpcFederation(Federation):
             lacking = observed[:, k] & ~holds
             if lacking.any():
                 i = int(np.flatnonzero(lacking)[0])
-                raise DataValidationError(f"party {k} ({self.party_names[k]!r}) holds no row for ID {data.ids[i]!r} "
-                                          f"that the data marks observed ({int(lacking.sum())} such IDs)")
+                raise DataValidationError(f"party {k} ({self.party_names[k]!r}) holds no row for ID "
+                                          f"{show_id(data.ids[i])} that the data marks observed "
+                                          f"({int(lacking.sum())} such IDs)")
         self._attach_order(order, observed, handle, np.asarray(data.y), np.asarray(data.labeled))
         return handle
 

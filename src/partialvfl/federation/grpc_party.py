@@ -91,6 +91,10 @@ __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused"
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
+#: how long a stopping party lets calls in flight finish before it cancels them (SIGTERM: out within a second)
+STOP_GRACE_SECONDS = 0.25
+#: how often the serving loop wakes up (to see a stop request or a vanished parent)
+STOP_POLL_SECONDS = 0.1
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
 #: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
@@ -669,11 +673,11 @@ def run(config: str | Path | PartyConfig) -> int:
         signal.signal(sig, lambda *_: stop.set())
     # a party started by a test or benchmark (LocalDeployment) must not outlive it, however it ends
     parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
-    while not stop.wait(1.0):
+    while not stop.wait(STOP_POLL_SECONDS):  # short waits: a signal's handler runs between them at the latest
         if parent is not None and os.getppid() != parent:
             log.warning("parent process %d is gone: stopping", parent)
             break
     log.info("party %d (%s) stopping", cfg.index, cfg.name)
-    server.stop(grace=1.0).wait()
+    server.stop(grace=STOP_GRACE_SECONDS).wait()
     handler.close()
     return 0

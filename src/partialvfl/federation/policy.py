@@ -348,6 +348,17 @@ class PartyPolicy:
                                f"send {sent} values per row together, computed from {d} features: more than "
                                f"{ratio:g} x {d}", sent, {"max_setup_width_ratio": _ceil_ratio(sent, d)})
 
+    def width_refusal(self, program: str, shape: SetupShape, n_features: int) -> PolicyViolation | None:
+        """The width rules alone (``max_width_ratio``, ``max_setup_width_ratio``) for ``shape`` on a party with
+        ``n_features`` features: what a coordinator checks while it chooses widths within announced policies."""
+        return _joined([self._width(shape.networks, n_features), self._setup_width(program, shape, n_features)])
+
+    @classmethod
+    def width_caps(cls, announced: Mapping[str, Any]) -> PartyPolicy:
+        """A policy holding only the width caps a party announced (``announced()``); no other rule."""
+        return replace(cls.research(), max_width_ratio=announced.get("max_width_ratio"),
+                                   max_setup_width_ratio=announced.get("max_setup_width_ratio"))
+
     def _size(self, program: str, nets: Sequence[Network]) -> PolicyViolation | None:
         total = sum(n.parameters() for n in nets)
         if self.max_parameters is None or total <= self.max_parameters:
@@ -490,7 +501,8 @@ class PartyPolicy:
         (e.g. whether a program may release likelihoods at latents it chooses); the party still checks every
         request against the whole policy."""
         return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
-                "max_request_mb": self.max_request_mb,
+                "max_request_mb": self.max_request_mb, "max_width_ratio": self.max_width_ratio,
+                "max_setup_width_ratio": self.setup_width_ratio,
                 "accept_coordinator_features": self.accept_coordinator_features}
 
     def describe(self) -> str:

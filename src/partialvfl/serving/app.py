@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from partialvfl.data.dataset import DataValidationError
-from partialvfl.data.ids import normalize_ids
+from partialvfl.data.ids import normalize_ids, show_id
 from partialvfl.serving.batcher import Job, LoopBatcher, MicroBatcher
 from partialvfl.serving.metrics import ServiceMetrics
 from partialvfl.serving.predictors import NO_ANSWER, OK, BatchOutcome, FeatureError
@@ -365,7 +365,7 @@ def _distinct_ids(ids: list[str | int]) -> list[str]:
     for i, k in enumerate(keys):
         j = first.setdefault(k, i)
         if j != i:
-            raise DataValidationError(f"ids[{i}]: {ids[i]!r} repeats ids[{j}]")
+            raise DataValidationError(f"ids[{i}]: {show_id(ids[i])} repeats ids[{j}]")
     return keys
 
 

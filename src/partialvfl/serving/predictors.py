@@ -14,6 +14,7 @@ across a federation on one thread per lane of batches in flight).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,13 @@ __all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "mod
 
 #: per-ID status values of a response
 OK, UNKNOWN, NO_ANSWER = "ok", "unknown_id", "no_party_answered"
+
+
+def _some_names(columns: Sequence[str], shown: int = 5) -> str:
+    """A party's feature names for an error message: all of a few, else the count and the first ``shown``."""
+    if len(columns) <= shown:
+        return f"its features are {list(columns)}"
+    return f"its {len(columns)} features begin {list(columns[:shown])}"
 
 
 class FeatureError(ValueError):
@@ -101,11 +109,14 @@ class _Base:
                 raise FeatureError(where, "this ID is not in 'ids'")
             unknown = [c for c in values if c not in columns]
             if unknown:
-                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; its "
-                                   f"features are {columns}")
+                close = difflib.get_close_matches(str(unknown[0]), columns, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; {hint}"
+                                   f"{_some_names(columns)}")
             lacking = [c for c in columns if c not in values]
             if lacking:
-                raise FeatureError(f"{where}.{lacking[0]}", f"missing (party {party!r} needs {columns})")
+                raise FeatureError(f"{where}.{lacking[0]}", f"missing ({len(lacking)} of the {len(columns)} "
+                                   f"features party {party!r} needs are missing; {_some_names(columns)})")
             row = []
             for c in columns:
                 v = values[c]
