@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl.data.dataset import Task, VerticalDataset
 from partialvfl.federation import psu
 from partialvfl.federation.access_log import read_access_log
@@ -31,7 +32,6 @@ from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.psu import AlignmentError, PartyAligner, hash_to_group, points_array, points_list
 from partialvfl.federation.psu_session import PsuAlignment
 
-PATIENCE = 300.0
 SECRET = b"s" * 32
 
 

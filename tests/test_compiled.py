@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import partialvfl.nn.compiled as compiled_module
+from helpers import make_data
 from partialvfl.methods.base import get_method
-from test_contract import TINY, make_data
+from test_contract import TINY
 
 
 @pytest.fixture(scope="module")

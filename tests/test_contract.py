@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from partialvfl import Task, VerticalDataset
+from helpers import PATIENCE, make_data
+from partialvfl import VerticalDataset
 from partialvfl.federation import MessageLog, TensorSpec, find_raw_feature_leaks, tensor_names
 from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.federation.grpc_federation import GrpcFederation
@@ -34,7 +35,6 @@ from partialvfl.methods.base import VFLMethod, get_method
 from partialvfl.methods.params import Param
 from partialvfl.methods.registry import method_names
 
-PATIENCE = 300.0  # seconds: the deadline of every gRPC call (a loaded machine is slow; no test depends on speed)
 SEED, OTHER_SEED = 3, 4
 
 _SPLIT = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 2, "batch_size": 16}
@@ -68,24 +68,6 @@ def tiny(name: str) -> dict[str, Any]:
     if name not in TINY:
         pytest.fail(f"method {name!r} has no tiny parameters: add an entry for it to TINY in tests/test_contract.py")
     return dict(TINY[name])
-
-
-def make_data(n: int, seed: int, prefix: str) -> VerticalDataset:
-    """Three parties (widths 3, 4, 2), three classes; a fully observed core, then each block missing with p 0.3;
-    one sample nobody holds; about half the labels (the core's first rows always labelled); party 1 holds them."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, n)
-    blocks = [rng.normal(size=(n, d)) + 0.6 * y[:, None] for d in (3, 4, 2)]
-    obs = rng.random((n, 3)) < 0.7
-    obs[: n // 3] = True
-    obs[-1] = False
-    for k, b in enumerate(blocks):
-        b[~obs[:, k]] = np.nan
-    labeled = rng.random(n) < 0.5
-    labeled[: n // 6] = True
-    return VerticalDataset(blocks, obs, ids=[f"{prefix}{i:03d}" for i in range(n)], y=y, labeled=labeled,
-                           task=Task.classification(["a", "b", "c"]), active_party=1,
-                           party_names=["bank", "shop", "telco"])
 
 
 @pytest.fixture(scope="module")

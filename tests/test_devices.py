@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import partialvfl.federation.party as party_module
+from helpers import make_data
 from partialvfl.federation import LocalFederation
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyRuntime
@@ -37,7 +38,7 @@ from partialvfl.utils.devices import (
     strict_devices,
     to_numpy,
 )
-from test_contract import TINY, gpu_atol, make_data
+from test_contract import TINY, gpu_atol
 
 METHODS = method_names()
 META, CPU = torch.device("meta"), torch.device("cpu")

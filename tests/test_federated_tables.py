@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from example_tables import write_example
+from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -21,7 +22,6 @@ from partialvfl.methods import get_method
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 PARAMS = {"epochs": 4}
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import PartyRuntime, Request
@@ -24,7 +25,6 @@ from partialvfl.federation.policy import PartyPolicy, PolicyViolation
 from partialvfl.methods import get_method, method_names
 from partialvfl.orchestration import FitOptions, run_fit
 
-PATIENCE = 300.0
 SMALL = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 2}
 
 

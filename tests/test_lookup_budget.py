@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import PATIENCE
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -28,7 +29,6 @@ from partialvfl.federation.policy import LOOKUP_FLOOR, PartyPolicy, PolicyViolat
 from partialvfl.federation.psu import PartyAligner, hash_to_group, points_array
 from partialvfl.privacy.enumeration import CANDIDATES, Enumeration, enumerate_memberships, issue_federation, outsiders
 
-PATIENCE = 300.0
 HOUR, DAY = 3600.0, 86400.0
 LIMITS = {"max_lookups_per_hour": 100, "max_lookups_per_day": 250, "max_lookups_total": 400}
 ALICE, BOB = "a" * 64, "b" * 64  # two coordinators' certificate key fingerprints

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import VerticalDataset
 from partialvfl.federation.checkpoint import LATEST, FitInterrupted
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -32,7 +33,7 @@ from partialvfl.orchestration import (
     run_predict,
     stop_on_signals,
 )
-from test_party_failure import FIT, PATIENCE, assert_same, make_data, model_state, started_deployment
+from test_party_failure import FIT, assert_same, binary_three_party_data, model_state, started_deployment
 
 SEED = 3
 
@@ -81,7 +82,7 @@ def test_a_directory_holding_a_checkpoint_needs_resume(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- in process
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return binary_three_party_data()
 
 
 def test_run_fit_in_process_is_the_methods_own_fit(data: VerticalDataset, tmp_path: Path) -> None:

@@ -22,17 +22,19 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation.checkpoint import Checkpointer, PartyLost
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_local import LocalDeployment
 
-PATIENCE = 300.0
 FIT = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 3, "batch_size": 8}  # 3 epochs x 5 steps
 
 
-def make_data(n: int = 60, seed: int = 1) -> VerticalDataset:
+def binary_three_party_data(n: int = 60, seed: int = 1) -> VerticalDataset:
+    """Three parties (widths 3, 4, 2), two classes, all held but party 1 for the last rows from 45; the first 40 rows
+    labelled, party 0 holds the labels."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, n)
     dims = (3, 4, 2)
@@ -48,7 +50,7 @@ def make_data(n: int = 60, seed: int = 1) -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return binary_three_party_data()
 
 
 def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[LocalDeployment]:

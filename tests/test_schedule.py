@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import make_data
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.methods.base import get_method
@@ -27,7 +28,6 @@ from test_contract import (
     CrashingCheckpointer,
     StepCounter,
     assert_same,
-    make_data,
     running_parties,
     tiny,
 )

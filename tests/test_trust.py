@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE, make_data
 from partialvfl.cli import main
 from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.certs import issue_certificate, make_ca
@@ -26,9 +27,7 @@ from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, chunks
 from partialvfl.federation.messages import Request
 from partialvfl.federation.pins import spki_sha256
 from partialvfl.methods import get_method
-from test_contract import TINY, make_data
-
-PATIENCE = 300.0
+from test_contract import TINY
 
 
 def other_institution(directory: Path, *names: str) -> Path:
