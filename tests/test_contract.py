@@ -251,6 +251,7 @@ def test_save_load_gives_identical_predictions(name: str, references, test_data,
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_same_seed_same_model_other_seed_other_model(name: str, references, train, test_data, tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
     ref.model.save(tmp_path / "ref")
@@ -323,6 +324,7 @@ PARTIES_ALONE_IN_PROCESS = {"false-vfl-1", "false-vfl-2", "x-vfl", "fedhssl"}
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_federated_over_grpc_equals_in_process(name: str, references, deployment, train, test_data,
                                               tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
@@ -346,6 +348,7 @@ def test_federated_over_grpc_equals_in_process(name: str, references, deployment
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, references, train, test_data,
                                                               tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
@@ -362,6 +365,7 @@ def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, refere
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_checkpoint_and_resume_over_grpc_equals_uninterrupted(name: str, references, deployment, train, test_data,
                                                              tmp_path) -> None:  # noqa: ANN001
     """The parties live on: they did the step after the checkpoint, and a resume must roll them back."""

@@ -56,6 +56,7 @@ PLAN = [("seed", {"width": 1}), ("seed", {"width": 4}), ("seed", {"width": 4, "m
         ("probes", {"width": 1, "probes": 4}), ("freeze", {"width": 1})]
 
 
+@pytest.mark.slow
 def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordinators_seed(dep, block) -> None:
     torch.set_num_threads(1)
     [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1], IDS)
@@ -63,6 +64,7 @@ def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordi
     assert linear.rmse_std.max() < 1e-3, linear.row()
 
 
+@pytest.mark.slow
 def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     outcomes = run_attacks(dep.federation_file, 1, block, PLAN, IDS)
@@ -83,6 +85,7 @@ def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep
 
 # ---------------------------------------------------------------------- issue 23: decode, width, optimiser tricks
 @pytest.mark.parametrize("wire", ["lean", "samples"])
+@pytest.mark.slow
 def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the_party_refuses_it(dep, block,
                                                                                                   wire) -> None:
     """FALSE-VFL's decode with the same latents for every row: the research party's rows come back exactly (up to

@@ -74,6 +74,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 @pytest.mark.float_sensitive
+@pytest.mark.slow
 def test_the_federated_model_is_the_in_process_model(name: str, example: Path, deployment: LocalDeployment,
                                                      one_thread: None) -> None:
     local = from_tables(train_tables(example), order_key=deployment.key_file, **KW)

@@ -45,6 +45,7 @@ def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
         dep.close()
 
 
+@pytest.mark.slow
 def test_in_process_and_federated_fits_give_identical_predictions(example: Path, deployment: LocalDeployment,
                                                                  tmp_path: Path) -> None:
     fed = deployment.federation()
@@ -124,6 +125,7 @@ def test_predict_federation_writes_the_users_id_column_and_integer_classes(examp
                                                                                                               True]
 
 
+@pytest.mark.slow
 def test_predict_fails_when_the_active_party_or_every_party_is_unreachable(example: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture) -> None:
     data = from_tables(train_tables(example), **KW)

@@ -457,6 +457,7 @@ def _train_y(data: VerticalDataset) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- real processes
+@pytest.mark.slow
 def test_federated_training_matches_in_process_and_leaks_nothing(deployment, data) -> None:  # noqa: ANN001
     log = MessageLog(keep_payloads=True)
     fed = _fed(deployment, log=log)
@@ -669,6 +670,7 @@ def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:  # 
     assert remote.call(0, "ping").meta["name"] == "bank"
 
 
+@pytest.mark.slow
 def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data, tmp_path) -> None:  # noqa: ANN001
     """Party 0 blocks in ``forward`` until the test opens its gate, so it is late by construction, not by a margin;
     the short deadline applies to that one call only, and the warmed-up parties 1 and 2 have ample time."""
@@ -700,6 +702,7 @@ def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data,
         fed.close()
 
 
+@pytest.mark.slow
 def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployment, data, tmp_path) -> None:  # noqa: ANN001
     def coordinator(out: Path, crash_at: int | None) -> int:
         code = ("import sys, test_grpc; sys.exit(test_grpc._coordinator_main(sys.argv[1:]))")

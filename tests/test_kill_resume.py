@@ -77,6 +77,7 @@ def killed_run(deployment: LocalDeployment, kill_after: int, args: list[str]) ->
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_coordinator_killed_mid_fit_resumes_to_the_uninterrupted_parameters(family: str, deployment, tmp_path,
                                                                             capsys) -> None:  # noqa: ANN001
     method, params, every, kills = FAMILIES[family]

@@ -98,6 +98,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Any:
         d.close()
 
 
+@pytest.mark.slow
 def test_the_label_holders_party_refuses_a_fit_without_label_dp_naming_the_key(dep: LocalDeployment,
                                                                               tmp_path: Path) -> None:
     lines: list[str] = []

@@ -205,6 +205,7 @@ def _partner_only(found: Enumeration) -> set[str]:
     return {i for i, parties in found.held.items() if parties and 2 not in parties}  # the insurer is party 2
 
 
+@pytest.mark.slow
 def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_budgets_worth_with_the_default(
         issue_data: VerticalDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     candidates = [f"C{i:06d}" for i in range(CANDIDATES)]

@@ -174,6 +174,7 @@ def _running(dep: LocalDeployment, k: int) -> bool:
     return k in dep.procs and dep.procs[k].poll() is None
 
 
+@pytest.mark.slow
 def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, uninterrupted, tmp_path) -> None:  # noqa: ANN001
     """Party 2 is killed at the end of epoch 2 (after the checkpoint of step 10); the fit notices, waits, and the
     party process is started again while it waits; the fit ends with the uninterrupted fit's parameters."""
@@ -224,6 +225,7 @@ def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None
     assert lost.value.party == 1 and lost.value.step == 6
 
 
+@pytest.mark.slow
 def test_run_predict_drops_a_party_lost_mid_prediction_from_the_rows_after_it(dep, data, uninterrupted
                                                                                ) -> None:  # noqa: ANN001
     """Party 1 is killed while the second chunk of 20 rows is predicted: that chunk is predicted again without it,

@@ -138,6 +138,7 @@ def record_restores(monkeypatch) -> list[int | None]:  # noqa: ANN001
     return restored
 
 
+@pytest.mark.slow
 def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninterrupted_fit_ends(
         dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -162,6 +163,7 @@ def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninter
     assert_same(model_state(dep, out), reference)
 
 
+@pytest.mark.slow
 def test_with_party_timeout_the_fit_waits_for_the_restarted_party_and_ends_as_uninterrupted(
         dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -199,6 +201,7 @@ def _at_party(dep: LocalDeployment, name: str, step_dir: Path) -> bool:
     return (dep.dir / "state" / name / GrpcFederation.party_dir_for(step_dir)).is_dir()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_a_party_could_not_save_is_removed_everywhere_once_the_party_is_back(dep, data,
                                                                                          tmp_path) -> None:
     """Party 1 is down when step 2 is checkpointed: the fit stops (PartyLost), step 1 stays the last checkpoint,
@@ -245,6 +248,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_federated_fit_checkpoints_says_how_to_resume_and_exits_143(dep, reference, tmp_path,
                                                                                  monkeypatch) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -287,6 +291,7 @@ def test_sigint_to_an_in_process_fit_checkpoints_and_exits_130(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize(("chunk", "kept"), [(None, 0), (20, 20)])
+@pytest.mark.slow
 def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(dep, data, tmp_path, monkeypatch,
                                                                              chunk, kept) -> None:  # noqa: ANN001
     """Party 1 crashes while rows are predicted: the whole request (default) or the chunk being predicted (chunks of

@@ -124,6 +124,7 @@ class RawCoordinator:
         self.channel.close()
 
 
+@pytest.mark.slow
 def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep) -> None:  # noqa: ANN001
     live, other = RawCoordinator(dep, "live"), RawCoordinator(dep, "other")
     try:
@@ -170,6 +171,7 @@ def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> 
             other.close()
 
 
+@pytest.mark.slow
 def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(dep, tmp_path) -> None:  # noqa: ANN001
     text = dep.party_config_file(0).read_text()
     port = dep.ports[0]

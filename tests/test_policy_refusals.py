@@ -109,6 +109,7 @@ def _fit(dep: LocalDeployment, out: Path) -> list[str]:
             "--out", str(out), "--quiet"]
 
 
+@pytest.mark.slow
 def test_fit_over_grpc_reports_every_refusing_party_once_before_training_and_exits_3(
         deployment: LocalDeployment, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     logs = [deployment.dir / f"party-{k}.log" for k in range(3)]

@@ -44,6 +44,7 @@ def dep(tmp_path_factory):  # noqa: ANN201, ANN001
         d.close()
 
 
+@pytest.mark.slow
 def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     fed = dep.federation()
@@ -83,6 +84,7 @@ def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys,
     assert code == 3 and "refused to set up 'splitnn/party'" in err and "budget" in err and "is spent" in err
 
 
+@pytest.mark.slow
 def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     with LocalDeployment(tmp_path / "dep", two_party_half_labelled_data(), deadline=600.0, start_timeout=600.0) as d:

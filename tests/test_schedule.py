@@ -181,6 +181,7 @@ def crash_points(positions: dict[int, tuple[str, int, int]], stage: str) -> list
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_a_resumed_fit_with_early_stopping_equals_an_uninterrupted_one(name: str, train, test_data,
                                                                       tmp_path) -> None:  # noqa: ANN001
     counter = StepCounter(tmp_path / "count")
@@ -209,6 +210,7 @@ def deployment(tmp_path_factory, train, test_data):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("name", GRPC_METHODS)
+@pytest.mark.slow
 def test_early_stopping_over_grpc_equals_in_process_and_resumes(name: str, deployment, train, test_data,
                                                                 tmp_path) -> None:  # noqa: ANN001
     counter = StepCounter(tmp_path / "count")

@@ -80,6 +80,7 @@ def pinned(tmp_path_factory):  # noqa: ANN201
         yield dep, d / "acme"
 
 
+@pytest.mark.slow
 def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinned) -> None:  # noqa: ANN001
     dep, acme = pinned
     fed = dep.federation()  # the pinned coordinator is served
@@ -195,6 +196,7 @@ def _fit(dep: LocalDeployment, method: str, intrude_at: int | None = None) -> tu
 
 
 @pytest.mark.parametrize("method", ["vanilla-vfl", "false-vfl-1"])
+@pytest.mark.slow
 def test_a_hello_in_the_middle_of_a_fit_is_refused_and_the_fit_ends_as_an_undisturbed_one(research,
                                                                                           method: str) -> None:
     undisturbed, _ = _fit(research, method)
@@ -250,6 +252,7 @@ def _burst(dep: LocalDeployment, payload: bytes, n: int, chunked: bool) -> tuple
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a party's RSS from /proc")
+@pytest.mark.slow
 def test_sixteen_parallel_60_mb_requests_from_an_allowlisted_peer_raise_a_partys_memory_by_less_than_100_mb(
         tmp_path) -> None:  # noqa: ANN001
     with LocalDeployment(tmp_path, make_data(12, seed=0, prefix="m"), deadline=PATIENCE, start_timeout=600.0,
