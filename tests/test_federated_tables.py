@@ -77,6 +77,7 @@ def test_in_process_and_federated_fits_give_identical_predictions(example: Path,
     np.testing.assert_allclose([h["loss"] for h in m_fed.history_], [h["loss"] for h in m_local.history_], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_federation_writes_the_users_id_column_and_integer_classes(example: Path,
                                                                           deployment: LocalDeployment,
                                                                           tmp_path: Path,

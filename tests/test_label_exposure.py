@@ -126,6 +126,7 @@ def test_the_label_holders_party_refuses_a_fit_without_label_dp_naming_the_key(d
                  "--out", str(tmp_path / "pred.csv")]) == 0
 
 
+@pytest.mark.slow
 def test_the_exposure_line_and_the_refusal_on_the_command_line(dep: LocalDeployment, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     fit = ["fit", "--federation", str(dep.federation_file), "--method", "vanilla-vfl", "--seed", "2", "--out",

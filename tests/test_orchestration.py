@@ -210,6 +210,7 @@ def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, unin
     assert_same(model_state(dep, tmp_path / "model"), model_state(dep, uninterrupted))
 
 
+@pytest.mark.slow
 def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None:  # noqa: ANN001
     def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
         if epoch == 1:

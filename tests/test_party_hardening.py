@@ -156,6 +156,7 @@ def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep)
         "OK", "ABORTED", "ABORTED", "ABORTED", "OK", "OK"]  # every refusal is logged
 
 
+@pytest.mark.slow
 def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> None:  # noqa: ANN001
     with LocalDeployment(tmp_path, two_party_data(12), deadline=PATIENCE, start_timeout=600.0, policy="default",
                          session_idle_seconds=1.0) as d:
@@ -330,6 +331,7 @@ def test_rows_of_a_prediction_table_only_answer_inference_messages(dep, data, ne
         fed.close()
 
 
+@pytest.mark.slow
 def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:  # noqa: ANN001
     f = tmp_path / "p.toml"
     f.write_text('[party]\nname = "a"\nindex = 0\nhmac_key_file = "k"\n[data]\npath = "t.csv"\nid_column = "id"\n'

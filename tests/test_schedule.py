@@ -116,6 +116,7 @@ def wide_data(n_labels: int) -> VerticalDataset:
                            task=Task.classification([0, 1, 2]), active_party=0)
 
 
+@pytest.mark.slow
 def test_early_stopping_auto_needs_the_schedule_and_enough_labels() -> None:
     need = math.ceil(MIN_VALIDATION_ROWS / 0.2)
     small = dict(latent_dim=4, encoder_hidden=[8], min_steps=20)
@@ -289,6 +290,7 @@ def test_a_generative_encoder_of_another_shape_is_refused() -> None:
         encoder_init(MLP(4, [16], 6).state_dict(), split.state_dict(), "party 0")
 
 
+@pytest.mark.slow
 def test_generative_init_resumes_and_runs_over_grpc_as_in_process(deployment, train, test_data,
                                                                  tmp_path) -> None:  # noqa: ANN001
     from partialvfl.federation import MessageLog, find_raw_feature_leaks

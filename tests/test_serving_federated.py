@@ -109,6 +109,7 @@ def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
     fed.close()
 
 
+@pytest.mark.slow
 def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                      service: Service) -> None:
     _, d, _ = setup

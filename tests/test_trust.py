@@ -101,6 +101,7 @@ def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinn
     fed.close()
 
 
+@pytest.mark.slow
 def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the_bundle_has_several_cas(
         pinned, tmp_path) -> None:  # noqa: ANN001
     dep, _ = pinned
