@@ -285,6 +285,7 @@ def test_dictionary_attack_finds_nothing_against_psu_and_everything_against_hmac
         assert found & targets == targets
 
 
+@pytest.mark.slow
 def test_a_guessed_id_is_tested_only_online_logged_and_capped(psu_dep: LocalDeployment) -> None:
     fed = psu_dep.federation()
     try:

@@ -173,6 +173,7 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
 
 
+@pytest.mark.slow
 def test_reload_opens_a_new_session_and_keeps_answering(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                         service: Service) -> None:
     _, d, _ = setup

@@ -122,6 +122,7 @@ def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the
     assert len(load_party_config(both).peers["coordinator"].cas) == 2
 
 
+@pytest.mark.slow
 def test_the_coordinator_refuses_a_server_that_presents_another_cas_certificate_for_a_party(
         pinned, tmp_path) -> None:  # noqa: ANN001
     dep, acme = pinned
