@@ -95,6 +95,7 @@ def reference(dep: LocalDeployment, d: Path) -> None:
     np.savez(d / "reference.npz", out=out, used=used)
 
 
+@pytest.mark.slow
 def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
         setup: tuple[LocalDeployment, Path, DelayProxy]) -> None:
     """First in this file (before the module's service opens its session): a service stopped right after a batch
@@ -114,6 +115,7 @@ def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
     fed.close()
 
 
+@pytest.mark.slow
 def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                      service: Service) -> None:
     _, d, _ = setup
@@ -127,6 +129,7 @@ def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployme
         np.testing.assert_allclose([r["probabilities"]["0"], r["probabilities"]["1"]], out[i], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
         setup: tuple[LocalDeployment, Path, DelayProxy], service: Service) -> None:
     _, d, proxy = setup
@@ -154,6 +157,7 @@ def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
     assert 'partialvfl_serve_party_timeouts_total{party="telco"} 1.0' in text
 
 
+@pytest.mark.slow
 def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                     service: Service) -> None:
     dep, d, _ = setup
@@ -179,6 +183,7 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
 
 
+@pytest.mark.slow
 def test_reload_opens_a_new_session_and_keeps_answering(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                         service: Service) -> None:
     _, d, _ = setup
