@@ -165,7 +165,8 @@ def _tables(pki: Path, parties: list[str], n: int = 40) -> None:
 
 
 def test_the_grace_a_stopping_party_gives_its_calls_is_short() -> None:
-    """The mechanism behind a prompt exit: in-flight calls get at most half a second after SIGTERM."""
+    """In-flight calls get at most half a second after SIGTERM.  (Not the whole story: measured, a party still
+    exits about 1.2 s after SIGTERM, the wait coming after its 'stopping' line; issue 37 item 6 stays open.)"""
     assert grpc_party.STOP_GRACE_SECONDS <= 0.5
 
 
