@@ -15,10 +15,17 @@ into a run at concurrency 16 and started again at half-time (failed requests; se
 listening to the first answer that used it); then one party (the telco) reached through a proxy that holds back
 every byte sent to it by ``--delay-ms`` (200 ms), at concurrency 16 with each request's ``deadline_ms`` at
 ``--deadline-ms`` (50 ms); last, the same method fitted in process and served with ``--table`` (no party processes,
-no gRPC) at concurrency 16: what HTTP and micro-batching alone cost on the same machine.
+no gRPC) at concurrency 16: what HTTP and micro-batching alone cost on the same machine.  First of all, once per run,
+the floor: a no-op ``POST /v1/predict`` on the same HTTP stack (``benchmarks/serve_noop.py``: FastAPI on uvicorn,
+started alike), driven by the same load generator at 1 and 16 clients; the summary gives each target's ratio
+(in process against the floor, federated against in process, the late party's p99 against the deadline plus the
+in-process p99), every figure of one run.
 
     python benchmarks/serve_load.py --seconds 10 --json serve_load.json
     python benchmarks/serve_load.py --methods laser-vfl --seconds 3          # a quick look
+    # another version's service (its own checkout and Python) under the same load generator, beside the floor:
+    python benchmarks/serve_load.py --methods laser-vfl --cases floor in-process \
+        --service-root /work/main --service-python /work/main/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from partialvfl.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
+CASES = ("floor", "on-time", "killed", "delayed", "in-process")
 SLOW = 2  # the telco
 KILLED = 1  # the shop
 
@@ -74,25 +82,30 @@ def fit_federated(dep: LocalDeployment, method: str, out: Path, seed: int) -> fl
 
 class ServiceProcess:
     """``partialvfl serve --federation`` (or, with ``tables``, ``--table PARTY=FILE ...``: every party in the
-    service's process) in a process of its own; stopped with SIGTERM."""
+    service's process) in a process of its own, run from ``root`` (a checkout: its ``src``) with ``python``; with
+    ``command``, that command instead (the no-op floor); stopped with SIGTERM."""
 
-    def __init__(self, model: Path, federation: Path | None, work: Path,
-                 tables: dict[str, Path] | None = None) -> None:
-        where = ["--federation", str(federation)] if tables is None else [
-            a for p, f in tables.items() for a in ("--table", f"{p}={f}")] + ["--id", "customer_id"]
-        port_file = work / f"serve-{model.name}.port"
+    def __init__(self, model: Path | None, federation: Path | None, work: Path,
+                 tables: dict[str, Path] | None = None, *, root: Path = ROOT, python: str = sys.executable,
+                 command: list[str] | None = None, name: str | None = None, extra: list[str] | None = None) -> None:
+        name = name or (model.name if model is not None else "service")
+        port_file = work / f"serve-{name}.port"
         port_file.unlink(missing_ok=True)
+        if command is None:
+            assert model is not None
+            where = ["--federation", str(federation)] if tables is None else [
+                a for p, f in tables.items() for a in ("--table", f"{p}={f}")] + ["--id", "customer_id"]
+            command = [python, "-m", "partialvfl", "serve", "--model", str(model), *where, "--port", "0",
+                       "--deadline-ms", "5000", "--max-ids", "100", *(extra or [])]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        self.log = open(work / f"serve-{model.name}.log", "ab")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "partialvfl", "serve", "--model", str(model), *where,
-             "--port", "0", "--port-file", str(port_file), "--deadline-ms", "5000", "--max-ids", "100"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            [str(root / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        self.log = open(work / f"serve-{name}.log", "ab")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen([*command, "--port-file", str(port_file)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env)
         limit = time.monotonic() + 300
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > limit:
-                raise RuntimeError(f"the service did not start: {(work / f'serve-{model.name}.log').read_text()}")
+                raise RuntimeError(f"the service did not start: {(work / f'serve-{name}.log').read_text()}")
             time.sleep(0.1)
         self.port = int(port_file.read_text())
 
@@ -190,47 +203,67 @@ def load(port: int, ids: list[str], concurrency: int, seconds: float, max_reques
             "predictions_per_s": round((counts["requests"] - counts["errors"] - counts["not_predicted"]) / wall, 1)}
 
 
-def run_method(method: str, dep: LocalDeployment, work: Path, ids: list[str], labels: dict[str, Any],
+def service_kw(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the service processes run from (``--service-root``, ``--service-python``)."""
+    return {"root": Path(args.service_root).resolve(), "python": args.service_python}
+
+
+def run_method(method: str, dep: LocalDeployment | None, work: Path, ids: list[str], labels: dict[str, Any],
                args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    federated = [c for c in ("on-time", "killed", "delayed") if c in args.cases]
+    if federated:
+        assert dep is not None
+        rows += federated_cases(method, dep, work, ids, labels, args, federated)
+    if "in-process" in args.cases:
+        rows.append({"method": method, "case": IN_PROCESS, **in_process(method, work, ids, args)})
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def federated_cases(method: str, dep: LocalDeployment, work: Path, ids: list[str], labels: dict[str, Any],
+                    args: argparse.Namespace, cases: list[str]) -> list[dict[str, Any]]:
     model = work / f"model-{method}"
     fit_s = fit_federated(dep, method, model, args.seed)
     print(f"{method}: fitted across the parties in {fit_s:.1f} s", file=sys.stderr)
     rows = []
+    answers: list[tuple[str, Any, list[str]]] = []
     with DelayProxy(f"127.0.0.1:{dep.ports[SLOW]}") as proxy:
         fed_file = work / f"federation-{method}.toml"
         fed_file.write_text(dep.federation_file.read_text().replace(f"127.0.0.1:{dep.ports[SLOW]}", proxy.address))
-        service = ServiceProcess(model, fed_file, work)
+        service = ServiceProcess(model, fed_file, work, **service_kw(args))
         try:
             load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
-            for c in args.concurrency:
+            for c in args.concurrency if "on-time" in cases else ():
                 rows.append({"method": method, "case": "all parties on time",
                              **load(service.port, ids, c, args.seconds, args.max_requests, None, args.seed)})
                 print(rows[-1], file=sys.stderr)
-            if not args.no_kill:
+            if "killed" in cases:
                 rows.append({"method": method, "case": f"{PARTIES[KILLED]} killed and restarted",
                              **killed_and_restarted(dep, service.port, ids, args)})
                 print(rows[-1], file=sys.stderr)
                 service.wait_ready(ids[0])  # the next case starts with every party in the service's session
-            proxy.delay = args.delay_ms / 1000
-            answers: list[tuple[str, Any, list[str]]] = []
-            rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
-                         **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
-                                args.deadline_ms, args.seed, answers)})
-            if rows[-1]["errors"]:
-                print("errors in the service's log:", *service.errors(), sep="\n  ", file=sys.stderr)
+            if "delayed" in cases:
+                proxy.delay = args.delay_ms / 1000
+                rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
+                             **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
+                                    args.deadline_ms, args.seed, answers)})
+                if rows[-1]["errors"]:
+                    print("errors in the service's log:", *service.errors(), sep="\n  ", file=sys.stderr)
         finally:
             proxy.delay = 0.0
             service.stop()
             # the service's goodbye to the telco went through the proxy behind bytes it still holds back: let them
             # arrive (else the telco still serves the service's session and refuses the offline check's hello)
             time.sleep(args.delay_ms / 1000 + 1.0)
-    rows[-1].update(accuracy_without_slow(dep, model, answers, labels))
-    print(rows[-1], file=sys.stderr)
-    if not args.no_in_process:
-        rows.append({"method": method, "case": "in process (--table): HTTP and batching only",
-                     **in_process(method, work, ids, args)})
+    if "delayed" in cases:
+        rows[-1].update(accuracy_without_slow(dep, model, answers, labels))
         print(rows[-1], file=sys.stderr)
     return rows
+
+
+IN_PROCESS = "in process (--table): HTTP and batching only"
+FLOOR = "no-op endpoint (FastAPI on uvicorn): the floor"
 
 
 def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -241,12 +274,58 @@ def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace
     data = from_tables(tables, id_column="customer_id", label_column="defaulted", active_party="bank")
     model = work / f"model-{method}-in-process"
     get_method(method)("fast", seed=args.seed).fit(data).save(model)
-    service = ServiceProcess(model, None, work, tables=tables)
+    service = ServiceProcess(model, None, work, tables=tables, **service_kw(args))
     try:
         load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
         return load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests, None, args.seed)
     finally:
         service.stop()
+
+
+def floor(work: Path, ids: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The no-op endpoint (:mod:`serve_noop`) under the same load generator, at 1 and ``--slow-concurrency``
+    clients."""
+    service = ServiceProcess(None, None, work, name="noop", command=[
+        sys.executable, str(Path(__file__).resolve().parent / "serve_noop.py")])
+    rows = []
+    try:
+        load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
+        for c in sorted({1, args.slow_concurrency}):
+            rows.append({"method": "-", "case": FLOOR, **load(service.port, ids, c, args.seconds, args.max_requests,
+                                                               None, args.seed)})
+            print(rows[-1], file=sys.stderr)
+    finally:
+        service.stop()
+    return rows
+
+
+def targets(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """The issue's targets as ratios of this run's rows (issue 34): in process against the floor, federated against
+    in process, the late party's p99 against the deadline plus the in-process p99."""
+    c = args.slow_concurrency
+
+    def row(method: str, case: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["method"] == method and r["case"] == case and r["concurrency"] == c), None)
+
+    out = []
+    base = row("-", FLOOR)
+    for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "-"):
+        local = row(method, IN_PROCESS)
+        fed = row(method, "all parties on time")
+        late = row(method, f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms")
+        if local and base:
+            share, p99 = local["predictions_per_s"] / base["predictions_per_s"], local["p99_ms"] / base["p99_ms"]
+            out.append(f"{method}, in process at {c} clients: {share:.0%} of the floor's throughput (target >= 60 %), "
+                       f"p99 {p99:.2f}x the floor's (target <= 2x)")
+        if local and fed:
+            share, p50 = fed["predictions_per_s"] / local["predictions_per_s"], fed["p50_ms"] / local["p50_ms"]
+            out.append(f"{method}, federated at {c} clients: {share:.0%} of the in-process throughput (target >= "
+                       f"60 %), p50 {p50:.2f}x the in-process p50 (target <= 1.5x)")
+        if local and late:
+            bound = args.deadline_ms + local["p99_ms"]
+            out.append(f"{method}, {late['case']} with a {args.deadline_ms:g} ms deadline: p99 {late['p99_ms']} ms "
+                       f"against deadline + in-process p99 = {bound:.1f} ms (target: at most that)")
+    return out
 
 
 def killed_and_restarted(dep: LocalDeployment, port: int, ids: list[str], args: argparse.Namespace
@@ -329,6 +408,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", nargs="+", default=["laser-vfl", "false-vfl-1"])
+    p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                   help="which cases to run (default: all): the no-op floor, every party on time, a party killed and "
+                        "restarted, a party delayed, in process")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 16, 64])
     p.add_argument("--slow-concurrency", type=int, default=16)
     p.add_argument("--seconds", type=float, default=10.0, help="per case (default: %(default)s)")
@@ -340,8 +422,15 @@ def main() -> int:
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="work in DIR and keep it (the parties' and the service's logs, the models)")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process (--table) case")
+    p.add_argument("--service-root", default=str(ROOT), metavar="DIR",
+                   help="run `partialvfl serve` from this checkout's src (default: this one): another version under "
+                        "the same load generator")
+    p.add_argument("--service-python", default=sys.executable, metavar="PYTHON",
+                   help="... with this Python (default: this one)")
     p.add_argument("--json", default=None, help="write the rows and the machine here")
     args = p.parse_args()
+    args.cases = [c for c in args.cases if not (c == "killed" and args.no_kill)
+                  and not (c == "in-process" and args.no_in_process)]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -351,11 +440,15 @@ def main() -> int:
         ids = [str(i) for i in data.ids]
         classes = list(data.task.classes)
         labels = {str(i): classes[int(y)] for i, y, lab in zip(data.ids, data.y, data.labeled) if lab}
-        with LocalDeployment(work / "fed", data, deadline=120.0, start_timeout=600.0) as dep:
-            dep.start()
-            rows = [r for m in args.methods for r in run_method(m, dep, work, ids, labels, args)]
+        rows = floor(work, ids, args) if "floor" in args.cases else []
+        if any(c in args.cases for c in ("on-time", "killed", "delayed")):
+            with LocalDeployment(work / "fed", data, deadline=120.0, start_timeout=600.0) as dep:
+                dep.start()
+                rows += [r for m in args.methods for r in run_method(m, dep, work, ids, labels, args)]
+        else:
+            rows += [r for m in args.methods for r in run_method(m, None, work, ids, labels, args)]
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "python": platform.python_version()}
+               "python": platform.python_version(), "load_average": os.getloadavg()}
     print(table(rows))
     for r in rows:
         if "accuracy_served" in r:
@@ -368,7 +461,9 @@ def main() -> int:
             print(f"{r['method']}, {r['case']}: {r['errors']} failed requests ({r['failed_while_down']} while it was "
                   f"down); the first answer using it again came {r['used_again_after_s']} s after the new process "
                   "listened")
-    print(f"machine: {machine}")
+    for line in targets(rows, args):
+        print(line)
+    print(f"machine: {machine}; service from {args.service_root} ({args.service_python})")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "machine": machine, "args": vars(args)}, indent=1))
     return 0

@@ -18,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import make_data
 from partialvfl.federation import LocalFederation
 from partialvfl.methods.base import get_method
 from partialvfl.methods.false_vfl.formulas import after_latent_noise, latent_noise, latent_noise_generator
@@ -25,7 +26,7 @@ from partialvfl.nn.blocks import CNNEncoder, ResNet18, TransposedCNNDecoder, for
 from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.devices import to_device
 from partialvfl.utils.opcount import OpCounter, busy_fraction, count_ops, device_activity
-from test_contract import TINY, make_data
+from test_contract import TINY
 
 META, CPU = torch.device("meta"), torch.device("cpu")
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl.data.dataset import Task, VerticalDataset
 from partialvfl.federation import psu
 from partialvfl.federation.access_log import read_access_log
@@ -31,7 +32,6 @@ from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.psu import AlignmentError, PartyAligner, hash_to_group, points_array, points_list
 from partialvfl.federation.psu_session import PsuAlignment
 
-PATIENCE = 300.0
 SECRET = b"s" * 32
 
 
@@ -245,6 +245,7 @@ def _others_only(data: VerticalDataset) -> set[str]:
     return {str(i) for i in data.ids[data.observed.any(axis=1) & ~own]}
 
 
+@pytest.mark.slow
 def test_dictionary_attack_finds_nothing_against_psu_and_everything_against_hmac(
         data: VerticalDataset, psu_dep: LocalDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     candidates = [f"C{i:06d}" for i in range(SPACE)]
@@ -284,6 +285,7 @@ def test_dictionary_attack_finds_nothing_against_psu_and_everything_against_hmac
         assert found & targets == targets
 
 
+@pytest.mark.slow
 def test_a_guessed_id_is_tested_only_online_logged_and_capped(psu_dep: LocalDeployment) -> None:
     fed = psu_dep.federation()
     try:
@@ -303,6 +305,7 @@ def test_a_guessed_id_is_tested_only_online_logged_and_capped(psu_dep: LocalDepl
     assert any(e["outcome"] == "refused" and "max_lookups" in e["reason"] for e in log)
 
 
+@pytest.mark.slow
 def test_a_party_with_another_key_stops_the_alignment_before_anything_is_attached(
         data: VerticalDataset, tmp_path: Path) -> None:
     for dep in _deployment(tmp_path, data, "psu"):
@@ -352,6 +355,7 @@ def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(p
             load_party_config(bad)
 
 
+@pytest.mark.slow
 def test_a_resumed_fit_gets_its_tokens_back_by_the_parties_tickets_and_a_repeated_fit_does_not(
         data: VerticalDataset, tmp_path: Path) -> None:
     """Issue 35 against real parties under the default policy: the fit's alignment (``alignment_id``) is kept by

@@ -478,6 +478,7 @@ def test_paper_results_transcription() -> None:
 
 
 # ---------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_smoke_grid_end_to_end_in_parallel(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "report"
     summary = run_grid("smoke", store, workers=2, progress=False)

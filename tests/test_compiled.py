@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import partialvfl.nn.compiled as compiled_module
+from helpers import make_data
 from partialvfl.methods.base import get_method
-from test_contract import TINY, make_data
+from test_contract import TINY
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,7 @@ def data():  # noqa: ANN201
     return make_data(96, seed=0, prefix="tr"), make_data(40, seed=1, prefix="te")
 
 
+@pytest.mark.slow
 def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data, tmp_path, monkeypatch,  # noqa: ANN001
                                                                           capsys) -> None:  # noqa: ANN001
     import torch._inductor.config as inductor_config

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from partialvfl import Task, VerticalDataset
+from helpers import PATIENCE, make_data
+from partialvfl import VerticalDataset
 from partialvfl.federation import MessageLog, TensorSpec, find_raw_feature_leaks, tensor_names
 from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.federation.grpc_federation import GrpcFederation
@@ -34,7 +35,6 @@ from partialvfl.methods.base import VFLMethod, get_method
 from partialvfl.methods.params import Param
 from partialvfl.methods.registry import method_names
 
-PATIENCE = 300.0  # seconds: the deadline of every gRPC call (a loaded machine is slow; no test depends on speed)
 SEED, OTHER_SEED = 3, 4
 
 _SPLIT = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 2, "batch_size": 16}
@@ -68,24 +68,6 @@ def tiny(name: str) -> dict[str, Any]:
     if name not in TINY:
         pytest.fail(f"method {name!r} has no tiny parameters: add an entry for it to TINY in tests/test_contract.py")
     return dict(TINY[name])
-
-
-def make_data(n: int, seed: int, prefix: str) -> VerticalDataset:
-    """Three parties (widths 3, 4, 2), three classes; a fully observed core, then each block missing with p 0.3;
-    one sample nobody holds; about half the labels (the core's first rows always labelled); party 1 holds them."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, n)
-    blocks = [rng.normal(size=(n, d)) + 0.6 * y[:, None] for d in (3, 4, 2)]
-    obs = rng.random((n, 3)) < 0.7
-    obs[: n // 3] = True
-    obs[-1] = False
-    for k, b in enumerate(blocks):
-        b[~obs[:, k]] = np.nan
-    labeled = rng.random(n) < 0.5
-    labeled[: n // 6] = True
-    return VerticalDataset(blocks, obs, ids=[f"{prefix}{i:03d}" for i in range(n)], y=y, labeled=labeled,
-                           task=Task.classification(["a", "b", "c"]), active_party=1,
-                           party_names=["bank", "shop", "telco"])
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +251,7 @@ def test_save_load_gives_identical_predictions(name: str, references, test_data,
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_same_seed_same_model_other_seed_other_model(name: str, references, train, test_data, tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
     ref.model.save(tmp_path / "ref")
@@ -341,6 +324,7 @@ PARTIES_ALONE_IN_PROCESS = {"false-vfl-1", "false-vfl-2", "x-vfl", "fedhssl"}
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_federated_over_grpc_equals_in_process(name: str, references, deployment, train, test_data,
                                               tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
@@ -364,6 +348,7 @@ def test_federated_over_grpc_equals_in_process(name: str, references, deployment
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, references, train, test_data,
                                                               tmp_path) -> None:  # noqa: ANN001
     ref = references(name)
@@ -380,6 +365,7 @@ def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, refere
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_checkpoint_and_resume_over_grpc_equals_uninterrupted(name: str, references, deployment, train, test_data,
                                                              tmp_path) -> None:  # noqa: ANN001
     """The parties live on: they did the step after the checkpoint, and a resume must roll them back."""

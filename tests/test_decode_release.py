@@ -129,11 +129,13 @@ def test_a_fit_under_the_default_policy_uses_the_bound_wire_and_predicts() -> No
     assert research.params_["wire"] == "lean"  # the simulation's research policy releases likelihoods
 
 
+@pytest.mark.slow
 def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(tmp_path) -> None:  # noqa: ANN001
     """Over gRPC: the parties announce their policy in their hello; wire = auto picks the bound wire at the largest
     floor they ask for, and the fit and its predictions go through every party's checks."""
+    from helpers import make_data
     from partialvfl.federation.grpc_local import LocalDeployment
-    from test_contract import TINY, make_data
+    from test_contract import TINY
 
     train = make_data(48, seed=0, prefix="tr")
     narrow = {"seed": 3, "max_width_ratio": 4}  # 2-4 columns per party: wide enough for d_h = 4
@@ -144,7 +146,8 @@ def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(
         fed = dep.federation()
         try:
             assert fed.announced_policies()[0] == {"allow_likelihood_release": False, "min_latent_scale": 0.05,
-                                                   "max_request_mb": 64.0}
+                                                   "max_request_mb": 64.0, "max_width_ratio": 4.0,
+                                                   "max_setup_width_ratio": 8.0}
             model = get_method("false-vfl-1")("fast", seed=0, **TINY["false-vfl-1"]).fit(train, federation=fed)
             assert model.params_["wire"] == "bound" and model.params_["latent_scale_floor"] == 0.1
             proba = model.predict_proba(train)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import partialvfl.federation.party as party_module
+from helpers import make_data
 from partialvfl.federation import LocalFederation
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyRuntime
@@ -37,7 +38,7 @@ from partialvfl.utils.devices import (
     strict_devices,
     to_numpy,
 )
-from test_contract import TINY, gpu_atol, make_data
+from test_contract import TINY, gpu_atol
 
 METHODS = method_names()
 META, CPU = torch.device("meta"), torch.device("cpu")
@@ -145,6 +146,7 @@ def test_party_data_moves_to_the_device_once_per_dataset_not_per_step(train, mon
 # ---------------------------------------------------------------------- the meta-device check
 @pytest.mark.parametrize("coordinator,parties", PLACEMENTS)
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
                                                              test_data) -> None:  # noqa: ANN001
     model, fed = fit_on(name, train, coordinator, parties)
@@ -157,6 +159,7 @@ def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordina
 
 @pytest.mark.parametrize("coordinator,parties", PLACEMENTS)
 @pytest.mark.parametrize("name", ["laser-vfl", "vanilla-vfl"])
+@pytest.mark.slow
 def test_generative_initialisation_trains_on_the_model_device(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
                                                              test_data) -> None:  # noqa: ANN001
     """``pretrain_kind="false-vfl"`` fits FALSE-VFL's stage 1 inside the fit: on the model's device, and the
@@ -173,6 +176,7 @@ def test_generative_initialisation_trains_on_the_model_device(name: str, coordin
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_meta_check_catches_a_coordinator_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:  # noqa: ANN001
     """The planted mistake: the coordinator's index and label tensors created on the CPU (``device=`` forgotten)."""
     monkeypatch.setattr(VFLMethod, "_tensor", lambda self, data, dtype=None: torch.as_tensor(data, dtype=dtype))
@@ -241,6 +245,7 @@ def test_the_simulated_files_really_claim_a_gpu() -> None:
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_a_model_saved_on_a_gpu_loads_and_predicts_on_the_cpu(name: str, train, test_data, tmp_path) -> None:  # noqa: ANN001
     model = get_method(name)("fast", seed=3, **TINY[name]).fit(train)
     expected = model.predict_proba(test_data)

@@ -59,6 +59,7 @@ PLAN = [("seed", {"width": 1}), ("seed", {"width": 4}), ("seed", {"width": 4, "m
         ("probes", {"width": 1, "probes": 4}), ("freeze", {"width": 1})]
 
 
+@pytest.mark.slow
 def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordinators_seed(dep, block) -> None:
     torch.set_num_threads(1)
     [linear] = run_attacks(dep.federation_file, 0, block, PLAN[:1], IDS)
@@ -66,6 +67,7 @@ def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordi
     assert linear.rmse_std.max() < 1e-3, linear.row()
 
 
+@pytest.mark.slow
 def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     outcomes = run_attacks(dep.federation_file, 1, block, PLAN, IDS)
@@ -77,6 +79,7 @@ def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:
     assert any("policy rule 'max_width_ratio'" in r for r in outcomes[1].refusals)
 
 
+@pytest.mark.slow
 def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})], IDS)
@@ -86,6 +89,7 @@ def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep
 
 # ---------------------------------------------------------------------- issue 23: decode, width, optimiser tricks
 @pytest.mark.parametrize("wire", ["lean", "samples"])
+@pytest.mark.slow
 def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the_party_refuses_it(dep, block,
                                                                                                   wire) -> None:
     """FALSE-VFL's decode with the same latents for every row: the research party's rows come back exactly (up to
@@ -100,6 +104,7 @@ def test_decode_at_latents_the_coordinator_chooses_is_an_exact_oracle_unless_the
     assert bound.median > 10 * free.median, bound.row()
 
 
+@pytest.mark.slow
 def test_sixteen_models_in_one_setup_are_refused_by_the_setup_width_cap(dep, block) -> None:
     torch.set_num_threads(1)
     [wide] = run_attacks(dep.federation_file, 0, block, [("width", {})], IDS)
@@ -110,6 +115,7 @@ def test_sixteen_models_in_one_setup_are_refused_by_the_setup_width_cap(dep, blo
     assert capped.accepted.startswith("2 x"), capped.row()  # 2 models of 2d: 64 values, 4 x 16
 
 
+@pytest.mark.slow
 def test_gradient_scaling_weight_decay_and_rewinds_are_bounded_by_the_default_policy(dep, block) -> None:
     torch.set_num_threads(1)
     plan = [("gradient-scale", {}), ("weight-decay", {}), ("rewind", {})]

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from example_tables import write_example
+from helpers import PATIENCE
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
@@ -31,7 +32,6 @@ from partialvfl.orchestration.predict import PredictOptions, run_predict
 PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 SEED = 0
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 #: one method per family, trained briefly (FALSE-VFL's old difference showed from its first step)
 FAMILIES: dict[str, dict[str, Any]] = {
     "laser-vfl": {"pretrain_epochs": 0, "epochs": 3},  # split-NN
@@ -74,6 +74,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 @pytest.mark.float_sensitive
+@pytest.mark.slow
 def test_the_federated_model_is_the_in_process_model(name: str, example: Path, deployment: LocalDeployment,
                                                      one_thread: None) -> None:
     local = from_tables(train_tables(example), order_key=deployment.key_file, **KW)

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from example_tables import write_example
+from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -21,7 +22,6 @@ from partialvfl.methods import get_method
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 PARAMS = {"epochs": 4}
 
 
@@ -45,6 +45,7 @@ def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
         dep.close()
 
 
+@pytest.mark.slow
 def test_in_process_and_federated_fits_give_identical_predictions(example: Path, deployment: LocalDeployment,
                                                                  tmp_path: Path) -> None:
     fed = deployment.federation()
@@ -76,6 +77,7 @@ def test_in_process_and_federated_fits_give_identical_predictions(example: Path,
     np.testing.assert_allclose([h["loss"] for h in m_fed.history_], [h["loss"] for h in m_local.history_], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_federation_writes_the_users_id_column_and_integer_classes(example: Path,
                                                                           deployment: LocalDeployment,
                                                                           tmp_path: Path,
@@ -124,6 +126,7 @@ def test_predict_federation_writes_the_users_id_column_and_integer_classes(examp
                                                                                                               True]
 
 
+@pytest.mark.slow
 def test_predict_fails_when_the_active_party_or_every_party_is_unreachable(example: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture) -> None:
     data = from_tables(train_tables(example), **KW)

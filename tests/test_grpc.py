@@ -25,6 +25,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import (
     LocalFederation,
@@ -64,7 +65,6 @@ from partialvfl.methods.training import Stage
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = 4
-PATIENCE = 300.0  # seconds: the deadline of every call whose timing is not under test (a loaded machine is slow)
 
 
 # ---------------------------------------------------------------------- toy split learning (party and coordinator)
@@ -216,7 +216,9 @@ def party_weights(fed: Federation) -> dict[int, torch.Tensor]:
     return {k: r.tensors["w"] for k, r in fed.transport.broadcast(range(fed.n_parties), "weights").items()}
 
 
-def make_data(n: int = 48, seed: int = 0) -> VerticalDataset:
+def mostly_labelled_data(n: int = 48, seed: int = 0) -> VerticalDataset:
+    """Three parties (widths 3, 4, 2), three classes, each block held with p 0.8, one sample nobody holds, about 90 %
+    labelled, party 2 holds the labels (its widths recorded in ``_DIMS[3]``)."""
     rng = np.random.default_rng(seed)
     dims = (3, 4, 2)
     y = rng.integers(0, 3, n)
@@ -347,7 +349,7 @@ class ToySplitMethod(VFLMethod):
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return mostly_labelled_data()
 
 
 @pytest.fixture(scope="module")
@@ -455,6 +457,7 @@ def _train_y(data: VerticalDataset) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- real processes
+@pytest.mark.slow
 def test_federated_training_matches_in_process_and_leaks_nothing(deployment, data) -> None:  # noqa: ANN001
     log = MessageLog(keep_payloads=True)
     fed = _fed(deployment, log=log)
@@ -667,6 +670,7 @@ def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:  # 
     assert remote.call(0, "ping").meta["name"] == "bank"
 
 
+@pytest.mark.slow
 def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data, tmp_path) -> None:  # noqa: ANN001
     """Party 0 blocks in ``forward`` until the test opens its gate, so it is late by construction, not by a margin;
     the short deadline applies to that one call only, and the warmed-up parties 1 and 2 have ample time."""
@@ -698,6 +702,7 @@ def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data,
         fed.close()
 
 
+@pytest.mark.slow
 def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployment, data, tmp_path) -> None:  # noqa: ANN001
     def coordinator(out: Path, crash_at: int | None) -> int:
         code = ("import sys, test_grpc; sys.exit(test_grpc._coordinator_main(sys.argv[1:]))")
@@ -726,7 +731,7 @@ def _coordinator_main(argv: list[str]) -> int:
     """A coordinator process for the crash test: toy training with checkpoints every 3 steps."""
     torch.set_num_threads(1)
     fed_file, ck_dir, out, crash_at = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
-    data = make_data()
+    data = mostly_labelled_data()
     # the session secrets live with the checkpoints: a coordinator that really restarted proves it holds the
     # parties' sessions (the killed one never said bye, so a coordinator without them would be refused)
     fed = GrpcFederation.from_config(fed_file, session_file=ck_dir / "sessions.json")

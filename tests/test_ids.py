@@ -3,6 +3,7 @@ refuse empty IDs and IDs that collide once normalised (naming them), and agree o
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from partialvfl import DataValidationError
 from partialvfl.data.builders import from_tables
-from partialvfl.data.ids import DEFAULT_ORDER_KEY, normalize_id, normalize_ids, sample_order
+from partialvfl.data.ids import DEFAULT_ORDER_KEY, id_seeds, normalize_id, normalize_ids, sample_order
 from partialvfl.federation.alignment import canonical_id, hash_ids, observed_from_hashes
 from partialvfl.federation.grpc_party import PartyConfig, PartyTable
 from partialvfl.federation.grpc_transport import TlsFiles
@@ -167,3 +168,27 @@ def test_text_id_files_that_are_not_one_id_per_line_are_refused(tmp_path: Path) 
         read_id_list(tmp_path / "blob.dat")
     (tmp_path / "ids.lst").write_text("  007 \r\n\n8\r\n")  # any other name: text, blank lines skipped
     assert read_id_list(tmp_path / "ids.lst")[0].tolist() == ["007", "8"]
+
+
+# ---------------------------------------------------------------------- per-row seeds (issue 34)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).filter(str.strip)
+
+
+@given(st.lists(st.one_of(st.integers(0, 10**6), TEXT), min_size=1, max_size=30, unique_by=lambda v: str(v).strip()),
+       st.randoms(use_true_random=False), st.integers(0, 2**40))
+@settings(max_examples=40, deadline=None)
+def test_a_rows_seed_is_its_ids_whatever_the_others(ids: list[object], rnd: random.Random, seed: int) -> None:
+    seeds = dict(zip(map(str, ids), id_seeds(ids, seed, "false-vfl", "predict")))
+    shuffled = list(ids)
+    rnd.shuffle(shuffled)
+    again = id_seeds(shuffled + shuffled[:3], seed, "false-vfl", "predict")  # another order, some twice
+    assert [seeds[str(i)] for i in shuffled + shuffled[:3]] == again.tolist()
+    assert all(0 <= s < 2**63 for s in seeds.values())
+    assert id_seeds(ids, seed + 1, "false-vfl", "predict").tolist() != list(seeds.values())  # the model's seed
+
+
+def test_one_id_written_three_ways_is_one_seed_and_the_secret_keys_it() -> None:
+    assert len(set(id_seeds([7, 7.0, " 7", np.int64(7)], 0).tolist())) == 1
+    assert id_seeds(["007"], 0)[0] != id_seeds(["7"], 0)[0]
+    # a party knows the model's seed: seeds that cross to it are keyed by a secret too (FALSE-VFL's, issue 34)
+    assert id_seeds(["7"], 0, secret=b"a")[0] != id_seeds(["7"], 0)[0] != id_seeds(["7"], 0, secret=b"b")[0]

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import torch
 
+from helpers import make_data
 from partialvfl.cli import main
 from partialvfl.federation.checkpoint import LATEST
 from partialvfl.federation.grpc_local import LocalDeployment
-from test_contract import TINY, assert_same, make_data, running_parties, saved_states
+from test_contract import TINY, assert_same, running_parties, saved_states
 
 #: a coordinator that dies by SIGKILL right after the checkpoint of step argv[1], then ``partialvfl argv[2:]``
 KILLED_AFTER = """
@@ -76,6 +77,7 @@ def killed_run(deployment: LocalDeployment, kill_after: int, args: list[str]) ->
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_coordinator_killed_mid_fit_resumes_to_the_uninterrupted_parameters(family: str, deployment, tmp_path,
                                                                             capsys) -> None:  # noqa: ANN001
     method, params, every, kills = FAMILIES[family]

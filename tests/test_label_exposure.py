@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import PartyRuntime, Request
@@ -24,7 +25,6 @@ from partialvfl.federation.policy import PartyPolicy, PolicyViolation
 from partialvfl.methods import get_method, method_names
 from partialvfl.orchestration import FitOptions, run_fit
 
-PATIENCE = 300.0
 SMALL = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 2}
 
 
@@ -98,6 +98,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Any:
         d.close()
 
 
+@pytest.mark.slow
 def test_the_label_holders_party_refuses_a_fit_without_label_dp_naming_the_key(dep: LocalDeployment,
                                                                               tmp_path: Path) -> None:
     lines: list[str] = []
@@ -125,6 +126,7 @@ def test_the_label_holders_party_refuses_a_fit_without_label_dp_naming_the_key(d
                  "--out", str(tmp_path / "pred.csv")]) == 0
 
 
+@pytest.mark.slow
 def test_the_exposure_line_and_the_refusal_on_the_command_line(dep: LocalDeployment, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     fit = ["fit", "--federation", str(dep.federation_file), "--method", "vanilla-vfl", "--seed", "2", "--out",

@@ -7,7 +7,8 @@ literal name.  An import names its target module: ``from a.b import c`` is ``a.b
 but those implicit edges are not counted (a package's ``__init__`` re-exporting its submodules would otherwise be a
 cycle with each of them).
 
-Layers, low to high (design.md): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration``,
+Layers, low to high (README.md's Layout table, which :func:`test_the_readme_table_lists_these_layers` keeps in
+step with :data:`LAYERS`): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration``,
 ``privacy`` < ``bench``, ``serving`` < ``cli`` (``privacy``: the attacks that measure what crosses a party
 boundary; bench and tests reuse them; ``serving``: the prediction service).
 ``data`` and ``nn`` are on the same level and import neither each other (they do not today: the data model is numpy,
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 PACKAGE = "partialvfl"
 
 # rank of each layer; same rank = may not import each other
@@ -239,3 +241,22 @@ def test_no_import_cycle() -> None:
 @pytest.mark.parametrize("layer", sorted(k for k in LAYERS if k))
 def test_every_layer_exists(layer: str) -> None:
     assert (SRC / PACKAGE / layer).is_dir(), f"layer {layer!r} has no package"
+
+
+def readme_layers() -> dict[str, int]:
+    """README.md's Layout table as ``{layer: level}`` (the package face as ``""``), read from its level and package
+    columns."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Layout"):].split("\n\n")[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    out = {}
+    for level, _name, package, *_ in rows:
+        module = package.strip("`")
+        layer = module.removeprefix(PACKAGE).removeprefix(".")
+        assert layer not in out, f"README's layer table lists {module} twice"
+        out[layer] = int(level)
+    return out
+
+
+def test_the_readme_table_lists_these_layers() -> None:
+    assert readme_layers() == LAYERS, "README.md's Layout table and LAYERS above disagree: update one to the other"

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import PATIENCE
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -28,7 +29,6 @@ from partialvfl.federation.policy import LOOKUP_FLOOR, PartyPolicy, PolicyViolat
 from partialvfl.federation.psu import PartyAligner, hash_to_group, points_array
 from partialvfl.privacy.enumeration import CANDIDATES, Enumeration, enumerate_memberships, issue_federation, outsiders
 
-PATIENCE = 300.0
 HOUR, DAY = 3600.0, 86400.0
 LIMITS = {"max_lookups_per_hour": 100, "max_lookups_per_day": 250, "max_lookups_total": 400}
 ALICE, BOB = "a" * 64, "b" * 64  # two coordinators' certificate key fingerprints
@@ -205,6 +205,7 @@ def _partner_only(found: Enumeration) -> set[str]:
     return {i for i, parties in found.held.items() if parties and 2 not in parties}  # the insurer is party 2
 
 
+@pytest.mark.slow
 def test_the_enumeration_learns_every_partner_only_id_without_a_budget_and_a_budgets_worth_with_the_default(
         issue_data: VerticalDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     candidates = [f"C{i:06d}" for i in range(CANDIDATES)]

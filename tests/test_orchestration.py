@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import VerticalDataset
 from partialvfl.federation.checkpoint import LATEST, FitInterrupted
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -32,7 +33,7 @@ from partialvfl.orchestration import (
     run_predict,
     stop_on_signals,
 )
-from test_party_failure import FIT, PATIENCE, assert_same, make_data, model_state, started_deployment
+from test_party_failure import FIT, assert_same, binary_three_party_data, model_state, started_deployment
 
 SEED = 3
 
@@ -81,7 +82,7 @@ def test_a_directory_holding_a_checkpoint_needs_resume(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- in process
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return binary_three_party_data()
 
 
 def test_run_fit_in_process_is_the_methods_own_fit(data: VerticalDataset, tmp_path: Path) -> None:
@@ -173,6 +174,7 @@ def _running(dep: LocalDeployment, k: int) -> bool:
     return k in dep.procs and dep.procs[k].poll() is None
 
 
+@pytest.mark.slow
 def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, uninterrupted, tmp_path) -> None:  # noqa: ANN001
     """Party 2 is killed at the end of epoch 2 (after the checkpoint of step 10); the fit notices, waits, and the
     party process is started again while it waits; the fit ends with the uninterrupted fit's parameters."""
@@ -208,6 +210,7 @@ def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, unin
     assert_same(model_state(dep, tmp_path / "model"), model_state(dep, uninterrupted))
 
 
+@pytest.mark.slow
 def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None:  # noqa: ANN001
     def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
         if epoch == 1:
@@ -223,6 +226,7 @@ def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None
     assert lost.value.party == 1 and lost.value.step == 6
 
 
+@pytest.mark.slow
 def test_run_predict_drops_a_party_lost_mid_prediction_from_the_rows_after_it(dep, data, uninterrupted
                                                                                ) -> None:  # noqa: ANN001
     """Party 1 is killed while the second chunk of 20 rows is predicted: that chunk is predicted again without it,

@@ -161,6 +161,7 @@ def accuracies_over(out: str, n: int) -> list[float]:
 
 
 @pytest.mark.float_sensitive
+@pytest.mark.slow
 def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     script, files, shown = script_and_files()
     assert "partialvfl fit --table" in script and "partialvfl predict --federation" in script and len(files) == 4

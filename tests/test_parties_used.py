@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import make_data
 from partialvfl.methods.base import get_method
-from test_contract import METHODS, make_data, tiny
+from test_contract import METHODS, tiny
 
 #: the methods, plus variants whose report differs from "every party that holds the row"
 CASES: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in METHODS] + [("vanilla-vfl", {"missing": "random"}),

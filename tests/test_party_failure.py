@@ -22,17 +22,19 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation.checkpoint import Checkpointer, PartyLost
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_local import LocalDeployment
 
-PATIENCE = 300.0
 FIT = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 3, "batch_size": 8}  # 3 epochs x 5 steps
 
 
-def make_data(n: int = 60, seed: int = 1) -> VerticalDataset:
+def binary_three_party_data(n: int = 60, seed: int = 1) -> VerticalDataset:
+    """Three parties (widths 3, 4, 2), two classes, all held but party 1 for the last rows from 45; the first 40 rows
+    labelled, party 0 holds the labels."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, n)
     dims = (3, 4, 2)
@@ -48,7 +50,7 @@ def make_data(n: int = 60, seed: int = 1) -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return binary_three_party_data()
 
 
 def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[LocalDeployment]:
@@ -136,6 +138,7 @@ def record_restores(monkeypatch) -> list[int | None]:  # noqa: ANN001
     return restored
 
 
+@pytest.mark.slow
 def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninterrupted_fit_ends(
         dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -160,6 +163,7 @@ def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninter
     assert_same(model_state(dep, out), reference)
 
 
+@pytest.mark.slow
 def test_with_party_timeout_the_fit_waits_for_the_restarted_party_and_ends_as_uninterrupted(
         dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -197,6 +201,7 @@ def _at_party(dep: LocalDeployment, name: str, step_dir: Path) -> bool:
     return (dep.dir / "state" / name / GrpcFederation.party_dir_for(step_dir)).is_dir()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_a_party_could_not_save_is_removed_everywhere_once_the_party_is_back(dep, data,
                                                                                          tmp_path) -> None:
     """Party 1 is down when step 2 is checkpointed: the fit stops (PartyLost), step 1 stays the last checkpoint,
@@ -243,6 +248,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_federated_fit_checkpoints_says_how_to_resume_and_exits_143(dep, reference, tmp_path,
                                                                                  monkeypatch) -> None:  # noqa: ANN001
     out = tmp_path / "model"
@@ -285,6 +291,7 @@ def test_sigint_to_an_in_process_fit_checkpoints_and_exits_130(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize(("chunk", "kept"), [(None, 0), (20, 20)])
+@pytest.mark.slow
 def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(dep, data, tmp_path, monkeypatch,
                                                                              chunk, kept) -> None:  # noqa: ANN001
     """Party 1 crashes while rows are predicted: the whole request (default) or the chunk being predicted (chunks of

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
@@ -28,7 +29,6 @@ from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, decode_reply, encode_request
 
 HERE = Path(__file__).resolve().parent
-PATIENCE = 300.0
 
 
 @register_program
@@ -46,7 +46,8 @@ class LeakyParty(PartyProgram):
         return Reply({"w": self.layer.weight.detach().T.contiguous()})
 
 
-def make_data(n: int = 40, seed: int = 2, prefix: str = "u", labeled: bool = True) -> VerticalDataset:
+def two_party_data(n: int = 40, seed: int = 2, prefix: str = "u", labeled: bool = True) -> VerticalDataset:
+    """Two parties (widths 3, 4), two classes, party 1 missing every fifth row; all rows labelled or none."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, n)
     dims = (3, 4)
@@ -61,12 +62,12 @@ def make_data(n: int = 40, seed: int = 2, prefix: str = "u", labeled: bool = Tru
 
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return make_data()
+    return two_party_data()
 
 
 @pytest.fixture(scope="module")
 def new_users() -> VerticalDataset:
-    return make_data(12, seed=9, prefix="new", labeled=False)
+    return two_party_data(12, seed=9, prefix="new", labeled=False)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,7 @@ class RawCoordinator:
         self.channel.close()
 
 
+@pytest.mark.slow
 def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep) -> None:  # noqa: ANN001
     live, other = RawCoordinator(dep, "live"), RawCoordinator(dep, "other")
     try:
@@ -154,8 +156,9 @@ def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep)
         "OK", "ABORTED", "ABORTED", "ABORTED", "OK", "OK"]  # every refusal is logged
 
 
+@pytest.mark.slow
 def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> None:  # noqa: ANN001
-    with LocalDeployment(tmp_path, make_data(12), deadline=PATIENCE, start_timeout=600.0, policy="default",
+    with LocalDeployment(tmp_path, two_party_data(12), deadline=PATIENCE, start_timeout=600.0, policy="default",
                          session_idle_seconds=1.0) as d:
         d.start([0])
         live, other = RawCoordinator(d, "live"), RawCoordinator(d, "other")
@@ -169,6 +172,7 @@ def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> 
             other.close()
 
 
+@pytest.mark.slow
 def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(dep, tmp_path) -> None:  # noqa: ANN001
     text = dep.party_config_file(0).read_text()
     port = dep.ports[0]
@@ -327,6 +331,7 @@ def test_rows_of_a_prediction_table_only_answer_inference_messages(dep, data, ne
         fed.close()
 
 
+@pytest.mark.slow
 def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:  # noqa: ANN001
     f = tmp_path / "p.toml"
     f.write_text('[party]\nname = "a"\nindex = 0\nhmac_key_file = "k"\n[data]\npath = "t.csv"\nid_column = "id"\n'
@@ -341,7 +346,7 @@ def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:  # noqa: ANN001
 def test_hello_tells_the_coordinator_which_prediction_tables_a_party_serves(dep) -> None:  # noqa: ANN001
     fed = dep.federation()
     try:
-        assert fed.party_info[0]["tables"] == {"new-users": int(make_data(12, seed=9).observed[:, 0].sum())}
+        assert fed.party_info[0]["tables"] == {"new-users": int(two_party_data(12, seed=9).observed[:, 0].sum())}
         with pytest.raises(ValueError, match="no party serves a prediction table 'old-users'"):
             fed.attach_ids(["new000"], table="old-users")
     finally:

@@ -2,8 +2,10 @@
 value that would accept it; the coordinator asks every party and reports every refusal at once, before anything is
 trained (``fit --federation``: exit 3); the party's start-up line says what its file changed from the preset.
 
-The default policy is kept as it is: ``max_width_ratio = 2`` refuses a preset sending 32 values per row from 3
-features; what changes is that one attempt says, for every party, what would let it through.
+The default policy is kept as it is: ``max_width_ratio = 2`` refuses a model sending 32 values per row from 3
+features; what changes is that one attempt says, for every party, what would let it through.  (A fit that is not
+given its widths chooses them within every party's announced caps, ``tests/test_width_choice.py``: these fits ask for
+``latent_dim = 32``, the ``fast`` preset's, explicitly.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import LocalFederation, MessageLog
@@ -23,13 +26,13 @@ from partialvfl.federation.policy import PartyPolicy, PolicyViolation
 from partialvfl.methods import get_method
 
 DIMS = (3, 2, 3)  # few columns per party: the default policy refuses every built-in preset's widths
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 SENDS = re.compile(r"party (\d) \('(\w+)'\): policy rule 'max_width_ratio': model 'f' would send (\d+) values per "
                    r"row computed from (\d+) features: more than 2 x \d+ \(this party would accept it with \[policy\] "
                    r"max_width_ratio = ([\d.]+) in its party.toml\)")
 
 
-def make_data(n: int = 60, seed: int = 0) -> VerticalDataset:
+def fully_observed_data(n: int = 60, seed: int = 0) -> VerticalDataset:
+    """Three parties of widths ``DIMS``, two classes, every block held, every row labelled."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, n)
     blocks = [rng.normal(size=(n, d)) + y[:, None] for d in DIMS]
@@ -69,12 +72,12 @@ def test_the_start_up_line_says_when_the_file_changed_the_preset() -> None:
 
 
 def test_in_process_every_refusing_party_is_named_at_once_and_nothing_is_trained() -> None:
-    data = make_data()
+    data = fully_observed_data()
     log = MessageLog()
     fed = LocalFederation.for_dataset(data, log=log)
     for k in (1, 2):  # two deployed parties, with the default policy; the active party runs the research one
         fed.runtimes[k].policy = PartyPolicy.default()
-    method = get_method("laser-vfl")("fast", seed=0, epochs=1)
+    method = get_method("laser-vfl")("fast", seed=0, epochs=1, latent_dim=32)
     with pytest.raises(SetupRefused) as e:
         method.fit(data, federation=fed)
     text = str(e.value)
@@ -93,8 +96,8 @@ def test_in_process_every_refusing_party_is_named_at_once_and_nothing_is_trained
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    dep = LocalDeployment(tmp_path_factory.mktemp("refusals"), make_data(), deadline=PATIENCE, start_timeout=600.0,
-                          policy="default")
+    dep = LocalDeployment(tmp_path_factory.mktemp("refusals"), fully_observed_data(), deadline=PATIENCE,
+                          start_timeout=600.0, policy="default")
     dep.policy[0] = {"max_width_ratio": 16}  # the bank agreed to wide outputs in its party.toml
     try:
         dep.start()
@@ -105,9 +108,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 def _fit(dep: LocalDeployment, out: Path) -> list[str]:
     return ["fit", "--federation", str(dep.federation_file), "--method", "laser-vfl", "--epochs", "1",
-            "--out", str(out), "--quiet"]
+            "--param", "latent_dim=32", "--out", str(out), "--quiet"]
 
 
+@pytest.mark.slow
 def test_fit_over_grpc_reports_every_refusing_party_once_before_training_and_exits_3(
         deployment: LocalDeployment, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     logs = [deployment.dir / f"party-{k}.log" for k in range(3)]

@@ -56,6 +56,7 @@ def recorded_fit(train, method: str, **kw):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("method", ["laser-vfl", "vanilla-vfl"])
+@pytest.mark.slow
 def test_label_dp_bounds_what_a_passive_party_infers_from_its_gradients(train, method: str) -> None:  # noqa: ANN001
     _, rec = recorded_fit(train, method)
     clear = label_attack(gradient_observations(rec, 1), train.y, train.labeled, 2)
@@ -83,6 +84,7 @@ def _rows(train, k: int) -> dict[int, np.ndarray]:  # noqa: ANN001
     return {int(r): view.features[i] for i, r in enumerate(view.rows)}
 
 
+@pytest.mark.slow
 def test_a_partys_budget_bounds_known_row_regression_on_its_representations(train) -> None:  # noqa: ANN001
     _, rec = recorded_fit(train, "laser-vfl")
     for k in (1, 2):
@@ -120,6 +122,7 @@ def test_a_partys_budget_bounds_the_decode_oracle(train, budget) -> None:  # noq
 
 
 @pytest.mark.parametrize("method", ["x-vfl", "fedhssl"])
+@pytest.mark.slow
 def test_the_label_attack_covers_every_method_that_sends_gradients(train, method: str) -> None:  # noqa: ANN001
     """X-VFL and FedHSSL send a passive party label-dependent gradients too (and refuse label DP)."""
     _, rec = recorded_fit(train, method)

@@ -22,7 +22,8 @@ from partialvfl.methods import get_method
 BUDGET = {"preset": "research", "dp_epsilon": 4.0, "dp_delta": 1e-5}
 
 
-def make_data(n: int = 120) -> VerticalDataset:
+def two_party_half_labelled_data(n: int = 120) -> VerticalDataset:
+    """Two fully observed float32 parties (widths 3, 4), a linear binary label, every second row labelled."""
     rng = np.random.default_rng(0)
     blocks = [rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 4)).astype(np.float32)]
     y = (blocks[0][:, 0] + blocks[1][:, 0] > 0).astype(np.int64)
@@ -33,7 +34,8 @@ def make_data(n: int = 120) -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):  # noqa: ANN201, ANN001
-    d = LocalDeployment(tmp_path_factory.mktemp("dp"), make_data(), deadline=600.0, start_timeout=600.0)
+    d = LocalDeployment(tmp_path_factory.mktemp("dp"), two_party_half_labelled_data(), deadline=600.0,
+                        start_timeout=600.0)
     d.policy[1] = dict(BUDGET)
     try:
         d.start()
@@ -42,6 +44,7 @@ def dep(tmp_path_factory):  # noqa: ANN201, ANN001
         d.close()
 
 
+@pytest.mark.slow
 def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
     fed = dep.federation()
@@ -81,9 +84,10 @@ def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys,
     assert code == 3 and "refused to set up 'splitnn/party'" in err and "budget" in err and "is spent" in err
 
 
+@pytest.mark.slow
 def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:  # noqa: ANN001
     torch.set_num_threads(1)
-    with LocalDeployment(tmp_path / "dep", make_data(), deadline=600.0, start_timeout=600.0) as d:
+    with LocalDeployment(tmp_path / "dep", two_party_half_labelled_data(), deadline=600.0, start_timeout=600.0) as d:
         d.policy[1] = dict(BUDGET)
         d.start()
         text = Path(d.federation_file).read_text()

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import make_data
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.methods.base import get_method
@@ -27,7 +28,6 @@ from test_contract import (
     CrashingCheckpointer,
     StepCounter,
     assert_same,
-    make_data,
     running_parties,
     tiny,
 )
@@ -116,6 +116,7 @@ def wide_data(n_labels: int) -> VerticalDataset:
                            task=Task.classification([0, 1, 2]), active_party=0)
 
 
+@pytest.mark.slow
 def test_early_stopping_auto_needs_the_schedule_and_enough_labels() -> None:
     need = math.ceil(MIN_VALIDATION_ROWS / 0.2)
     small = dict(latent_dim=4, encoder_hidden=[8], min_steps=20)
@@ -181,6 +182,7 @@ def crash_points(positions: dict[int, tuple[str, int, int]], stage: str) -> list
 
 
 @pytest.mark.parametrize("name", METHODS)
+@pytest.mark.slow
 def test_a_resumed_fit_with_early_stopping_equals_an_uninterrupted_one(name: str, train, test_data,
                                                                       tmp_path) -> None:  # noqa: ANN001
     counter = StepCounter(tmp_path / "count")
@@ -209,6 +211,7 @@ def deployment(tmp_path_factory, train, test_data):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("name", GRPC_METHODS)
+@pytest.mark.slow
 def test_early_stopping_over_grpc_equals_in_process_and_resumes(name: str, deployment, train, test_data,
                                                                 tmp_path) -> None:  # noqa: ANN001
     counter = StepCounter(tmp_path / "count")
@@ -287,6 +290,7 @@ def test_a_generative_encoder_of_another_shape_is_refused() -> None:
         encoder_init(MLP(4, [16], 6).state_dict(), split.state_dict(), "party 0")
 
 
+@pytest.mark.slow
 def test_generative_init_resumes_and_runs_over_grpc_as_in_process(deployment, train, test_data,
                                                                  tmp_path) -> None:  # noqa: ANN001
     from partialvfl.federation import MessageLog, find_raw_feature_leaks

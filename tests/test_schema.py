@@ -284,10 +284,11 @@ def test_false_vfl_allowed_tensors_are_its_declaration() -> None:
 
     common = {"rows", "next_rows", "mu", "logvar", "loglik", "grad_loglik", "grad_mu", "grad_logvar"}
     assert allowed_tensors(1, "samples") == common | {"h", "grad_h"}
-    assert allowed_tensors(1, "lean") == common | {"mean", "scale", "pos", "grad_mean", "grad_scale"}
+    assert allowed_tensors(1, "lean") == common | {"mean", "scale", "pos", "seed", "grad_mean", "grad_scale"}
     assert allowed_tensors(2, "samples") - allowed_tensors(1, "samples") == {
-        "h_mis", "mask_loglik", "grad_mask_loglik", "grad_h_mis"}
+        "h_mis", "seed_mis", "mask_loglik", "grad_mask_loglik", "grad_h_mis"}
     assert allowed_tensors(2, "lean") - allowed_tensors(1, "lean") == {
-        "mean_mis", "scale_mis", "pos_mis", "mask_loglik", "grad_mask_loglik", "grad_mean_mis", "grad_scale_mis"}
+        "mean_mis", "scale_mis", "pos_mis", "seed_mis", "mask_loglik", "grad_mask_loglik", "grad_mean_mis",
+        "grad_scale_mis"}
     assert ALLOWED_TENSORS[1] == allowed_tensors(1, "lean") | allowed_tensors(1, "samples")
     assert ALLOWED_TENSORS[2] == tensor_names(FalseVFLParty)

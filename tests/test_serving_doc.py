@@ -20,6 +20,7 @@ DOC_PORTS = ("50061", "50062", "50063", "8080", "8081")
 
 
 @pytest.mark.float_sensitive
+@pytest.mark.slow
 def test_the_serving_page_runs_as_documented(tmp_path: Path) -> None:
     if shutil.which("curl") is None:
         pytest.skip("the page calls the service with curl")

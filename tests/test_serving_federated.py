@@ -18,6 +18,7 @@ from example_tables import write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.delay_proxy import DelayProxy
 from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc_transport import RECONNECT_BACKOFF_MS, RECONNECT_OPTIONS
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import predict_reporting_parties
 
@@ -39,14 +40,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeplo
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0)
     try:
         dep.start()
-        fed = dep.federation()
-        try:
-            view, handle = fed.align()
-            model = get_method("laser-vfl")("fast", seed=0, epochs=2).fit_federated(fed, view, handle)
-            fed.release(handle)
-            model.save(d / "fed-model")
-        finally:
-            fed.close()
+        fit_across(dep, d / "fed-model")
         reference(dep, d)  # before the service opens its session (the parties serve one coordinator session)
         with DelayProxy(f"127.0.0.1:{dep.ports[2]}") as proxy:  # the telco, reached through the proxy
             text = dep.federation_file.read_text().replace(f"127.0.0.1:{dep.ports[2]}", proxy.address)
@@ -59,7 +53,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeplo
 @pytest.fixture(scope="module")
 def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service]:
     dep, d, _ = setup
-    predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml", rejoin_interval=0.2)
+    # no poll period: the rejoin must follow the restarted party's listening (its channel), not a timer
+    predictor = FederationPredictor(d / "fed-model", dep.dir / "served.toml", rejoin_interval=3600.0)
     s = Service(create_app(predictor, ServiceConfig(deadline=30.0)))
     s.predictor = predictor  # type: ignore[attr-defined]
     try:
@@ -68,6 +63,17 @@ def service(setup: tuple[LocalDeployment, Path, DelayProxy]) -> Iterator[Service
         yield s
     finally:
         s.stop()
+
+
+def fit_across(dep: LocalDeployment, out: Path) -> None:
+    """A small LASER-VFL fitted across ``dep``'s party processes, saved to ``out`` (the parties keep their part)."""
+    fed = dep.federation()
+    try:
+        view, handle = fed.align()
+        get_method("laser-vfl")("fast", seed=0, epochs=2).fit_federated(fed, view, handle).save(out)
+        fed.release(handle)
+    finally:
+        fed.close()
 
 
 def ids_of(d: Path, n: int = 12) -> list[str]:
@@ -89,6 +95,7 @@ def reference(dep: LocalDeployment, d: Path) -> None:
     np.savez(d / "reference.npz", out=out, used=used)
 
 
+@pytest.mark.slow
 def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
         setup: tuple[LocalDeployment, Path, DelayProxy]) -> None:
     """First in this file (before the module's service opens its session): a service stopped right after a batch
@@ -108,6 +115,7 @@ def test_closing_after_a_late_batch_ends_the_late_partys_session_too(
     fed.close()
 
 
+@pytest.mark.slow
 def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                      service: Service) -> None:
     _, d, _ = setup
@@ -121,6 +129,7 @@ def test_predictions_equal_the_offline_federated_path(setup: tuple[LocalDeployme
         np.testing.assert_allclose([r["probabilities"]["0"], r["probabilities"]["1"]], out[i], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
         setup: tuple[LocalDeployment, Path, DelayProxy], service: Service) -> None:
     _, d, proxy = setup
@@ -148,6 +157,7 @@ def test_a_slow_party_is_a_missing_block_within_the_deadline_and_is_used_again(
     assert 'partialvfl_serve_party_timeouts_total{party="telco"} 1.0' in text
 
 
+@pytest.mark.slow
 def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                     service: Service) -> None:
     dep, d, _ = setup
@@ -157,7 +167,11 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
     assert code == 200, body
     assert all("shop" not in r["parties"] for r in body["results"])
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "down"
+    # its channel is watched from the moment it was found down, and retries every RECONNECT_BACKOFF_MS at most
+    assert 1 in service.predictor._ready  # type: ignore[attr-defined]
+    assert dict(RECONNECT_OPTIONS)["grpc.max_reconnect_backoff_ms"] == RECONNECT_BACKOFF_MS <= 250
     dep.start([1])  # the same port, a new process: it lost the session and the model
+    # the rejoin follows the party's listening, not a poll period: the service's rejoin_interval is an hour
     limit = time.monotonic() + 120
     while True:
         code, body = service.call("/v1/predict", {"ids": ids}, token=None)
@@ -169,6 +183,7 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
 
 
+@pytest.mark.slow
 def test_reload_opens_a_new_session_and_keeps_answering(setup: tuple[LocalDeployment, Path, DelayProxy],
                                                         service: Service) -> None:
     _, d, _ = setup

@@ -161,6 +161,7 @@ def _values(p: Param) -> st.SearchStrategy:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow
 def test_for_any_valid_overrides_the_typed_object_equals_the_dict(data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(BUILTIN))
     cls = get_method(name)

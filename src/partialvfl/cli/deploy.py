@@ -22,13 +22,20 @@ def add_commands(sub: Any) -> None:
     init = csub.add_parser("init", help="make a development CA, one certificate per party, the passive parties' "
                                         "alignment key and configuration templates with the pins")
     init.add_argument("directory", help="where to write ca.pem, <name>.pem/.key, alignment.key and the templates")
-    init.add_argument("--parties", nargs="+", required=True, help="party identities (certificate names)")
+    init.add_argument("--parties", nargs="+", required=True,
+                      help="party identities (certificate names), in the federation file's order")
+    init.add_argument("--active", default=None, metavar="PARTY",
+                      help="the label holder, one of --parties: it and the coordinator get no alignment key "
+                           "(default: the last party named)")
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
     init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
                       help="extra DNS names / IPs in every certificate (default: %(default)s)")
     init.add_argument("--hmac-key", action="store_true",
                       help="also write hmac.key, for alignment = 'hmac' (one trust domain only: whoever holds it can "
                            "test IDs against every party's hashes)")
+    init.add_argument("--local", action="store_true",
+                      help="templates for a trial on this machine: parties listen on 127.0.0.1 at free ports "
+                           "(named in federation.toml), write a port_file and carry a [policy] table")
     init.add_argument("--no-hmac-key", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
     init.set_defaults(func=run_certs_init)
 
@@ -59,8 +66,11 @@ def run_certs_init(args: argparse.Namespace) -> int:
     from partialvfl.federation.alignment import write_key
     from partialvfl.federation.certs import init_dev_pki
     from partialvfl.federation.psu import write_alignment_key
-    from partialvfl.federation.templates import write_templates
+    from partialvfl.federation.templates import free_loopback_ports, write_templates
 
+    active = args.parties[-1] if args.active is None else args.active
+    if active not in args.parties:
+        raise ValueError(f"--active {active!r} is not one of --parties {args.parties}")
     names = [*args.parties, args.coordinator]
     made = init_dev_pki(args.directory, names, hosts=args.hosts)
     d = Path(args.directory)
@@ -72,7 +82,13 @@ def run_certs_init(args: argparse.Namespace) -> int:
     if args.hmac_key:
         print(f"HMAC key for alignment = 'hmac' (every party and the coordinator; one trust domain only): "
               f"{write_key(d / 'hmac.key')}")
-    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key)
+    ports = free_loopback_ports(len(args.parties)) if args.local else None
+    written = write_templates(d, args.parties, args.coordinator, hmac=args.hmac_key, active=active, ports=ports)
+    how = "--active" if args.active is not None else "the last party named; --active PARTY chooses another"
     print(f"configuration templates with the pins (each party pins the coordinator's key, the coordinator each "
-          f"party's certificate; the last party is the label holder): {', '.join(p.name for p in written)}")
+          f"party's certificate; the label holder is {active!r}: {how}): {', '.join(p.name for p in written)}")
+    if ports is not None:
+        print(f"loopback trial: the parties listen on 127.0.0.1, ports {', '.join(map(str, ports))}; put each "
+              f"party's table at its [data] path and the labels at federation.toml's [labels] path, then start "
+              f"each with: partialvfl party serve --config {d / '<party>.party.toml'}")
     return 0

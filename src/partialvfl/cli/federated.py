@@ -71,7 +71,8 @@ def run_federated_fit(args: argparse.Namespace) -> int:
         if isinstance(fitted, int):
             return fitted
         method.save(out)
-        report_line(f"model saved to {out} (each party keeps its state in its own state directory)", not args.quiet)
+        report_line(f"fit {method.name} in {fitted.seconds:.1f} s across {fed.n_parties} parties; model saved to "
+                    f"{out} (each party keeps its state in its own state directory)", not args.quiet)
         print_privacy(method)
     except PartyUnavailable as e:
         return report_party_lost(args, fed.party_names, e)
@@ -162,21 +163,32 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
     truth = read_truth(args.truth, id_column, label)
     ids = np.array(truth.ids, dtype=object)
 
+    tables = f"prediction tables {args.table_set!r}" if args.table_set else "training tables"
+    where = f"the {tables}"
+
+    def check(fed: Any) -> None:  # before anything is predicted
+        truth.check_federation(fed.last_held, fed.last_unlisted, fed.party_names, sorted(fed.absent),
+                               f"the parties' {tables}")
+        if fed.absent:
+            print(f"note: parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: their users "
+                  "were not checked against --truth", file=sys.stderr)
+
     def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
         res = score_against_truth(model, out, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
-        where = f"the prediction tables {args.table_set!r}" if args.table_set else "the training tables"
         res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
         emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "
                                                       f"against --truth {args.truth}", res)))
 
-    _predict_across(args, ids, score)
+    _predict_across(args, ids, score, check)
     return 0
 
 
 def _predict_across(args: argparse.Namespace, ids: np.ndarray,
-                    then: Callable[[Any, np.ndarray, np.ndarray, Any], None]) -> None:
+                    then: Callable[[Any, np.ndarray, np.ndarray, Any], None],
+                    check: Callable[[Any], None] | None = None) -> None:
     """Load ``--model`` across ``--federation``'s parties, attach ``ids`` (``--table-set``'s tables or the training
-    tables), predict them and call ``then(model, outputs, parties used, view)`` before the parties are let go."""
+    tables), ``check(federation)`` them if given (before anything is predicted), predict them and call
+    ``then(model, outputs, parties used, view)`` before the parties are let go."""
     import dataclasses
 
     from partialvfl.cli.tables import refuse_prior_only, used_parties
@@ -197,6 +209,8 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))
         require_active_party(fed, "failed while the IDs were attached")
+        if check is not None:
+            check(fed)
         refuse_prior_only(view.observed, ids, args.allow_prior_only)
         out, answered = orchestrated.predict_reporting_parties(model, fed, view, handle)
         fed.release(handle)

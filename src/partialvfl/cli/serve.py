@@ -28,6 +28,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--id", dest="id_column", default=None, metavar="COLUMN",
                    help="with --table: the tables' ID column (default: the one the model was fitted on)")
     p.add_argument("--federation", default=None, metavar="FILE", help="the coordinator's federation file")
+    p.add_argument("--table-set", action="append", default=None, metavar="NAME",
+                   help="with --federation: serve the users of the parties' prediction tables of this name "
+                        "([[data.predict]]) beside those of their training tables; repeat for several, the first "
+                        "listed wins where a party holds a user in several (default: every set the parties serve, "
+                        "said at start)")
+    p.add_argument("--batches-in-flight", type=int, default=None, metavar="N",
+                   help="with --federation: micro-batches predicted at once, side by side (default: 2); each "
+                        "party's [policy] max_peer_rpcs must allow that many calls at a time (its default: 2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free one; default: %(default)s)")
     p.add_argument("--port-file", default=None, metavar="FILE",
@@ -38,9 +46,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--min-round-ms", type=float, default=20.0,
                    help="once a request's deadline has passed, each further round of it still gives the parties "
                         "that are on time this long (default: %(default)s)")
-    p.add_argument("--batch-window-ms", type=float, default=0.0,
-                   help="wait this long after a request for others to batch with it (default: %(default)s: batch "
-                        "what queued while the previous batch ran)")
+    p.add_argument("--batch-window-ms", type=float, default=None,
+                   help="wait this long after a request for others to batch with it (default: in process 2 ms once "
+                        "requests arrive together, none while they come one at a time; across a federation none: "
+                        "batch what queued while the previous batch ran)")
     p.add_argument("--max-ids", type=int, default=1000, help="IDs per request at most (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size at most "
                                                                         "(default: %(default)s)")
@@ -59,12 +68,18 @@ def _predictor(args: argparse.Namespace) -> Any:
     if bool(args.table) == bool(args.federation):
         raise ValueError("serve takes --table PARTY=FILE ... (in process) or --federation FILE, one of them")
     if args.table:
+        if args.table_set:
+            raise ValueError("--table-set goes with --federation (in process, --table names every table served)")
+        if args.batches_in_flight is not None:
+            raise ValueError("--batches-in-flight goes with --federation (in process, one batch at a time)")
         from partialvfl.serving.predictors import TablePredictor
 
         return TablePredictor(args.model, parse_tables(args.table), args.id_column)
     from partialvfl.serving.federated import FederationPredictor
 
-    return FederationPredictor(args.model, args.federation, min_timeout=args.min_round_ms / 1000)
+    lanes = 2 if args.batches_in_flight is None else args.batches_in_flight
+    return FederationPredictor(args.model, args.federation, min_timeout=args.min_round_ms / 1000,
+                               table_sets=args.table_set, lanes=lanes)
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -73,6 +88,8 @@ def _config(args: argparse.Namespace) -> Any:
     for flag, v in (("--max-ids", args.max_ids), ("--max-body-bytes", args.max_body_bytes)):
         if v < 1:
             raise ValueError(f"{flag} must be at least 1, got {v}")
+    if args.batch_window_ms is not None and args.batch_window_ms < 0:
+        raise ValueError(f"--batch-window-ms must be at least 0, got {args.batch_window_ms:g}")
     if args.deadline_ms is not None and args.deadline_ms <= 0:
         raise ValueError(f"--deadline-ms must be positive, got {args.deadline_ms:g}")
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
@@ -87,7 +104,7 @@ def _config(args: argparse.Namespace) -> Any:
             raise ValueError(f"--token-file: {f} holds {len(token)} characters; use at least 16 random ones")
     return ServiceConfig(token=token, max_ids=args.max_ids, max_body_bytes=args.max_body_bytes,
                          deadline=None if args.deadline_ms is None else args.deadline_ms / 1000,
-                         batch_window=args.batch_window_ms / 1000)
+                         batch_window=None if args.batch_window_ms is None else args.batch_window_ms / 1000)
 
 
 def run_serve(args: argparse.Namespace) -> int:

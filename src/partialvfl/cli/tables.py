@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.cli.common import device_options, emit, parse_tables, threads_for
+from partialvfl.data.ids import show_id
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
            "used_parties", "write_predictions"]
@@ -26,22 +27,53 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _order_of_federated_fit(data: Any, model_dir: str, key_file: str | None) -> Any:
-    """``data`` in the sample order of the federated fit saved in ``model_dir`` (``--order-of``)."""
+def _federated_fit(model_dir: str) -> dict[str, Any]:
+    """``model.json`` of the federated fit ``--order-of`` names."""
     import json
-    from pathlib import Path
 
-    from partialvfl.federation.psu import read_alignment_key, session_order
-
-    if not key_file:
-        raise ValueError("--order-of needs --alignment-key FILE (the passive parties' alignment key)")
     f = Path(model_dir) / "model.json"
     if not f.is_file():
         raise FileNotFoundError(f"--order-of: {f} not found")
-    salt = json.loads(f.read_text()).get("data_info", {}).get("alignment", {}).get("salt")
+    return json.loads(f.read_text())
+
+
+def _parties_of_federated_fit(tables: dict[str, str], active: str, meta: dict[str, Any], model_dir: str
+                              ) -> dict[str, str]:
+    """The ``--table`` files in the party order of the federated fit (``--order-of``): one rule for the order of a
+    model's parties, its federation file's, whatever order the flags come in; tables of other parties, or another
+    label holder, are refused, naming the fit's."""
+    index = meta.get("index", {})
+    parties, holder = list(index.get("party_names", [])), index.get("active_party")
+    if sorted(tables) != sorted(parties):
+        raise ValueError(f"--order-of {model_dir}: the federated fit's parties are {parties}, in that order; the "
+                         f"--table flags name {list(tables)}")
+    if holder is not None and parties[int(holder)] != active:
+        raise ValueError(f"--order-of {model_dir}: the federated fit's label holder is {parties[int(holder)]!r}, "
+                         f"not --active {active!r}")
+    if list(tables) != parties:
+        _say(f"note: parties in the federated fit's order (--order-of): {', '.join(parties)} (the --table flags "
+             f"named {', '.join(tables)})")
+    return {p: tables[p] for p in parties}
+
+
+def _order_of_federated_fit(data: Any, meta: dict[str, Any], model_dir: str, args: argparse.Namespace) -> Any:
+    """``data`` in the sample order of the federated fit saved in ``model_dir`` (``--order-of``): its private set
+    union's order (the passive parties' ``--alignment-key`` and the fit's salt) or, for a fit aligned by HMAC, the
+    order ``--hmac-key`` gives ``data`` already."""
+    from partialvfl.federation.psu import read_alignment_key, session_order
+
+    alignment = meta.get("data_info", {}).get("alignment", {})
+    if alignment.get("mode") == "hmac":
+        if not args.hmac_key:
+            raise ValueError(f"--order-of {model_dir}: a fit aligned by HMAC; give the federation's key with "
+                             "--hmac-key FILE")
+        return data
+    if not args.alignment_key:
+        raise ValueError("--order-of needs --alignment-key FILE (the passive parties' alignment key)")
+    salt = alignment.get("salt")
     if not salt:
         raise ValueError(f"--order-of: {model_dir} is not a federated fit aligned by private set union")
-    return data.subset(session_order(data.ids, read_alignment_key(key_file), salt))
+    return data.subset(session_order(data.ids, read_alignment_key(args.alignment_key), salt))
 
 
 def fit_tables(args: argparse.Namespace, model: Any) -> int:
@@ -54,14 +86,17 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     tables = parse_tables(args.table)
     if args.active not in tables:
         raise ValueError(f"--active {args.active!r} is not one of the --table parties {list(tables)}")
+    federated = _federated_fit(args.order_of) if getattr(args, "order_of", None) else None
+    if federated is not None:
+        tables = _parties_of_federated_fit(tables, args.active, federated, args.order_of)
     try:
         data = from_tables(tables, id_column=args.id_column, label_column=args.label_column,
                            active_party=args.active, order_key=args.hmac_key)
     except MissingLabelColumn as e:
         raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); name "
                          "the label column with --label COLUMN") from None
-    if getattr(args, "order_of", None):
-        data = _order_of_federated_fit(data, args.order_of, args.alignment_key)
+    if federated is not None:
+        data = _order_of_federated_fit(data, federated, args.order_of, args)
     held = ", ".join(f"{p} {int(n)}" for p, n in zip(data.party_names, data.observed.sum(axis=0)))
     _say(f"data: {data.n_samples} samples ({data.n_labeled} labelled); rows held per party: {held}")
     from partialvfl.cli.checkpoints import fit_options
@@ -125,7 +160,7 @@ def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> Non
     none = ~np.asarray(observed).any(axis=1)
     if not none.any():
         return
-    what = f"{int(none.sum())} of {len(ids)} IDs (first: {ids[np.flatnonzero(none)[0]]!r}) are held by no party"
+    what = f"{int(none.sum())} of {len(ids)} IDs (first: {show_id(ids[np.flatnonzero(none)[0]])}) are held by no party"
     if not allow:
         raise ValueError(f"{what}: their prediction would be the training label prior alone; pass "
                          "--allow-prior-only to write such rows")
@@ -139,7 +174,7 @@ def used_parties(model: Any, view: Any) -> np.ndarray:
     fell = np.asarray(view.observed, dtype=bool).any(axis=1) & ~used.any(axis=1)
     if fell.any():
         first = np.asarray(view.ids)[np.flatnonzero(fell)[0]]
-        _say(f"note: {model.name}: {int(fell.sum())} of {len(fell)} rows (first: {first!r}) are predicted from "
+        _say(f"note: {model.name}: {int(fell.sum())} of {len(fell)} rows (first: {show_id(first)}) are predicted from "
              f"{model.fallback()}, without any party's features (n_parties 0)")
     return used
 

@@ -3,15 +3,19 @@
 The outcomes of users to score often arrive later and elsewhere than the tables the model predicted from (a table
 of new users has no label column).  ``--truth FILE`` is a CSV/Parquet table with the ID column (``--id``, default
 the model's) and the outcome column (``--label``, default the model's label column); any other column is ignored.
-In process the users of the ``--table`` files and the IDs of the truth file must be the same set (either side's
-extra IDs are refused, with their count and the first of them, so a mismatch of ID formats never scores a silent
-subset); across a federation the truth file's IDs are the users predicted.  Classes are matched by value: an
-outcome the model never saw in training counts as an error and is named.  An empty outcome cell is not scored.
+One rule, in process and across a federation: the users of the tables scored (the ``--table`` files; across a
+federation the parties' training tables, or their prediction tables ``--table-set NAME``) and the IDs of the truth
+file must be the same set.  Either side's extra IDs are refused, with their count and the first of them, so a
+mismatch of ID formats never scores a silent subset.  Across a federation the coordinator sees the parties' users
+only as alignment tokens: users of their tables without an outcome are counted (per party), not named.  Classes
+are matched by value: an outcome the model never saw in training counts as an error and is named.  An empty outcome
+cell is not scored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,28 @@ class Truth:
             raise ValueError(f"{len(extra)} of {len(self.ids)} IDs of --truth {self.path} are not among the users of "
                              f"{what} (first: {extra[:3]}); check that both use the same IDs (--id COLUMN)")
         return self.values[[index[k] for k in keys]]
+
+    def check_federation(self, held: np.ndarray, unlisted: dict[str, Any], party_names: Sequence[str],
+                         absent: Sequence[int], what: str) -> None:
+        """The rule of :meth:`aligned` across a federation, for this file's IDs attached at the parties: ``held``
+        ``(N, K)``, which parties' tables hold each ID; ``unlisted``: how many users of those tables are not among
+        the IDs (``GrpcFederation.last_unlisted``: in all, and per party).  Refuses outcomes of IDs that no party's
+        table holds (count and first IDs; not checked while a party is ``absent``: it may hold them) and users of
+        the tables without an outcome (count per party: the coordinator cannot name them)."""
+        held = np.asarray(held, dtype=bool)
+        none = ~held.any(axis=1)
+        if none.any() and not absent:
+            first = [self.ids[i] for i in np.flatnonzero(none)[:3]]
+            raise ValueError(f"{int(none.sum())} of {len(self.ids)} IDs of --truth {self.path} are not among the "
+                             f"users of {what} (first: {first}); check that both use the same IDs (--id COLUMN)")
+        users = int(unlisted.get("users", 0))
+        if users:
+            per_party = ", ".join(f"{party_names[k]!r} holds {n}" for k, n in sorted(unlisted["parties"].items()) if n)
+            total = users + int((~none).sum())
+            raise ValueError(f"{users} of {total} users of {what} have no outcome in --truth {self.path} "
+                             f"({per_party}; the coordinator sees other parties' users only as alignment tokens, so "
+                             "it cannot name them); give an outcome for every user (an empty cell is not scored) or "
+                             "score a table set of only the users to score (--table-set)")
 
 
 def read_truth(path: str | Path, id_column: str, label_column: str) -> Truth:

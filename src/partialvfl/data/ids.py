@@ -14,6 +14,10 @@ zeros are significant (``"007"`` and ``"7"`` are different users, ``7`` and ``"7
 table whose IDs normalise to the same text (``"12"`` and ``" 12"``, or ``12`` and ``12.0``): each is an error naming
 the party or file and the row.
 
+**Per-row seeds** (:func:`id_seeds`).  Whatever a prediction draws at random for a row (Monte Carlo samples, a
+tie-break) comes from a seed derived from the model's seed and the row's normalised ID, so that a row's prediction
+depends only on the model, its data and its ID: never on the other rows of its request, their order or their number.
+
 **Canonical order** (:func:`sample_order`).  Samples are ordered by ``HMAC-SHA256(key, normalised ID)``, the order a
 deployment can build from the parties' keyed hashes alone.  In one process the key is the federation's HMAC key
 when given (``from_tables(..., order_key=...)``), else :data:`DEFAULT_ORDER_KEY`; so the same tables give the same
@@ -35,8 +39,8 @@ import numpy as np
 from partialvfl.data.checks import show_id
 from partialvfl.data.dataset import DataValidationError
 
-__all__ = ["DEFAULT_ORDER_KEY", "MIN_KEY_BYTES", "hash_ids", "normalize_id", "normalize_ids", "order_key",
-           "read_key", "sample_order"]
+__all__ = ["DEFAULT_ORDER_KEY", "MIN_KEY_BYTES", "hash_ids", "id_seeds", "normalize_id", "normalize_ids",
+           "order_key", "read_key", "sample_order", "show_id"]
 
 #: The key of the canonical sample order in one process when no federation key is given (public, not a secret).
 DEFAULT_ORDER_KEY = b"partialvfl canonical sample order, v1"
@@ -94,6 +98,26 @@ def normalize_ids(values: Sequence[Any] | np.ndarray, where: str, *, unique: boo
                 same = f"ID {a}" if a == b else f"IDs {a} and {b}, the same ID once normalised ({text!r}),"
                 raise DataValidationError(f"{where}: {same} at rows {seen} and {row}; IDs must be unique")
         out.append(text)
+    return out
+
+
+def id_seeds(ids: Sequence[Any] | np.ndarray, seed: int, *keys: object, secret: bytes = b"") -> np.ndarray:
+    """``(n,)`` int64 seeds in ``[0, 2**63)``, one per ID: the first 8 bytes of SHA-256 over the model's ``seed``,
+    ``secret``, the ``keys`` (what is drawn: a method, a purpose) and the normalised ID (see the module docstring).
+
+    The same ID gives the same seed whatever else is in ``ids`` and in whatever order; ``7``, ``7.0`` and ``"7"``
+    give the same seed (one ID once normalised).  Deterministic across runs, processes and platforms.  Seeds that
+    cross to a party need a ``secret`` the party does not hold: it knows the model's seed, and could otherwise test a
+    guessed ID against the seeds it gets.
+    """
+    head = hashlib.sha256(b"partialvfl row seed\x1f" + int(seed).to_bytes(16, "little", signed=True)
+                          + hashlib.sha256(secret).digest()
+                          + "\x1f".join(str(k) for k in keys).encode("utf-8") + b"\x1e")
+    out = np.empty(len(ids), dtype=np.int64)
+    for i, text in enumerate(normalize_ids(ids, "the IDs to seed", unique=False)):
+        h = head.copy()
+        h.update(text.encode("utf-8"))
+        out[i] = int.from_bytes(h.digest()[:8], "little") >> 1
     return out
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from partialvfl.data.dataset import DataValidationError, Task, VerticalDataset
-from partialvfl.data.ids import normalize_ids, sample_order
+from partialvfl.data.ids import normalize_ids, sample_order, show_id
 from partialvfl.data.labels import encode_labels
 
 __all__ = ["MAX_EXPANSION", "MissingLabelColumn", "TableLike", "check_table_file", "columns_hint", "feature_values",
@@ -213,8 +213,8 @@ def feature_values(where: str, df: pd.DataFrame, cols: Sequence[str], ids: Seque
         what = ("missing (NaN)" if np.isnan(v) else "infinite" if np.isinf(v) else
                 f"{v:g}, beyond the float32 range (+-{_FLOAT32_MAX:.3g}); rescale the column")
         raise DataValidationError(
-            f"{where}, column {cols[c]!r}: value is {what} for ID {ids[r]!r}; a party that holds an ID must give "
-            "every feature of it (fill the value, or drop the row if the party does not hold that ID)")
+            f"{where}, column {cols[c]!r}: value is {what} for ID {show_id(ids[r])}; a party that holds an ID must "
+            "give every feature of it (fill the value, or drop the row if the party does not hold that ID)")
     return values.astype(np.float32)
 
 

@@ -26,6 +26,7 @@ coordinator records it in ``party_states.json``.  :meth:`GrpcFederation.rejoin` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationError, Task, VerticalDataset
-from partialvfl.data.ids import normalize_ids
+from partialvfl.data.ids import normalize_ids, show_id
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
 from partialvfl.federation.alignment import hex_ids, load_key, observed_from_hashes, positions_in
@@ -47,6 +48,7 @@ from partialvfl.federation.checkpoint import LATEST
 from partialvfl.federation.coordinator import Federation, model_tag
 from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
 from partialvfl.federation.messages import MessageLog, Request
+from partialvfl.federation.party_config import TRAINING_TABLE
 from partialvfl.federation.pins import require_pins
 from partialvfl.federation.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
 from partialvfl.federation.sessions import AlignmentTickets, SessionSecrets
@@ -241,7 +243,10 @@ class GrpcFederation(Federation):
         self.party_info: dict[int, dict[str, Any]] = {}
         self.config: FederationConfig | None = None
         self.last_held: np.ndarray | None = None
+        #: of the last attach_ids: how many users of the parties' tables were not among its IDs (see _unlisted)
+        self.last_unlisted: dict[str, Any] = {"users": 0, "parties": {}}
         self._hashes: dict[int, np.ndarray] = {}
+        self._table_tokens: dict[str, dict[int, np.ndarray]] = {}  # prediction tables' tokens, per session
 
     @classmethod
     def from_config(cls, config: FederationConfig | str | Path, *, log: MessageLog | None = None,
@@ -266,6 +271,18 @@ class GrpcFederation(Federation):
                 raise
         return fed
 
+    def lane(self, number: int) -> GrpcFederation:
+        """This federation through lane ``number`` of its session (:meth:`GrpcTransport.lane`): the same parties,
+        session, tokens and their caches, with its own transport (steps, sequence numbers, failures, deadline) and
+        its own record of the absent parties.  A lane carries inference requests and ID lookups only; a new session
+        (:meth:`connect`) needs new lanes."""
+        other = copy.copy(self)
+        other.transport = self.grpc_transport.lane(number)
+        other.aligner = copy.copy(self.aligner)  # its caches (the tokens looked up) shared, its transport the lane's
+        other.aligner.transport = other.transport
+        other.absent = set(self.absent)
+        return other
+
     @property
     def grpc_transport(self) -> GrpcTransport:
         assert isinstance(self.transport, GrpcTransport)
@@ -282,6 +299,7 @@ class GrpcFederation(Federation):
         replies = self.transport.call_many(requests, tolerate=self.allow_absent)
         self.absent = set(range(self.n_parties)) - set(replies)
         self._hashes.clear()
+        self._table_tokens.clear()
         self.aligner.reset()
         for k, r in replies.items():
             self.sessions.set(self.party_names[k], r.meta.pop("session_secret", None))
@@ -399,20 +417,46 @@ class GrpcFederation(Federation):
 
     # ------------------------------------------------------------------ attaching data
     def _attach_order(self, order: np.ndarray, observed: np.ndarray, handle: str,
-                      y: np.ndarray | None = None, labeled: np.ndarray | None = None, table: str | None = None) -> None:
-        self.transport.new_step()
+                      y: np.ndarray | None = None, labeled: np.ndarray | None = None, table: str | None = None,
+                      sources: tuple[list[str], np.ndarray] | None = None,
+                      given: tuple[np.ndarray, np.ndarray, list[str]] | None = None, carry: bool = False) -> None:
+        """``attach`` at every present party: its rows of ``order`` (``observed``), read from ``table`` (``None``:
+        the training table) or, with ``sources`` = (table names, ``(N, K)`` index of each row's table per party),
+        row by row; ``given`` = (positions, values, IDs): the active party's own values of rows it holds in no
+        table, sent to it (its policy must accept them).  ``carry``: no round of its own; each attach travels
+        with the party's next request of the batch (:meth:`GrpcTransport.carry_attach`)."""
+        if not carry:
+            self.transport.new_step()
         n = int(order.shape[0])
         requests = {}
         for k in self._present():
             rows = np.flatnonzero(observed[:, k]).astype(np.int64)
-            tensors = {"hashes": torch.from_numpy(order[rows].copy()), "rows": torch.from_numpy(rows)}
+            meta: dict[str, Any] = {"handle": handle, "n_samples": n}
+            tensors = {}
+            if given is not None and k == self.active_party and len(given[0]):
+                rows = np.setdiff1d(rows, given[0]).astype(np.int64)
+                tensors.update(features=torch.from_numpy(np.ascontiguousarray(given[1])),
+                               feature_rows=torch.from_numpy(np.asarray(given[0], dtype=np.int64)))
+                meta["feature_ids"] = list(given[2])
+            tensors.update(hashes=torch.from_numpy(order[rows].copy()), rows=torch.from_numpy(rows))
             if k == self.active_party and y is not None and labeled is not None:
                 tensors["labels"] = torch.from_numpy(np.array(y))
                 tensors["labeled"] = torch.from_numpy(np.array(labeled, dtype=bool))
-            meta: dict[str, Any] = {"handle": handle, "n_samples": n}
-            if table is not None and table in self.party_info.get(k, {}).get("tables", {}):
+            if sources is not None:
+                names, index = sources
+                used = np.unique(index[rows, k])
+                if len(used) > 1:
+                    meta["tables"] = [names[t] for t in used]
+                    tensors["table_of"] = torch.from_numpy(np.searchsorted(used, index[rows, k]).astype(np.int64))
+                elif len(used) == 1 and names[used[0]] != TRAINING_TABLE:
+                    meta["table"] = names[used[0]]
+            elif table is not None and table in self.party_info.get(k, {}).get("tables", {}):
                 meta["table"] = table  # a party without this table set holds none of its rows (an empty handle)
             requests[k] = Request("attach", tensors, meta)
+        if carry:
+            for k, request in requests.items():
+                self.grpc_transport.carry_attach(k, request)
+            return
         replies = self.transport.call_many(requests, tolerate=self.allow_absent)
         self.absent |= set(requests) - set(replies)
 
@@ -434,8 +478,9 @@ class GrpcFederation(Federation):
             lacking = observed[:, k] & ~holds
             if lacking.any():
                 i = int(np.flatnonzero(lacking)[0])
-                raise DataValidationError(f"party {k} ({self.party_names[k]!r}) holds no row for ID {data.ids[i]!r} "
-                                          f"that the data marks observed ({int(lacking.sum())} such IDs)")
+                raise DataValidationError(f"party {k} ({self.party_names[k]!r}) holds no row for ID "
+                                          f"{show_id(data.ids[i])} that the data marks observed "
+                                          f"({int(lacking.sum())} such IDs)")
         self._attach_order(order, observed, handle, np.asarray(data.y), np.asarray(data.labeled))
         return handle
 
@@ -470,44 +515,93 @@ class GrpcFederation(Federation):
     def table_hashes(self, table: str, own: Sequence[str] | None = None,
                      ) -> tuple[list[np.ndarray | None], np.ndarray | None]:
         """Every present party's ID tokens of its prediction table ``table`` (``None``: it serves no such table),
-        and those of the coordinator's own IDs ``own``."""
+        and those of the coordinator's own IDs ``own``.  A table's tokens are asked once per session (its parties
+        read it again only when a new session opens)."""
         serving = [k for k in self._present() if table in self.party_info.get(k, {}).get("tables", {})]
         if not serving:
             raise ValueError(f"no party serves a prediction table {table!r} (configure [[data.predict]] with "
                              f"name = {table!r} in the parties' files)")
-        if self.alignment_mode == "psu":  # the keyed parties answer the lookups even without such a table
-            self.aligner.open(self._present(), tolerate=self.allow_absent)
-        replies, own_tokens = self.aligner.party_tokens(serving, table, own, tolerate=self.allow_absent,
-                                                        expected={k: self._rows(k, table) for k in serving})
-        self.absent |= set(serving) - set(replies)
-        return [replies.get(k) for k in range(self.n_parties)], own_tokens
+        own_tokens = None
+        missing = [k for k in serving if k not in self._table_tokens.get(table, {})]
+        if missing:
+            if self.alignment_mode == "psu":  # the keyed parties answer the lookups even without such a table
+                self.aligner.open(self._present(), tolerate=self.allow_absent)
+            replies, own_tokens = self.aligner.party_tokens(missing, table, own, tolerate=self.allow_absent,
+                                                            expected={k: self._rows(k, table) for k in missing})
+            self.absent |= set(missing) - set(replies)
+            self._table_tokens.setdefault(table, {}).update(replies)
+        if own is not None and own_tokens is None:
+            self._tokens()  # the session's alignment is open (the training tables' tokens, once per session)
+            own_tokens = self.aligner.id_tokens(list(own))
+        cached = self._table_tokens.get(table, {})
+        return [cached.get(k) if k not in self.absent else None for k in range(self.n_parties)], own_tokens
+
+    def served_table_sets(self) -> list[str]:
+        """The prediction table sets the present parties serve (sorted by name)."""
+        return sorted({t for k in self._present() for t in self.party_info.get(k, {}).get("tables", {})})
 
     def attach_ids(self, ids: Sequence[Any] | np.ndarray, handle: str | None = None, *, task: Task | None = None,
                    feature_dims: Sequence[int] | None = None, feature_shapes: Sequence[Sequence[int]] | None = None,
-                   table: str | None = None) -> tuple[CoordinatorView, str]:
+                   table: str | None = None, tables: Sequence[str | None] | None = None,
+                   features: Mapping[int, np.ndarray] | None = None, carry: bool = False,
+                   ) -> tuple[CoordinatorView, str]:
         """Attach exactly ``ids`` (in that order, e.g. a prediction request): each party holds those it has, in its
         training table or, with ``table``, in its prediction table of that name (only predicted, never trained on).
+
+        ``tables``: instead of ``table``, where each party looks an ID up, in order of preference (``None``: the
+        training table): a party holding an ID in several of them attaches the row of the first.  ``features``:
+        position in ``ids`` -> the active party's own feature values (its columns, in order) for that ID, used
+        instead of any row of its tables; sent to the active party only, whose policy must accept them
+        (``accept_coordinator_features``).  ``carry``: each party's attach travels with its first request of the
+        prediction that follows (one round less: the split-network methods predict in one round), so a party that
+        does not answer is found then, not here.
         """
+        if table is not None and tables is not None:
+            raise ValueError("attach_ids takes table or tables, not both")
         handle = handle or self.new_handle("predict")
         ids = np.asarray(normalize_ids(ids, "the IDs to predict"), dtype=object)  # empty or repeated: refused
-        held, order = self._tokens(list(ids)) if table is None else self.table_hashes(table, list(ids))
+        sources = [table] if tables is None else list(tables)
+        if not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"tables must name each table once, got {sources}")
+        held_by: list[list[np.ndarray | None]] = []
+        order = None
+        for t in sources:  # the own IDs' tokens come with the first table's (one round where possible)
+            held, own = self._tokens(list(ids) if order is None else None) if t is None else self.table_hashes(
+                t, list(ids) if order is None else None)
+            held_by.append(held)
+            order = own if order is None else order
         assert order is not None
         if len({bytes(h) for h in order}) != len(order):
             raise DataValidationError("the ID list has duplicates")
-        observed = np.zeros((len(order), self.n_parties), dtype=bool)
-        for k, hashes in enumerate(held):
-            if hashes is not None:
-                pos = positions_in(order, hashes)
-                observed[pos[pos >= 0], k] = True
-        self._attach_order(order, observed, handle, table=table)
+        n = len(order)
+        observed = np.zeros((n, self.n_parties), dtype=bool)
+        source = np.zeros((n, self.n_parties), dtype=np.int64)
+        for s, held in reversed(list(enumerate(held_by))):  # the first table that holds a row wins
+            for k, hashes in enumerate(held):
+                if hashes is not None:
+                    pos = positions_in(order, hashes)
+                    at = pos[pos >= 0]
+                    observed[at, k] = True
+                    source[at, k] = s
+        given = None
+        if features:
+            a = self.active_party
+            at = np.array(sorted(features), dtype=np.int64)
+            values = np.stack([np.asarray(features[int(i)], dtype=np.float32).reshape(-1) for i in at])
+            given = (at, values, [str(ids[i]) for i in at])
+            if a not in self.absent:
+                observed[at, a] = True
+        names = [TRAINING_TABLE if t is None else t for t in sources]
+        self._attach_order(order, observed, handle, table=table,
+                           sources=None if tables is None else (names, source), given=given, carry=carry)
         self.last_held = observed.copy()  # which party holds which of the IDs, answering or not
+        self.last_unlisted = _unlisted(held, order)
         observed[:, sorted(self.absent)] = False
         dims, shapes = self.feature_dims()
         if feature_dims is not None:
             dims = tuple(int(d) for d in feature_dims)
             shapes = tuple(tuple(s) for s in feature_shapes) if feature_shapes is not None else tuple(
                 (d,) for d in dims)
-        n = len(order)
         view = CoordinatorView(ids=ids, observed=observed, y=np.full(n, UNLABELED, dtype=np.int64),
                                labeled=np.zeros(n, dtype=bool), task=task or Task.classification([0, 1]),
                                active_party=self.active_party, party_names=self.party_names, feature_dims=dims,
@@ -579,3 +673,19 @@ class GrpcFederation(Federation):
         replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel,
                                            **model_tag(model))
         self.absent |= set(self._present()) - set(replies)
+
+
+def _unlisted(held: Sequence[np.ndarray | None], order: np.ndarray) -> dict[str, Any]:
+    """How many users of the parties' tables (their tokens ``held``; ``None``: no answer) are not among the IDs
+    attached (``order``): ``{"users": n, "parties": {k: n_k}}``, a user several parties hold counted once in
+    ``users``.  Counts only: the coordinator has the parties' tokens, never their IDs."""
+    per_party: dict[int, int] = {}
+    outside: list[np.ndarray] = []
+    for k, hashes in enumerate(held):
+        if hashes is None:
+            continue
+        rows = np.asarray(hashes)[positions_in(order, hashes) < 0]
+        per_party[k] = len(rows)
+        outside.append(rows)
+    everyone = np.concatenate(outside) if outside else np.zeros((0, 1), dtype=np.uint8)
+    return {"users": int(len(np.unique(everyone, axis=0))) if len(everyone) else 0, "parties": per_party}

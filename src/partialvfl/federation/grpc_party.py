@@ -66,6 +66,7 @@ from partialvfl.federation.alignment import hash_ids, load_key
 from partialvfl.federation.audit import disclosed_state
 from partialvfl.federation.grpc_limits import PeerLimits, Refused, read_request
 from partialvfl.federation.grpc_transport import (
+    ATTACH_PREFIX,
     CALL_METHOD,
     MAX_WIRE_MESSAGE,
     SECONDS_KEY,
@@ -82,7 +83,7 @@ from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, Pred
 from partialvfl.federation.pins import spki_sha256
 from partialvfl.federation.policy import InferenceGuard, PolicyViolation
 from partialvfl.federation.psu import PartyAligner, read_alignment_key
-from partialvfl.federation.schema import MessageError, MessageSpec, TensorSpec, UnknownKindError
+from partialvfl.federation.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
 from partialvfl.federation.sessions import SessionGuard
 
 __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused", "SessionGuard", "TRAINING_TABLE",
@@ -90,6 +91,10 @@ __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused"
 
 log = logging.getLogger("partialvfl.party")
 EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
+#: how long a stopping party lets calls in flight finish before it cancels them (SIGTERM: out within a second)
+STOP_GRACE_SECONDS = 0.25
+#: how often the serving loop wakes up (to see a stop request or a vanished parent)
+STOP_POLL_SECONDS = 0.1
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
 #: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
@@ -108,13 +113,19 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
                            "as HMAC-SHA256 hashes."),
     "attach": MessageSpec(
         request=[TensorSpec("hashes", "uint8", ("R", 32)), TensorSpec("rows", "int64", ("R",)),
+                 TensorSpec("table_of", "int64", ("R",), optional=True),
                  TensorSpec("labels", ("int64", "float64"), ("N",), optional=True),
-                 TensorSpec("labeled", "bool", ("N",), optional=True)],
-        meta=["handle", "n_samples"], optional_meta=["table"],
+                 TensorSpec("labeled", "bool", ("N",), optional=True),
+                 TensorSpec("features", ("float32", "float64"), ("F", "D"), optional=True),
+                 TensorSpec("feature_rows", "int64", ("F",), optional=True)],
+        meta=["handle", "n_samples"], optional_meta=["table", "tables", "feature_ids"],
         doc="Hold the rows with these alignment tokens (or HMAC hashes) at these positions of the shared order (of "
             "`n_samples`) under "
             "`handle`, from the training table or from prediction table `table` (then only predicted, never "
-            "trained on); the active party also gets the labels (training table only)."),
+            "trained on), or row by row from the tables `tables` (`table_of`: each row's index into that list); "
+            "the active party also gets the labels (training table only). `features`/`feature_rows`/`feature_ids`: "
+            "the coordinator's own values of this party's features for rows it holds in no table (the label "
+            "holder's new users; only predicted), accepted only under `[policy] accept_coordinator_features`."),
     "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
 }
 
@@ -150,6 +161,15 @@ class PartyTable:
         self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's modification time and size (``None``: not there), to tell whether it changed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 # ---------------------------------------------------------------------- the server
 class PartyServer:
     """The party's request handler: authentication, replay checks, policy, then the runtime (declarations,
@@ -163,7 +183,10 @@ class PartyServer:
             key = load_key(cfg.hmac_key_file)
         self.table = PartyTable(cfg, key if cfg.alignment == "hmac" else None)
         self.tables = {TRAINING_TABLE: self.table}
+        self._key = key
+        self._stamps: dict[str, tuple[int, int] | None] = {}  # each prediction table's file as last read
         for spec in cfg.predict_tables:
+            self._stamps[spec.name] = _stamp(spec.path)
             self.tables[spec.name] = self._predict_table(spec, key)
         handlers = {"hello": self._hello, "bye": self._bye, "ids": self._ids, "attach": self._attach,
                     "release": self._release}
@@ -251,9 +274,28 @@ class PartyServer:
                                                      f"{sorted(self.tables)}")
         return name, self.tables[name]
 
+    def _reread_prediction_tables(self) -> None:
+        """Read again each prediction table whose file changed since it was read (rows added for new users): at a
+        new session only, so that a session's tokens, row counts and rows stay as its ``hello`` announced them.  A
+        file that no longer reads is logged and its previous rows kept serving."""
+        for spec in self.cfg.predict_tables:
+            stamp = _stamp(spec.path)
+            if stamp == self._stamps.get(spec.name):
+                continue
+            try:
+                table = self._predict_table(spec, self._key)
+            except (OSError, ValueError) as e:
+                log.warning("party %s: prediction table %r changed but cannot be read (%s); its previous %d rows "
+                            "keep serving", self.cfg.name, spec.name, e, len(self.tables[spec.name].ids))
+                continue
+            log.info("party %s: prediction table %r read again: %d rows (before: %d)", self.cfg.name, spec.name,
+                     len(table.ids), len(self.tables[spec.name].ids))
+            self.tables[spec.name], self._stamps[spec.name] = table, stamp
+
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
         self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
+        self._reread_prediction_tables()
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         meta = {"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
@@ -275,43 +317,98 @@ class PartyServer:
         n = req.meta.get("n_samples")
         if not isinstance(handle, str) or not handle or not isinstance(n, int) or n < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach needs meta 'handle' (str) and 'n_samples' (int)")
-        name, table = self._table(req)
+        names = self._attach_tables(req)
         attached = self.runtime.handles
         self.policy.check_handles(len(attached), handle, handle in attached)
-        hashes, rows = req.tensors["hashes"], req.tensors["rows"].numpy()  # shapes: declared in SERVER_MESSAGES
-        if rows.size and (rows.min() < 0 or rows.max() >= n or len(np.unique(rows)) != rows.size):
+        hashes, rows = req.tensors["hashes"].numpy(), req.tensors["rows"].numpy()  # shapes: SERVER_MESSAGES
+        which = req.tensors["table_of"].numpy() if "table_of" in req.tensors else np.zeros(rows.size, np.int64)
+        if which.size and (which.min() < 0 or which.max() >= len(names)):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: table_of must index the {len(names)} tables "
+                                                            f"{names}")
+        given, given_rows, given_ids = self._given_features(req)
+        every = np.concatenate([rows, given_rows])
+        if every.size and (every.min() < 0 or every.max() >= n or len(np.unique(every)) != every.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
-        local = np.empty(rows.size, dtype=np.int64)
-        index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
-        for i, h in enumerate(hashes.numpy()):
-            j = index.get(bytes(h))
-            if j is None:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
-                                                                f"token {bytes(h).hex()[:16]}... in table {name!r}")
-            local[i] = j
-        order = np.argsort(rows, kind="stable")
-        rows, local = rows[order], local[order]
+        feats = np.empty((every.size, self.table.features.shape[1]), dtype=self.table.features.dtype)
+        ids = np.empty(every.size, dtype=object)
+        for t, name in enumerate(names):
+            at = np.flatnonzero(which == t)
+            if not at.size:
+                continue
+            table = self.tables[name]
+            index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
+            local = np.empty(at.size, dtype=np.int64)
+            for i, h in enumerate(hashes[at]):
+                j = index.get(bytes(h))
+                if j is None:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
+                                                                    f"token {bytes(h).hex()[:16]}... in table {name!r}")
+                local[i] = j
+            feats[at], ids[at] = table.features[local], table.ids[local]
+        feats[rows.size:], ids[rows.size:] = given, given_ids
+        order = np.argsort(every, kind="stable")
         labels = labeled = None
         if "labels" in req.tensors or "labeled" in req.tensors:
-            if name != TRAINING_TABLE:
+            if names != [TRAINING_TABLE] or given_rows.size:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels go with the training table, not "
-                                                                f"with prediction table {name!r}")
+                                                                f"with prediction table {names[-1]!r}")
             if "labels" not in req.tensors or "labeled" not in req.tensors:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send both 'labels' and 'labeled'")
             labels, labeled = req.tensors["labels"].numpy(), req.tensors["labeled"].numpy()
             if labels.shape != (n,) or labeled.shape != (n,):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
-        feats = table.features[local]
+        feats = feats[order]
         feats.flags.writeable = False
-        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=rows,
-                         ids=table.ids[local], feature_names=table.feature_names,
-                         feature_shape=table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
+        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every[order],
+                         ids=ids[order], feature_names=self.table.feature_names,
+                         feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
-        if name == TRAINING_TABLE:
+        if names == [TRAINING_TABLE] and not given_rows.size:
             self.prediction_handles.discard(handle)
-        else:
+        else:  # rows of a prediction table, or values the coordinator gave: only ever predicted
             self.prediction_handles.add(handle)
-        return Reply(meta={"n_rows": int(rows.size)})
+        return Reply(meta={"n_rows": int(every.size)})
+
+    def _attach_tables(self, req: Request) -> list[str]:
+        """The tables an ``attach`` reads rows from: ``tables`` (a list, indexed by ``table_of``) or ``table``."""
+        if "tables" not in req.meta:
+            return [self._table(req)[0]]
+        names = req.meta["tables"]
+        if "table" in req.meta or not isinstance(names, list) or not names or len(set(map(str, names))) != len(names):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: 'tables' must be a non-empty list of distinct "
+                                                            "table names (and 'table' not given beside it)")
+        return [self._table(Request("attach", {}, {"table": name}))[0] for name in names]
+
+    def _given_features(self, req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The coordinator's own values of this party's features (rows it holds in no table), checked: the party's
+        policy must accept them, one finite value per feature column, one ID per row."""
+        width = self.table.features.shape[1]
+        if not any(k in req.tensors for k in ("features", "feature_rows")) and "feature_ids" not in req.meta:
+            return np.zeros((0, width), np.float32), np.zeros(0, np.int64), np.zeros(0, dtype=object)
+        if not self.policy.accept_coordinator_features:
+            raise PolicyViolation("accept_coordinator_features", f"party {self.cfg.name!r} computes only from its "
+                                  "own tables; feature values from the coordinator (the label holder's new users) "
+                                  "need [policy] accept_coordinator_features = true in the label holder's own party "
+                                  "file", True)
+        if "features" not in req.tensors or "feature_rows" not in req.tensors or "feature_ids" not in req.meta:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send 'features', 'feature_rows' and meta "
+                                                            "'feature_ids' together")
+        values = req.tensors["features"].numpy()
+        given_rows = req.tensors["feature_rows"].numpy()
+        ids = req.meta["feature_ids"]
+        if not isinstance(ids, list) or len(ids) != given_rows.size or not all(isinstance(i, str) for i in ids):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: 'feature_ids' must list one ID (text) per "
+                                                            f"row of 'features' ({given_rows.size})")
+        if values.shape[1] != width:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: 'features' has {values.shape[1]} columns; "
+                                                            f"party {self.cfg.name!r} has {width} features "
+                                                            f"{list(self.table.feature_names)}")
+        bad = ~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: feature {self.table.feature_names[c]!r} of ID "
+                                                            f"{ids[r]!r} is not a finite float32 value")
+        return values.astype(self.table.features.dtype), given_rows, np.array(ids, dtype=object)
 
     def _ids(self, req: Request) -> Reply:
         if self.cfg.alignment != "hmac":
@@ -381,12 +478,17 @@ class PartyServer:
         entry.update(kind=kind, step=wire.step, round=wire.round, session=wire.session[:8],
                      request=tensor_summary(request.tensors),
                      meta={k: request.meta[k] for k in LOGGED_META if k in request.meta})
+        if wire.lane:
+            entry["lane"] = wire.lane
         with self._lock:
             t0 = time.perf_counter()
             self.aligner.caller, self.aligner.caller_name = caller, str(entry.get("peer") or "")
             self.sessions.check(wire)
             program = self.runtime.program
+            if wire.lane:
+                self._check_lane(request, wire.lane)
             try:
+                request = self._carried_attach(request, entry)
                 if kind not in self.runtime.builtins:
                     self.inference.check(None if program is None else program.messages, kind, request.meta,
                                          self.prediction_handles, None if program is None else program.program_name)
@@ -415,6 +517,42 @@ class PartyServer:
             if self.runtime.clipped_rows:
                 entry["clipped_rows"] = self.runtime.clipped_rows
             return Reply(reply.tensors, {**reply.meta, SECONDS_KEY: time.perf_counter() - t0})
+
+    def _check_lane(self, request: Request, lane: int) -> None:
+        """A lane other than 0 (a prediction service's batches in flight side by side) carries inference requests
+        of the program (without ``train``) and ID lookups only: whatever changes the party's state keeps the
+        session's one order."""
+        program = self.runtime.program
+        spec = None if program is None else program.messages.get(request.kind)
+        if request.kind == "psu_eval" or (spec is not None and spec.role == INFERS and not request.meta.get("train")):
+            return
+        raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"party {self.cfg.name!r}: lane {lane} carries inference "
+                                                         f"requests and ID lookups only, not {request.kind!r}")
+
+    def _carried_attach(self, request: Request, entry: dict[str, Any]) -> Request:
+        """Serve the ``attach`` a request carries (``meta['attach']``, its tensors named ``attach.*``: one round for
+        attaching a batch and predicting it) and return the request without it.  Only an inference request of the
+        program, on the data set it attaches, not training, may carry one."""
+        carried = request.meta.get("attach")
+        if carried is None:
+            return request
+        program = self.runtime.program
+        spec = None if program is None else program.messages.get(request.kind)
+        if not isinstance(carried, dict) or spec is None or spec.role != INFERS or request.meta.get("train") \
+                or request.meta.get("data") != carried.get("handle"):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r}: only an inference request "
+                                                            "of the program, not training, may carry the attach of "
+                                                            "the data set it names (meta 'data' = the attach's "
+                                                            "handle)")
+        tensors = {k[len(ATTACH_PREFIX):]: t for k, t in request.tensors.items() if k.startswith(ATTACH_PREFIX)}
+        attach = Request("attach", tensors, {**carried, "step": request.meta.get("step"),
+                                             "round": request.meta.get("round")})
+        self.runtime.handle(attach)
+        entry["attach"] = {k: carried[k] for k in ("handle", "table", "tables", "n_samples") if k in carried}
+        entry["attach"]["rows"] = int(tensors["rows"].shape[0]) if "rows" in tensors else 0
+        meta = {k: v for k, v in request.meta.items() if k != "attach"}
+        return Request(request.kind, {k: t for k, t in request.tensors.items() if not k.startswith(ATTACH_PREFIX)},
+                       meta)
 
     def _accepted(self, wire: WireRequest) -> None:
         """A request passed every check: record it as served (and, for ``setup``, forget the old program's rows)."""
@@ -535,11 +673,11 @@ def run(config: str | Path | PartyConfig) -> int:
         signal.signal(sig, lambda *_: stop.set())
     # a party started by a test or benchmark (LocalDeployment) must not outlive it, however it ends
     parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
-    while not stop.wait(1.0):
+    while not stop.wait(STOP_POLL_SECONDS):  # short waits: a signal's handler runs between them at the latest
         if parent is not None and os.getppid() != parent:
             log.warning("parent process %d is gone: stopping", parent)
             break
     log.info("party %d (%s) stopping", cfg.index, cfg.name)
-    server.stop(grace=1.0).wait()
+    server.stop(grace=STOP_GRACE_SECONDS).wait()
     handler.close()
     return 0

@@ -18,6 +18,7 @@ treat it as missing).  A party that *refuses* a request (bad input, wrong peer, 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -44,8 +45,8 @@ from partialvfl.utils.devices import host
 from partialvfl.utils.jsonable import json_default
 
 __all__ = [
-    "ALLOWED_DTYPES", "CALL_METHOD", "CHUNK_BYTES", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport", "MAX_WIRE_MESSAGE",
-    "PartyEndpoint",
+    "ALLOWED_DTYPES", "ATTACH_PREFIX", "CALL_METHOD", "CHUNK_BYTES", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport",
+    "MAX_LANES", "MAX_WIRE_MESSAGE", "PartyEndpoint", "RECONNECT_BACKOFF_MS", "RECONNECT_OPTIONS",
     "PartyError", "TlsFiles", "WireError", "chunks", "decode_reply", "decode_request", "encode_reply",
     "encode_request", "frame_length",
 ]
@@ -53,7 +54,17 @@ __all__ = [
 CALL_METHOD = "/partialvfl.Party/Call"
 SECONDS_KEY = "_party_seconds"  # reply meta: the party's handling time (the transport removes it, keeps the sum)
 SERVICE_NAME = "partialvfl.Party"
+#: the names of an ``attach``'s tensors carried inside another request (:meth:`GrpcTransport.carry_attach`)
+ATTACH_PREFIX = "attach."
+#: lanes of one session (:meth:`GrpcTransport.lane`): lane 0 carries everything, the others inference only
+MAX_LANES = 16
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: the longest a channel waits between two attempts to reach a party it lost (gRPC's exponential backoff, from 100 ms,
+#: capped here instead of at 120 s): a restarted party is reached at most this long after it listens (a prediction
+#: service uses it again then), and an attempt at a party that is down costs one refused connection
+RECONNECT_BACKOFF_MS = 250
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS))
 MAX_HEADER_BYTES = 1 << 20
 #: the pieces a request frame travels in (the first one holds the whole header, at most 1 MiB): small pieces keep
 #: what gRPC and Python buffer per request small next to the request itself
@@ -226,10 +237,11 @@ def _unframe(data: bytes | bytearray, max_bytes: int | None = None) -> tuple[dic
     return header, tensors
 
 
-def encode_request(request: Request, *, step: int, round: int, session: str, seq: int) -> bytes:
-    """One request as bytes: tensors plus the header ``kind``/``meta``/``step``/``round``/``session``/``seq``."""
+def encode_request(request: Request, *, step: int, round: int, session: str, seq: int, lane: int = 0) -> bytes:
+    """One request as bytes: tensors plus the header ``kind``/``meta``/``step``/``round``/``session``/``seq`` (and
+    ``lane``, when not 0: :meth:`GrpcTransport.lane`)."""
     header = {"kind": request.kind, "meta": request.meta, "step": int(step), "round": int(round),
-              "session": session, "seq": int(seq)}
+              "session": session, "seq": int(seq), **({"lane": int(lane)} if lane else {})}
     return _frame(request.tensors, header)
 
 
@@ -242,6 +254,7 @@ class WireRequest:
     round: int
     session: str
     seq: int
+    lane: int = 0
 
 
 def decode_request(data: bytes | bytearray, max_bytes: int | None = None) -> WireRequest:
@@ -263,8 +276,11 @@ def decode_request(data: bytes | bytearray, max_bytes: int | None = None) -> Wir
     session = header.get("session")
     if not isinstance(session, str) or not 0 < len(session) <= 64:
         raise WireError("message carries no session identifier")
+    lane = header.get("lane", 0)
+    if not isinstance(lane, int) or isinstance(lane, bool) or not 0 <= lane < MAX_LANES:
+        raise WireError(f"message lane must be an integer in [0, {MAX_LANES}), got {lane!r}")
     meta = {**meta, "step": stamps["step"], "round": stamps["round"]}
-    return WireRequest(Request(kind, tensors, meta), stamps["step"], stamps["round"], session, stamps["seq"])
+    return WireRequest(Request(kind, tensors, meta), stamps["step"], stamps["round"], session, stamps["seq"], lane)
 
 
 def encode_reply(reply: Reply) -> bytes:
@@ -342,9 +358,14 @@ class GrpcTransport(Transport):
         # ``late_min_timeout`` as their floor, so that waiting for them does not stretch a round past its deadline
         self.late: set[int] = set()
         self.late_min_timeout = 0.001
+        #: attaches that travel with a party's next request naming their handle (``meta['data']``) instead of in a
+        #: round of their own (:meth:`carry_attach`): party -> the attach request
+        self.carried: dict[int, Request] = {}
         self.max_message_bytes = int(max_message_bytes)
         self.session = secrets.token_hex(16)
         self._seq = 0
+        self.lane_number = 0  # lane 0: the session's own order (everything); others: lane()
+        self._owns_channels = True
         self.bytes_sent = 0  # on-the-wire bytes (frames), both directions counted separately
         self.bytes_received = 0
         self.party_seconds = 0.0  # sum of the parties' handling times (compute at the parties)
@@ -359,8 +380,7 @@ class GrpcTransport(Transport):
                 ("grpc.ssl_target_name_override", ep.identity),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 1000),
+                *RECONNECT_OPTIONS,
             ]
             ch = grpc.secure_channel(ep.address, creds, options=options)
             self._channels.append(ch)
@@ -383,9 +403,44 @@ class GrpcTransport(Transport):
         floor = self.late_min_timeout if party in self.late else self.min_timeout
         return min(self.deadline, max(floor, self.deadline_at - time.monotonic()))
 
+    def carry_attach(self, party: int, attach: Request) -> None:
+        """Send ``attach`` to ``party`` inside the next request that names its handle as ``data`` (an inference
+        request of the same batch), not in a round of its own: the party attaches, then answers that request
+        (:data:`ATTACH_PREFIX` names its tensors there, ``meta['attach']`` its metadata).  A later attach for the
+        party replaces one not sent yet (it had no request of its batch: it holds none of the batch's rows)."""
+        self.carried[party] = attach
+
+    def _with_carried(self, party: int, request: Request) -> Request:
+        attach = self.carried.get(party)
+        if attach is None or request.meta.get("data") != attach.meta.get("handle"):
+            return request
+        del self.carried[party]
+        tensors = {**request.tensors, **{ATTACH_PREFIX + k: t for k, t in attach.tensors.items()}}
+        return Request(request.kind, tensors, {**request.meta, "attach": dict(attach.meta)})
+
     def _encode(self, request: Request) -> bytes:
         self._seq += 1
-        return encode_request(request, step=self.step, round=self.round, session=self.session, seq=self._seq)
+        return encode_request(request, step=self.step, round=self.round, session=self.session, seq=self._seq,
+                              lane=self.lane_number)
+
+    def lane(self, number: int) -> GrpcTransport:
+        """Another lane of this transport's current session: the same channels, its own steps, rounds and sequence
+        numbers (a party keeps a lane's order apart from the others'), its own failures and deadline, and its own
+        counts-only message log.  Lanes carry inference requests (and ID lookups) only, so that several batches of
+        a prediction service can be in flight at once; a new session (:meth:`new_session`) needs new lanes."""
+        if not 0 < number < MAX_LANES:
+            raise ValueError(f"a lane number is in [1, {MAX_LANES}), got {number}")
+        other = copy.copy(self)
+        Transport.__init__(other, self.n_parties, self.coordinator, MessageLog(keep_entries=False))
+        other.device = self.device
+        other.lane_number, other._seq = number, 0
+        other.deadline_at, other.late, other.carried = None, set(), {}
+        other.bytes_sent = other.bytes_received = 0
+        other.party_seconds = other.wait_seconds = 0.0
+        other._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)),
+                                         thread_name_prefix=f"grpc-lane{number}")
+        other._owns_channels = False
+        return other
 
     def _result(self, party: int, get: Callable[[], bytes]) -> Reply:
         try:
@@ -416,7 +471,7 @@ class GrpcTransport(Transport):
         """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
         futures: dict[int, tuple[Request, Any]] = {}
         for party, req in requests.items():
-            req = self._admit(party, req)
+            req = self._admit(party, self._with_carried(party, req))
             payload = self._encode(req)
             self.bytes_sent += len(payload)
             futures[party] = req, self._pool.submit(self._calls[party], chunks(payload),
@@ -439,7 +494,8 @@ class GrpcTransport(Transport):
             self.wait_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
-        for ch in self._channels:
-            ch.close()
-        self._channels.clear()
+        if self._owns_channels:  # a lane shares its channels with the transport it came from
+            for ch in self._channels:
+                ch.close()
+            self._channels.clear()
         self._pool.shutdown(wait=False)

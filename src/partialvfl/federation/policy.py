@@ -143,6 +143,8 @@ class PartyPolicy:
     # resume an alignment by a name the coordinator chooses (research: a fit with the same seed gets the same tokens);
     # false: only with the ticket this party handed that coordinator for that session
     resume_alignment_by_name: bool = False
+    # the label holder's own party only: feature values its coordinator sends for its new users (never trained on)
+    accept_coordinator_features: bool = False
     # ---- label protection (issue 35): a fit this party takes part in must protect the labels by label DP at an
     # epsilon at most this (a setup that does not say it is such a fit may predict, never train); None: no requirement
     require_label_dp: float | None = None
@@ -346,6 +348,17 @@ class PartyPolicy:
                                f"send {sent} values per row together, computed from {d} features: more than "
                                f"{ratio:g} x {d}", sent, {"max_setup_width_ratio": _ceil_ratio(sent, d)})
 
+    def width_refusal(self, program: str, shape: SetupShape, n_features: int) -> PolicyViolation | None:
+        """The width rules alone (``max_width_ratio``, ``max_setup_width_ratio``) for ``shape`` on a party with
+        ``n_features`` features: what a coordinator checks while it chooses widths within announced policies."""
+        return _joined([self._width(shape.networks, n_features), self._setup_width(program, shape, n_features)])
+
+    @classmethod
+    def width_caps(cls, announced: Mapping[str, Any]) -> PartyPolicy:
+        """A policy holding only the width caps a party announced (``announced()``); no other rule."""
+        return replace(cls.research(), max_width_ratio=announced.get("max_width_ratio"),
+                                   max_setup_width_ratio=announced.get("max_setup_width_ratio"))
+
     def _size(self, program: str, nets: Sequence[Network]) -> PolicyViolation | None:
         total = sum(n.parameters() for n in nets)
         if self.max_parameters is None or total <= self.max_parameters:
@@ -488,7 +501,9 @@ class PartyPolicy:
         (e.g. whether a program may release likelihoods at latents it chooses); the party still checks every
         request against the whole policy."""
         return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
-                "max_request_mb": self.max_request_mb}
+                "max_request_mb": self.max_request_mb, "max_width_ratio": self.max_width_ratio,
+                "max_setup_width_ratio": self.setup_width_ratio,
+                "accept_coordinator_features": self.accept_coordinator_features}
 
     def describe(self) -> str:
         """One line for the party's start-up log, saying which keys its file changed from the preset."""
@@ -526,7 +541,8 @@ _INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds"
 _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
                "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
                "dp_delta", "lookup_warn_fraction", "require_label_dp"}
-_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "resume_alignment_by_name"}
+_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "resume_alignment_by_name",
+              "accept_coordinator_features"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 

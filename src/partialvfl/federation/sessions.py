@@ -59,6 +59,12 @@ class SessionGuard:
         self.last_seq = 0
         self.last_step = -1
         self.served: set[tuple[int, int, str]] = set()
+        #: the replay state (last sequence number, last step, served) of each lane other than 0: a coordinator's
+        #: prediction service keeps several batches in flight, each lane numbered on its own
+        self.lanes: dict[int, tuple[int, int, set[tuple[int, int, str]]]] = {}
+
+    def _replay_state(self, lane: int) -> tuple[int, int, set[tuple[int, int, str]]]:
+        return (self.last_seq, self.last_step, self.served) if lane == 0 else self.lanes.get(lane, (0, -1, set()))
 
     def live(self) -> bool:
         """Whether a session is open and had a request less than ``idle`` seconds ago."""
@@ -88,13 +94,14 @@ class SessionGuard:
                           f"party {self.party!r} no longer serves this coordinator session: another session took "
                           "over (a coordinator holding its secret, e.g. a resumed fit, or any allowlisted one after "
                           f"{self.idle:g} s without requests); this coordinator must stop")
-        if wire.seq <= self.last_seq:
+        last_seq, last_step, served = self._replay_state(wire.lane)
+        if wire.seq <= last_seq:
             raise Refused(grpc.StatusCode.ALREADY_EXISTS,
-                          f"replayed message: sequence number {wire.seq} already seen (last {self.last_seq})")
-        if wire.step < self.last_step:
+                          f"replayed message: sequence number {wire.seq} already seen (last {last_seq})")
+        if wire.step < last_step:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"stale message: step {wire.step} is older than the current step {self.last_step}")
-        if wire.step == self.last_step and (wire.step, wire.round, kind) in self.served:
+                          f"stale message: step {wire.step} is older than the current step {last_step}")
+        if wire.step == last_step and (wire.step, wire.round, kind) in served:
             raise Refused(grpc.StatusCode.ALREADY_EXISTS,
                           f"replayed message: {kind!r} was already served in step {wire.step} round {wire.round} "
                           "(a method calling the same kind twice must start a new round in between)")
@@ -109,10 +116,18 @@ class SessionGuard:
                 self.secret = secrets.token_hex(32)  # a new session, not a resumed one
             self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
             self.served.clear()
+            self.lanes.clear()
             return {"session_secret": self.secret}
         if kind == "bye":
             self.session = self.secret = None
             self.served.clear()
+            self.lanes.clear()
+            return {}
+        if wire.lane:
+            _, last_step, served = self._replay_state(wire.lane)
+            served = set() if wire.step > last_step else served
+            served.add((wire.step, wire.round, kind))
+            self.lanes[wire.lane] = (wire.seq, wire.step, served)
             return {}
         if wire.step > self.last_step:
             self.served.clear()

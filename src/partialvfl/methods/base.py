@@ -24,6 +24,9 @@ What subclasses implement:
 
 Samples with no observed party are never sent to ``_predict``: they get the training label prior (classification:
 the labelled training class frequencies; regression: the labelled training mean).  ``evaluate`` counts them.
+
+A row's prediction depends only on the model, the row's data and its ID, never on the other rows of its batch: what
+``_predict`` draws at random for a row (Monte Carlo samples, a tie-break) comes from :meth:`VFLMethod._row_seeds`.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ import numpy as np
 
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDataset
+from partialvfl.data.ids import id_seeds
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.federation.party import StateFileError
 from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
-from partialvfl.methods.params import ParamSpace, inferred_space, with_common
+from partialvfl.methods.params import ParamSpace, inferred_space, parse_bool, with_common
 from partialvfl.methods.private_fit import (
     PrivacyHooks,
     check_dp_options,
@@ -63,6 +67,7 @@ from partialvfl.methods.registry import METHODS, get_method, load_all, method_na
 from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
+from partialvfl.methods.widths import fit_widths
 from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 
@@ -122,6 +127,12 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
     params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
+    #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)
+    _validating: bool = False
+    #: whether batches of predictions may be in flight side by side at the parties (the lanes of a prediction
+    #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
+    #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
+    parallel_inference: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -136,6 +147,12 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
         from partialvfl.utils.devices import check_precision, resolve_device
 
+        # what get_params returns: the arguments as given (scikit-learn's clone checks they are the same objects)
+        self._run_options: dict[str, Any] = {
+            "preset": preset, "seed": seed, "progress": progress, "device": device, "precision": precision,
+            "compile": compile, "label_dp": label_dp, "label_dp_seed": label_dp_seed, "label_dp_prior": label_dp_prior,
+            "dp_options": dp_options}
+        self._given_params = dict(params)
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
         if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
@@ -147,14 +164,14 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         self.device = device
         self.device_ = resolve_device(device, what="device")
         self.precision = check_precision(precision, what="precision")
-        self.compile = bool(compile)
+        self.compile = parse_bool(compile, f"{self.name}: compile")
         self.overrides = self.param_space().validate(params, owner=self.name)
         self.history_: list[dict[str, Any]] = []
         if label_dp is not None:
             rr_keep_probability(label_dp, 2)  # a positive, finite epsilon, or an error naming it
         self.label_dp = None if label_dp is None else float(label_dp)
         self.label_dp_seed = None if label_dp_seed is None else int(label_dp_seed)
-        self.label_dp_prior = bool(label_dp_prior)
+        self.label_dp_prior = parse_bool(label_dp_prior, f"{self.name}: label_dp_prior")
         self.dp_options_ = check_dp_options(dp_options)
 
     # ------------------------------------------------------------------ parameters
@@ -192,8 +209,32 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         return resolve_min_steps(self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name),
                                  self.overrides)
 
-    def get_params(self) -> dict[str, Any]:
-        return {"preset": self.preset, "seed": self.seed, **self.overrides}
+    #: the keyword options of ``__init__`` that are not declared parameters (how a fit runs, label DP, party DP)
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("preset", "seed", "progress", "device", "precision", "compile",
+                                              "label_dp", "label_dp_seed", "label_dp_prior", "dp_options")
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """scikit-learn's ``get_params``: every run option (``RUN_OPTIONS``) and every declared parameter this model
+        was given, as given (``type(self)(**model.get_params())`` is the same unfitted model, so
+        ``sklearn.base.clone`` works).  A declared parameter not given is absent: it follows the preset, which is
+        resolved per dataset at ``fit`` (``param_space().names`` lists every name ``set_params`` accepts).
+        ``deep`` is accepted for scikit-learn; a method holds no nested estimator."""
+        return {**self._run_options, **self._given_params}
+
+    def set_params(self, **params: Any) -> Self:
+        """scikit-learn's ``set_params``: change run options and declared parameters (by name or alias), validated
+        as ``__init__`` validates them (nothing is changed if one is refused); returns ``self``.  A fitted model
+        keeps what it learnt; the new values apply to the next ``fit``."""
+        options = {k: v for k, v in params.items() if k in self.RUN_OPTIONS}
+        declared = {k: v for k, v in params.items() if k not in self.RUN_OPTIONS}
+        given = dict(self._given_params)
+        space = self.param_space()
+        for name in declared:  # a new value for a parameter given under another name (an alias) replaces it
+            canonical = space.canonical(name, owner=self.name)
+            given = {k: v for k, v in given.items() if space.canonical(k, owner=self.name) != canonical}
+        fresh = type(self)(**{**self._run_options, **options}, **given, **declared)  # validated, or raises
+        vars(self).update({k: v for k, v in vars(fresh).items() if k != "history_"})  # fitted state kept
+        return self
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
@@ -264,6 +305,33 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
         return module.to(self.device_)
 
+    def _row_seeds(self, view: CoordinatorView, rows: np.ndarray, *keys: object, secret: bytes = b""
+                   ) -> np.ndarray | None:
+        """Each of ``rows``' own seed (int64) for what a prediction draws at random for it (Monte Carlo samples, a
+        tie-break), from the model's seed, ``secret`` (for seeds that cross to a party: something it does not hold,
+        e.g. :meth:`_label_side_digest`), ``keys`` and the row's normalised ID (:func:`~partialvfl.data.ids.
+        id_seeds`): a row's prediction then depends on its data and ID alone, never on the rest of its batch.
+
+        ``None`` while a fit validates for early stopping: those draws stay the training's own (by batch or
+        position), because a federation's training view knows its users by alignment tokens, not by ID, and a fit
+        must validate alike in one process and across a federation (and as it did before per-row seeds)."""
+        if self._validating:
+            return None
+        return id_seeds(np.asarray(view.ids)[np.asarray(rows, dtype=np.int64)], self.seed, *keys, secret=secret)
+
+    def _label_side_digest(self) -> bytes:
+        """SHA-256 of the active party's module weights: a secret of the fitted model that never leaves the label
+        side (the parties get the model's seed at setup, never these weights); the same for a saved and loaded
+        model, and for an in-process and a federated fit that are bit for bit the same model."""
+        import torch
+
+        digest = hashlib.sha256()
+        for name, module in sorted(self._coordinator_modules().items()):
+            for key, value in sorted(module.state_dict().items()):
+                digest.update(f"{name}.{key}".encode())
+                digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.digest()
+
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
         from partialvfl.utils.devices import autocast
@@ -332,6 +400,9 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         self.label_prior_ = _label_prior(view) if prior is None else prior
         self.history_ = []
         schedule = self.schedule_ = plan_schedule(self.settings_, view, self.seed) if self._has_schedule() else None
+        self.width_choice_ = fit_widths(self, federation)  # within every party's announced width caps
+        if self.width_choice_ is not None:
+            report_line(self.width_choice_)
         federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed,
                          plans=plans_for(self, private, "fit"))
         self.preprocessing_ = self._preprocess(federation, handle)
@@ -376,7 +447,11 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         classification = view.task is None or view.task.is_classification
 
         def validate() -> tuple[float, float]:
-            return validation_score(self._predict(train_view, handle, rows), y, classification)
+            self._validating = True  # the training's own draws (see _row_seeds)
+            try:
+                return validation_score(self._predict(train_view, handle, rows), y, classification)
+            finally:
+                self._validating = False
 
         where = checkpointer.directory / "early-stopping" if checkpointer is not None else None
         return EarlyStopping(validate, schedule.patience, self.federation_, where)

@@ -5,10 +5,11 @@ here only the active party holds labels, so f_k stays at party k and its head g_
 step party k sends the representations of the labelled rows it observes, the active party computes g_k's loss and
 sends back the gradient, and no label ever leaves the active party.  The K predictors are independent (each sees
 only its own party's block).  At inference every observing party's predictor votes; the majority wins and ties are
-broken uniformly at random with a generator seeded by the method's seed (:func:`majority_vote`).
+broken uniformly at random (:func:`majority_vote`).
 
 ``predict_proba`` returns the vote shares, with the tie-broken winner nudged up by 1e-6 so that ``argmax`` is the
-vote's winner.
+vote's winner.  Each row's tie-break is drawn from its own seed (the model's seed and the row's ID), so a row's
+answer does not depend on the other rows of its request.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from partialvfl.utils.devices import to_numpy
 __all__ = ["Ensemble", "majority_vote"]
 
 
-def majority_vote(votes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Winner per row of a ``(N, C)`` vote-count matrix; ties broken uniformly at random by ``rng``."""
+def majority_vote(votes: np.ndarray, tie_break: np.random.Generator | np.ndarray) -> np.ndarray:
+    """Winner per row of a ``(N, C)`` vote-count matrix; ties broken uniformly at random: by a generator, or by
+    ``(N, C)`` uniform noise drawn beforehand (e.g. each row's from its own seed)."""
     votes = np.asarray(votes)
     top = votes == votes.max(axis=1, keepdims=True)
-    noise = rng.random(votes.shape)
+    noise = tie_break.random(votes.shape) if isinstance(tie_break, np.random.Generator) else np.asarray(tie_break)
     return np.where(top, noise, -1.0).argmax(axis=1)
 
 
@@ -74,7 +76,8 @@ class Ensemble(SplitNNMethod):
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         votes = self._votes(view, handle, rows)
-        winner = majority_vote(votes, self._vote_rng())
+        winner = majority_vote(votes, self._row_draws(view, rows, "tie-break",
+                                                      lambda g, n: g.random((n, self.n_classes))))
         out = votes / np.maximum(votes.sum(axis=1, keepdims=True), 1.0)
         out[np.arange(len(rows)), winner] += 1e-6
         return out / out.sum(axis=1, keepdims=True)

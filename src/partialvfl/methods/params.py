@@ -37,7 +37,9 @@ class Param:
     """One tunable: its default, kind, help text and constraints.
 
     ``low``/``high`` bound numbers (inclusive); ``optional`` admits ``None`` (meaning "derive it", said in the
-    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets.
+    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
+    ``width`` marks a width of what a party sends, which a fit narrows (unless it was given) to fit every party's
+    announced width caps (:mod:`partialvfl.methods.widths`).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Param:
     optional: bool = False
     aliases: tuple[str, ...] = ()
     epochs: bool = False
+    width: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -89,6 +92,15 @@ class Param:
             if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
                 raise ValueError(f"parameter {self.name} must be {self.describe()}, got {value!r}")
         return out
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """``value`` as a declared boolean reads it (``true``/``yes``/``on``/``1``, ``false``/``no``/``off``/``0``, a
+    bool, 0 or 1), or a ``ValueError`` naming ``name``: never Python's truthiness (``bool("no")`` is ``True``)."""
+    try:
+        return bool(_convert("bool", value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be true | false, got {value!r}") from None
 
 
 def _convert(kind: str, value: Any) -> Any:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from partialvfl.data.ids import show_id
 from partialvfl.federation.checkpoint import PartyLost, rng_state, set_rng_state
 from partialvfl.federation.transport import PartyUnavailable
 from partialvfl.utils.progress import progress
@@ -64,10 +65,9 @@ def check_finite_output(method: str, output: np.ndarray, ids: np.ndarray) -> Non
     bad = ~np.isfinite(output)
     if bad.any():
         rows = np.flatnonzero(bad.reshape(len(output), -1).any(axis=1))
-        first = ids[rows[0]].item() if isinstance(ids[rows[0]], np.generic) else ids[rows[0]]
         raise NonFiniteError(
-            f"{method}: the prediction for {rows.size} sample(s) (first: ID {first!r}) is not finite; likely cause: "
-            f"{LIKELY_CAUSES}")
+            f"{method}: the prediction for {rows.size} sample(s) (first: ID {show_id(ids[rows[0]])}) is not finite; "
+            f"likely cause: {LIKELY_CAUSES}")
 
 #: What a step returns: per metric, (sum of values, weight); weight 0 marks a total.
 Metrics = Mapping[str, tuple[float, float]]

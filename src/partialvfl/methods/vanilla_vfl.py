@@ -10,7 +10,7 @@ At inference a sample may miss parties (option ``missing``):
 
 * ``"zero"`` (default): absent parties' representations are zeros (the FALSE-VFL paper's variant, Appendix D.1);
 * ``"random"``: the sample gets a uniformly random class (LASER-VFL's variant: "when it cannot predict, a random
-  prediction is made"), seeded by the method's seed.
+  prediction is made"), drawn from the row's own seed (the model's seed and the row's ID).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class VanillaVFL(SplitNNMethod):
         out = np.zeros((len(rows), self.n_classes))
         full = view.observed[rows].all(axis=1)
         if self.settings_.missing == "random":
-            guess = self._vote_rng().integers(0, self.n_classes, size=len(rows))
+            guess = self._row_draws(view, rows, "guess", lambda g, n: g.integers(0, self.n_classes, size=n))
             out[np.flatnonzero(~full), guess[~full]] = 1.0
             ask = rows[full]
         else:

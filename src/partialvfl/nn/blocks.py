@@ -14,7 +14,7 @@ time on an H200, issue 36).  Elsewhere (the CPU) they keep the default layout, s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -31,8 +31,13 @@ __all__ = [
     "encoder_arch",
     "for_device",
     "image_shape",
+    "RowBlocks",
+    "in_row_blocks",
     "use_channels_last",
 ]
+
+#: rows per block of :func:`in_row_blocks`
+ROW_BLOCK = 64
 
 
 class MLP(nn.Sequential):
@@ -53,6 +58,41 @@ class MLP(nn.Sequential):
         layers.append(nn.Linear(d, out_dim))
         super().__init__(*layers)
         self.in_dim, self.out_dim = in_dim, out_dim
+
+
+def in_row_blocks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int = ROW_BLOCK
+                  ) -> torch.Tensor:
+    """``fn(x)`` computed on blocks of exactly ``rows`` rows (``x``'s leading axes flattened: ``(..., d)`` ->
+    ``(n, d)``; the last block padded with zero rows, their outputs dropped), for a row-wise ``fn`` (a network in eval
+    mode) whose output keeps the leading axes.
+
+    So every row meets the same kernels whatever else is in ``x``: the kernel of a matrix product depends on its
+    number of rows (on an AVX2 CPU: fewer than 4 rows, or a single output column at most row counts), and their sums
+    differ in the last bits; within a block of a fixed size each row is computed alike wherever it sits.  Used where
+    a row's output must be the same floats in any batch (a prediction, :mod:`partialvfl.methods.false_vfl.rowwise`).
+    """
+    lead = tuple(x.shape[:-1])
+    flat = x.reshape(-1, x.shape[-1])
+    n = int(flat.shape[0])
+    if n == 0:
+        return fn(x)
+    pad = -n % rows
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros((pad, flat.shape[1]))])
+    out = torch.cat([fn(flat[start:start + rows]) for start in range(0, n + pad, rows)])[:n]
+    return out.reshape(*lead, *out.shape[1:])
+
+
+class RowBlocks(nn.Module):
+    """``module`` run by :func:`in_row_blocks`: the same floats for a row in any batch (a prediction's view of a
+    network in eval mode; it holds no weights of its own)."""
+
+    def __init__(self, module: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return in_row_blocks(self.inner, x)
 
 
 def image_shape(feature_shape: Sequence[int]) -> tuple[int, int, int]:

@@ -76,7 +76,8 @@ class _FeatureGaussian(torch.autograd.Function):
         return None, grad_mean, grad_logvar
 
 
-def feature_gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+def feature_gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: torch.Tensor, *,
+                                 rowwise: bool = False) -> torch.Tensor:
     """log N(x; mean_s, diag(exp(logvar))) summed over the last axis, for every sample s of the mean.
 
     The decoder likelihood of FALSE-VFL's parties: one data row per (sample, row) mean, a per-feature log-variance
@@ -84,10 +85,14 @@ def feature_gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: to
     leading party axis, ``x (K, B, d)``, ``mean (K, S, B, d)``, ``logvar (K, d)`` -> ``(K, S, B)``.  These shapes
     (with ``x`` not requiring a gradient) take a hand-written pass at about a third of autograd's memory traffic;
     anything else (image-shaped features, a differentiable ``x``) is ``gaussian_log_prob(...).sum(-1)`` with the
-    usual broadcasting, which is the same value.
+    usual broadcasting, which is the same value.  ``rowwise`` (a prediction): always the latter, so that each
+    (sample, row)'s sum is computed alone, the same floats whatever the batch (the hand-written pass is a matrix
+    product over ``S * B`` rows, whose kernel, and so its last bits, may depend on that count: issue 33).
     """
     with float32(mean):  # bf16 autocast: the decoder ran in bfloat16, its likelihood runs in float32
         x, mean, logvar = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for t in (x, mean, logvar))
+        if rowwise:
+            return gaussian_log_prob(x, mean, logvar).sum(-1)
         if (not x.requires_grad and mean.dim() == 3 and x.shape == mean.shape[1:]
                 and logvar.shape == mean.shape[-1:]):
             return _FeatureGaussian.apply(x.unsqueeze(0), mean.unsqueeze(0), logvar.unsqueeze(0)).squeeze(0)

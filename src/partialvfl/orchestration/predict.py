@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
+from partialvfl.data.ids import show_id
 from partialvfl.federation.transport import PartyUnavailable
 
 if TYPE_CHECKING:
@@ -82,8 +83,9 @@ class PriorOnlyRows(ValueError):  # noqa: N818 - reads as the condition it names
 
     def __init__(self, n_rows: int, n_ids: int, first: Any) -> None:
         self.n_rows, self.n_ids, self.first = n_rows, n_ids, first
-        super().__init__(f"{n_rows} of {n_ids} IDs (first: {first!r}) are held by no party: their prediction would "
-                         "be the training label prior alone (PredictOptions(allow_prior_only=True) predicts them)")
+        super().__init__(f"{n_rows} of {n_ids} IDs (first: {show_id(first)}) are held by no party: their prediction "
+                         "would be the training label prior alone (PredictOptions(allow_prior_only=True) predicts "
+                         "them)")
 
 
 def require_active_party(fed: Any, what: str) -> None:

@@ -34,13 +34,17 @@ class ServiceMetrics:
                               registry=r)
         self.model = Gauge("partialvfl_serve_model_info", "The model version serving (value 1)", ["version"],
                            registry=r)
+        self._by_code: dict[int, Counter] = {}  # the requests counter's child per status (a lookup per request)
         for p in party_names:  # every party's series exists from the start (at 0)
             self.timeouts.labels(party=p)
             self.errors.labels(party=p)
 
     def request(self, seconds: float, code: int) -> None:
         self.latency.observe(seconds)
-        self.requests.labels(code=str(code)).inc()
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = self.requests.labels(code=str(code))
+        counter.inc()
 
     def batch(self, n_requests: int, n_ids: int, outcome: BatchOutcome) -> None:
         self.batch_requests.observe(n_requests)

@@ -8,11 +8,13 @@
   party that went down (its process restarted) is joined again as soon as its server accepts connections: a new
   session at every party and the model loaded again, between two batches.
 
-Both run on the service's one batch thread (:mod:`partialvfl.serving.batcher`): nothing here is thread-safe.
+Each predicts one batch at a time (:mod:`partialvfl.serving.batcher`: in process on the service's event loop,
+across a federation on one thread per lane of batches in flight).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,13 @@ __all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "mod
 
 #: per-ID status values of a response
 OK, UNKNOWN, NO_ANSWER = "ok", "unknown_id", "no_party_answered"
+
+
+def _some_names(columns: Sequence[str], shown: int = 5) -> str:
+    """A party's feature names for an error message: all of a few, else the count and the first ``shown``."""
+    if len(columns) <= shown:
+        return f"its features are {list(columns)}"
+    return f"its {len(columns)} features begin {list(columns[:shown])}"
 
 
 class FeatureError(ValueError):
@@ -100,11 +109,14 @@ class _Base:
                 raise FeatureError(where, "this ID is not in 'ids'")
             unknown = [c for c in values if c not in columns]
             if unknown:
-                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; its "
-                                   f"features are {columns}")
+                close = difflib.get_close_matches(str(unknown[0]), columns, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise FeatureError(f"{where}.{unknown[0]}", f"party {party!r} has no feature {unknown[0]!r}; {hint}"
+                                   f"{_some_names(columns)}")
             lacking = [c for c in columns if c not in values]
             if lacking:
-                raise FeatureError(f"{where}.{lacking[0]}", f"missing (party {party!r} needs {columns})")
+                raise FeatureError(f"{where}.{lacking[0]}", f"missing ({len(lacking)} of the {len(columns)} "
+                                   f"features party {party!r} needs are missing; {_some_names(columns)})")
             row = []
             for c in columns:
                 v = values[c]
@@ -120,6 +132,10 @@ class _Base:
 
 class TablePredictor(_Base):
     """Every party's table in this process (``--table PARTY=FILE``); nothing times out here."""
+
+    #: its batches are computation in this process: predicted on the service's event loop
+    #: (:class:`~partialvfl.serving.batcher.LoopBatcher`), not on a thread of their own
+    on_event_loop = True
 
     def __init__(self, model_dir: str | Path, tables: Mapping[str, str | Path], id_column: str | None = None) -> None:
         self.model = VFLMethod.load(model_dir, log=counts_only())

@@ -10,7 +10,9 @@ discriminator ``p(y|h)`` and the prior ``p(z) = N(0, I)``.
   with at least one observed party, labelled or not;
 * stage 2 freezes every generative parameter (and psi) and maximises the label bound ``L'`` over the labelled
   samples, discriminator only;
-* prediction is self-normalised importance sampling with ``L`` samples whose weights exclude the label.
+* prediction is self-normalised importance sampling with ``L`` samples whose weights exclude the label; each row's
+  samples are drawn from its own seed (the model's seed and the row's ID, :mod:`.rowwise`), so a row's prediction
+  does not depend on the other rows of its batch.
 
 Per mini-batch the coordinator runs these rounds through the transport (see ``docs/false-vfl.md``): ``encode``
 (rows -> mu, logvar), ``decode`` (h [, h_mis] -> loglik [, mask_loglik]), and when training ``decode_grad``
@@ -30,12 +32,12 @@ import torch
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod, register_method
-from partialvfl.methods.false_vfl.formulas import predictive_log_probs, snis_weights
+from partialvfl.methods.false_vfl.formulas import effective_sample_size, predictive_log_probs, predictive_mean
 from partialvfl.methods.false_vfl.party import FalseVFLParty
 from partialvfl.methods.false_vfl.rounds import Pass, Rounds
 from partialvfl.methods.false_vfl.spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
-from partialvfl.nn.blocks import MLP
+from partialvfl.nn.blocks import MLP, RowBlocks
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import gaussian_log_prob, log_mean_exp
 from partialvfl.utils.devices import scalar, to_device, to_numpy
@@ -152,17 +154,19 @@ class _FalseVFL(VFLMethod):
         return self._rounds
 
     def _forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
-                 noise_seed: int, new_step: bool = True, next_rows: np.ndarray | None = None) -> Pass:
+                 noise_seed: int, new_step: bool = True, next_rows: np.ndarray | None = None,
+                 row_seeds: np.ndarray | None = None) -> Pass:
         """Rounds ``encode`` and ``decode`` for one batch; returns the (S, B) importance log-weights (label-free).
 
         ``new_step=False`` when the caller (the training loop) has started the transport step already;
-        ``next_rows`` (nothing trained): the next batch, whose encode rides with this batch's ``decode``.
+        ``next_rows`` (nothing trained): the next batch, whose encode rides with this batch's ``decode``;
+        ``row_seeds`` (prediction): each row's own noise seed, in place of the batch's ``noise_seed``.
         """
         if new_step:
             self.transport.new_step()
         rounds = getattr(self, "_rounds", None) or self._new_rounds()
         return rounds.forward(view, handle, rows, n_samples, train=train, noise_seed=noise_seed,
-                              next_rows=None if train else next_rows)
+                              next_rows=None if train else next_rows, row_seeds=row_seeds)
 
     def _pretrain_step(self, view: CoordinatorView, handle: str, rows: np.ndarray, noise_seed: int,
                        optimizer: torch.optim.Optimizer, next_rows: np.ndarray | None = None) -> tuple[float, int]:
@@ -288,8 +292,12 @@ class _FalseVFL(VFLMethod):
     # ------------------------------------------------------------------ prediction
     def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray
                             ) -> Iterator[tuple[Any, torch.Tensor]]:
-        """The prediction forward pass, one batch at a time: its rounds' state and the discriminator's outputs."""
+        """The prediction forward pass, one batch at a time: its rounds' state and the discriminator's outputs.
+
+        Each row's importance samples come from its own seed (:meth:`_row_seeds`: the model's seed and the row's
+        ID), so batches may be cut anywhere; while a fit validates, from the batch's seed as in training."""
         n_samples, bs = self.settings_.predict_importance_samples, self.settings_.predict_batch_size
+        secret = self._label_side_digest()  # the seeds cross to the parties, which know the model's seed
         self.discriminator_.eval()
         self.global_encoder_.eval()
         self.global_decoder_.eval()
@@ -299,21 +307,24 @@ class _FalseVFL(VFLMethod):
                 batch = rows[start:start + bs]
                 following = rows[start + bs:start + 2 * bs]
                 st = self._forward(view, handle, batch, n_samples, train=False,
-                                   noise_seed=derive_seed(self.seed, "predict", i), next_rows=following)
-                yield st, self.discriminator_(st.h)
+                                   noise_seed=derive_seed(self.seed, "predict", i), next_rows=following,
+                                   row_seeds=self._row_seeds(view, batch, "false-vfl", "predict", secret=secret))
+                yield st, (self.discriminator_ if st.seeds is None else RowBlocks(self.discriminator_))(st.h)
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         classification = self.index_.task.is_classification
+        rowwise = not self._validating  # a fit's validation sums as it always did (see _row_seeds)
         out = []
         for st, disc in self._predictive_batches(view, handle, rows):
             keep = st.keep
             if classification:
-                probs = to_numpy(predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1)).exp().double())
+                log_probs = predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1), rowwise=rowwise)
+                probs = to_numpy(log_probs.exp().double())
                 probs /= probs.sum(axis=1, keepdims=True)
                 probs[~keep] = self.label_prior_
             else:
-                w = snis_weights(st.log_w)
-                probs = (to_numpy((w * disc[..., 0]).sum(0).double()) * self.y_std_ + self.y_mean_)
+                mean = predictive_mean(st.log_w, disc[..., 0], rowwise=rowwise)
+                probs = to_numpy(mean.double()) * self.y_std_ + self.y_mean_
                 probs[~keep] = self.label_prior_[0]
             out.append(probs)
         return np.concatenate(out, axis=0)
@@ -329,8 +340,7 @@ class _FalseVFL(VFLMethod):
             rows = np.flatnonzero(view.observed.any(axis=1))
             parts = []
             for st, _ in self._predictive_batches(view, handle, rows):
-                w = snis_weights(st.log_w).double()  # (L, B), columns sum to 1
-                part = to_numpy(1.0 / (w * w).sum(0))
+                part = to_numpy(effective_sample_size(st.log_w))
                 part[~st.keep] = np.nan
                 parts.append(part)
         ess = np.full(view.n_samples, np.nan)

@@ -22,19 +22,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from partialvfl.methods.false_vfl.rowwise import samples_last
 from partialvfl.methods.false_vfl.spec import FUSION_RULES
 from partialvfl.nn.stats import gaussian_log_prob, normalized_weights, standard_normal_log_prob
 from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import torch_generator
 
-__all__ = ["after_latent_noise", "bound_noise", "fuse_posteriors", "gaussian_log_density", "latent_log_weights",
-           "latent_noise", "latent_noise_generator", "predictive_log_probs", "reparameterize", "snis_weights",
+__all__ = ["after_latent_noise", "bound_noise", "effective_sample_size", "fuse_posteriors", "gaussian_log_density",
+           "latent_log_weights", "latent_noise", "latent_noise_generator", "predictive_log_probs", "predictive_mean",
+           "reparameterize", "snis_weights",
            "split_gaussian"]
 
 
 def fuse_posteriors(
     mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision", *,
-    any_unobserved: bool | None = None,
+    any_unobserved: bool | None = None, rowwise: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
 
     """Fuse K local Gaussian posteriors over ``h`` into ``q(h | x_obs)``.
@@ -44,7 +46,9 @@ def fuse_posteriors(
     precisions (an absent party counts as infinite variance, Appendix B).  ``poe`` is the product of experts: the
     same precision, mean weighted by precision.  A sample with no observed party gets N(0, I) (callers skip it).
     Returns ``(mean, logvar)`` of shape ``(B, d)``.  ``any_unobserved``: whether some sample has no observed party,
-    if the caller knows (it saves reading a device tensor back); ``None``: looked up.
+    if the caller knows (it saves reading a device tensor back); ``None``: looked up.  ``rowwise`` (prediction):
+    reduce over the parties along a row-major last axis, so each row's floats do not depend on the batch
+    (:func:`~.rowwise.samples_last`); training keeps the leading-axis reductions it was fitted with.
     """
     if rule not in FUSION_RULES:
         raise ValueError(f"unknown fusion rule {rule!r}; choose one of {', '.join(FUSION_RULES)}")
@@ -57,13 +61,19 @@ def fuse_posteriors(
         logvar = torch.where(none[None, :, None], torch.zeros_like(logvar), logvar)
     obs = observed.unsqueeze(-1)
     log_prec_parts = torch.where(obs, -logvar, torch.full_like(logvar, -float("inf")))
-    log_prec = torch.logsumexp(log_prec_parts, dim=0)
+    held_mu = torch.where(obs, mu, torch.zeros_like(mu))
+    if rowwise:
+        log_prec = torch.logsumexp(samples_last(log_prec_parts), dim=-1)
+    else:
+        log_prec = torch.logsumexp(log_prec_parts, dim=0)
     if rule == "mean-precision":
         n = observed.sum(0).to(mu.dtype).unsqueeze(-1)
-        mean = torch.where(obs, mu, torch.zeros_like(mu)).sum(0) / n
+        mean = (samples_last(held_mu).sum(-1) if rowwise else held_mu.sum(0)) / n
+    elif rowwise:
+        mean = (torch.softmax(samples_last(log_prec_parts), dim=-1) * samples_last(held_mu)).sum(-1)
     else:
         w = torch.softmax(log_prec_parts, dim=0)
-        mean = (w * torch.where(obs, mu, torch.zeros_like(mu))).sum(0)
+        mean = (w * held_mu).sum(0)
     return mean, -log_prec
 
 
@@ -199,11 +209,35 @@ def latent_log_weights(
     return log_p_h + log_p_z - log_q_h - log_q_z
 
 
-def snis_weights(log_w: torch.Tensor) -> torch.Tensor:
-    """Self-normalised importance weights over the sample axis 0 (label-free: ``log_w`` holds no ``p(y|h)``)."""
-    return normalized_weights(log_w, dim=0)
+def snis_weights(log_w: torch.Tensor, *, rowwise: bool = True) -> torch.Tensor:
+    """Self-normalised importance weights ``(L, B)`` over the sample axis 0 (label-free: ``log_w`` holds no
+    ``p(y|h)``).  ``rowwise``: computed along each row's last axis of a row-major copy, the same floats whatever else
+    is in the batch (:func:`~.rowwise.samples_last`); ``False``: along axis 0, as before per-row predictions (a fit's
+    validation keeps it)."""
+    if not rowwise:
+        return normalized_weights(log_w, dim=0)
+    return normalized_weights(samples_last(log_w), dim=-1).t()
 
 
-def predictive_log_probs(log_w: torch.Tensor, log_py: torch.Tensor) -> torch.Tensor:
-    """``log sum_l w_l p(y|h_l)`` for every class: ``log_w`` ``(L, B)``, ``log_py`` ``(L, B, C)`` -> ``(B, C)``."""
-    return torch.logsumexp(torch.log_softmax(log_w, dim=0).unsqueeze(-1) + log_py, dim=0)
+def predictive_log_probs(log_w: torch.Tensor, log_py: torch.Tensor, *, rowwise: bool = True) -> torch.Tensor:
+    """``log sum_l w_l p(y|h_l)`` for every class: ``log_w`` ``(L, B)``, ``log_py`` ``(L, B, C)`` -> ``(B, C)``;
+    ``rowwise`` as in :func:`snis_weights`."""
+    if not rowwise:
+        return torch.logsumexp(torch.log_softmax(log_w, dim=0).unsqueeze(-1) + log_py, dim=0)
+    log_w_rows = torch.log_softmax(samples_last(log_w), dim=-1)  # (B, L)
+    return torch.logsumexp(log_w_rows.unsqueeze(1) + samples_last(log_py), dim=-1)
+
+
+def predictive_mean(log_w: torch.Tensor, values: torch.Tensor, *, rowwise: bool = True) -> torch.Tensor:
+    """``sum_l w_l values_l``: ``log_w`` and ``values`` ``(L, B)`` -> ``(B,)``; ``rowwise`` as in
+    :func:`snis_weights`."""
+    if not rowwise:
+        return (normalized_weights(log_w, dim=0) * values).sum(0)
+    return (normalized_weights(samples_last(log_w), dim=-1) * samples_last(values)).sum(-1)
+
+
+def effective_sample_size(log_w: torch.Tensor) -> torch.Tensor:
+    """``(sum w)^2 / sum w^2 = 1 / sum w^2`` of each row's self-normalised weights: ``(L, B)`` -> ``(B,)`` (float64,
+    row by row)."""
+    w = normalized_weights(samples_last(log_w).double(), dim=-1)
+    return 1.0 / (w * w).sum(-1)

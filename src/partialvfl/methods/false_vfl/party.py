@@ -7,7 +7,10 @@ The rounds of one mini-batch (``docs/false-vfl.md`` has the wire protocol and wh
   ``mask_loglik`` ``(S, B_k + M_k)`` over the rows it holds, then the batch rows it lacks).  Under the ``lean`` wire
   the party gets the posterior's ``mean`` and ``scale`` per row and draws the batch's shared noise itself (seeded by
   ``meta['noise_seed']``; ``pos`` are the rows' positions in the batch of ``meta['batch']`` rows); under
-  ``samples`` it gets the S latent samples ``h`` themselves;
+  ``samples`` it gets the S latent samples ``h`` themselves.  At prediction each row also carries its own noise
+  seed (``seed``, ``seed_mis``: the model's seed and the row's ID), from which the party draws that row's noise
+  instead of the batch's, and ``meta['predict']`` has the party run its networks on fixed blocks of rows
+  (:mod:`.rowwise`), so a row's prediction does not depend on its batch;
 * ``decode_grad``: ``grad_loglik`` (II: ``grad_mask_loglik``) -> the gradient with respect to what it got
   (``grad_mean``/``grad_scale``, or ``grad_h``);
 * ``update``: ``grad_mu``, ``grad_logvar`` (if it encoded) -> back-propagate, step its own optimiser.
@@ -33,8 +36,9 @@ from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSp
 from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
 from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
+from partialvfl.methods.false_vfl.rowwise import row_bound_noise, row_latent_noise, row_missing_noise
 from partialvfl.methods.false_vfl.spec import WIRES
-from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch, for_device
+from partialvfl.nn.blocks import MLP, RowBlocks, build_decoder, build_encoder, decoder_arch, encoder_arch, for_device
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.devices import to_device
@@ -80,18 +84,20 @@ class FalseVFLParty(PartyProgram):
         "encode": MessageSpec(
             request=[TensorSpec("rows", "int64", ("B",))],
             reply=[TensorSpec("mu", _WIDE, ("B", "d_h")), TensorSpec("logvar", _WIDE, ("B", "d_h"))],
-            meta=["data"], optional_meta=["train"], role=INFERS, releases=["mu", "logvar"]),
+            meta=["data"], optional_meta=["train", "predict"], role=INFERS, releases=["mu", "logvar"]),
         "decode": MessageSpec(
             request=[_wide("h", ("S", "B", "d_h"), _SAMPLES), _wide("h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                      _wide("mean", ("B", "d_h"), _LEAN), _wide("scale", ("B", "d_h"), _LEAN),
                      TensorSpec("pos", "int64", ("B",), optional=True, when=_LEAN),
                      _wide("mean_mis", ("M", "d_h"), _LEAN_II), _wide("scale_mis", ("M", "d_h"), _LEAN_II),
                      TensorSpec("pos_mis", "int64", ("M",), optional=True, when=_LEAN_II),
+                     TensorSpec("seed", "int64", ("B",), optional=True, when=_LEAN),
+                     TensorSpec("seed_mis", "int64", ("M",), optional=True, when=_II),
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
             reply=[TensorSpec("loglik", "float32", ("S", "B"), optional=True),
                    TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II),
                    _wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
-            optional_meta=["train", "noise_seed", "batch", "samples", "data"], role=INFERS,
+            optional_meta=["train", "noise_seed", "batch", "samples", "data", "predict"], role=INFERS,
             releases=["loglik", "mask_loglik", "mu", "logvar"]),
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
@@ -164,10 +170,11 @@ class FalseVFLParty(PartyProgram):
         lo, hi = self.decoder_logvar_range
         return self.net.decoder_logvar.clamp(lo, hi)
 
-    def log_missing_prob(self, x: torch.Tensor, missing: bool) -> torch.Tensor:
-        """log p(m^k | x^k) with the paper's convention m = 1 for a missing block (psi gives the logit of m = 1)."""
+    def log_missing_prob(self, x: torch.Tensor, missing: bool, predict: bool = False) -> torch.Tensor:
+        """log p(m^k | x^k) with the paper's convention m = 1 for a missing block (psi gives the logit of m = 1);
+        ``predict``: the network run on fixed blocks of rows (:class:`~partialvfl.nn.blocks.RowBlocks`)."""
         assert self.net.indicator is not None
-        logit = self.net.indicator(x).squeeze(-1)
+        logit = (RowBlocks(self.net.indicator) if predict else self.net.indicator)(x).squeeze(-1)
         return nn.functional.logsigmoid(logit if missing else -logit)
 
     def features(self, handle: str, rows: torch.Tensor) -> torch.Tensor:
@@ -183,18 +190,27 @@ class FalseVFLParty(PartyProgram):
 
     def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
         """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
-        names.  Lean: the batch's shared draw at the rows' positions.  Bound: each row's own draw, a hash of the
-        exact bytes of its mean and scale (:func:`~.formulas.bound_noise`), after checking that no two rows share a
-        position and every scale is at least this program's floor, so that the coordinator cannot aim a latent."""
+        names.  Lean: the batch's shared draw at the rows' positions, or at prediction each row's own draw from
+        its ``seed``.  Bound: each row's own draw, a hash of the exact bytes of its mean and scale (and of the
+        batch's seed and its position, :func:`~.formulas.bound_noise`, or at prediction of its ``seed``,
+        :func:`~.rowwise.row_bound_noise`), after checking that no two rows share a position (a seed) and every
+        scale is at least this program's floor, so that the coordinator cannot aim a latent."""
         t, meta = req.tensors, req.meta
         suffixes = [sfx for sfx in ("", "_mis") if f"mean{sfx}" in t]
+        per_row = bool(suffixes) and all(f"seed{sfx}" in t for sfx in suffixes)
         if self.wire == "lean":
+            if per_row:
+                return {sfx: to_device(row_latent_noise(t[f"seed{sfx}"], int(meta["samples"]), d_h)[0], self.device)
+                        for sfx in suffixes}
             eps = self.shared_noise(meta, d_h) if suffixes else None
             return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
         batch, samples = int(meta["batch"]), int(meta["samples"])
         pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
         if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
             raise ValueError(f"party {self.party}: bound decode: row positions must be distinct, in [0, {batch})")
+        seeds = torch.cat([t[f"seed{sfx}"] for sfx in suffixes]) if per_row else None
+        if seeds is not None and len(torch.unique(seeds)) != len(seeds):
+            raise ValueError(f"party {self.party}: bound decode: row seeds must be distinct")
         out = {}
         for sfx in suffixes:
             mean, scale = t[f"mean{sfx}"], t[f"scale{sfx}"]
@@ -202,7 +218,8 @@ class FalseVFLParty(PartyProgram):
             if not bool(torch.isfinite(mean).all()) or not bool((scale.float() >= floor).all()):
                 raise ValueError(f"party {self.party}: bound decode: every mean must be finite and every scale at "
                                  f"least {self.latent_scale_floor:g} (latent_scale_floor)")
-            out[sfx] = bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples)
+            out[sfx] = (row_bound_noise(t[f"seed{sfx}"], mean, scale, samples) if per_row
+                        else bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples))
         return out
 
     def release(self, reply: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -216,14 +233,17 @@ class FalseVFLParty(PartyProgram):
         return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
 
     # -------------------------------------------------------------- handlers
-    def encode_rows(self, handle: str, rows: torch.Tensor, train: bool) -> dict[str, torch.Tensor]:
-        """Encode its rows (training: zero its gradients and keep the graph until ``update``)."""
+    def encode_rows(self, handle: str, rows: torch.Tensor, train: bool, predict: bool = False
+                    ) -> dict[str, torch.Tensor]:
+        """Encode its rows (training: zero its gradients and keep the graph until ``update``; ``predict``: on fixed
+        blocks of rows, the same floats for a row in any batch, :func:`~partialvfl.nn.blocks.in_row_blocks`)."""
         x = self.features(handle, rows)
         self.net.train(train)
         if train:
             self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
-            mu, logvar = split_gaussian(self.net.encoder(x), self.logvar_range)
+            encoded = (RowBlocks(self.net.encoder) if predict and not train else self.net.encoder)(x)
+            mu, logvar = split_gaussian(encoded, self.logvar_range)
             if self.runtime.privacy is not None:
                 mu, logvar = clip_posterior(self.runtime.privacy, mu, logvar)
         self._enc = {"x": x, "mu": mu, "logvar": logvar, "train": train, "handle": str(handle), "rows": rows.numpy()}
@@ -232,7 +252,8 @@ class FalseVFLParty(PartyProgram):
 
     def on_encode(self, req: Request) -> Reply:
         self._rows_of = {}
-        return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False))))
+        return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False)),
+                                      predict=bool(req.meta.get("predict", False))))
 
     def _latents(self, req: Request, train: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,
                                                             torch.Tensor | None]:
@@ -256,6 +277,7 @@ class FalseVFLParty(PartyProgram):
     def on_decode(self, req: Request) -> Reply:
         self._rows_of = {}
         train = bool(req.meta.get("train", False))
+        predict = bool(req.meta.get("predict", False)) and not train
         self.net.train(train)
         leaves, h, h_mis = self._latents(req, train)
         if h is not None and len(self._enc.get("x", ())) != h.shape[1]:
@@ -263,23 +285,28 @@ class FalseVFLParty(PartyProgram):
         if train and h is None:  # II: a party that lacks every row of the batch decodes without encoding
             self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, torch.Tensor] = {}
+        decoder = RowBlocks(self.net.decoder) if predict else self.net.decoder
         with torch.set_grad_enabled(train):
             logvar = self.decoder_logvar()
             if h is not None:
-                out["loglik"] = feature_gaussian_log_density(self._enc["x"], self.net.decoder(h), logvar)
+                out["loglik"] = feature_gaussian_log_density(self._enc["x"], decoder(h), logvar, rowwise=predict)
                 if self.runtime.privacy is not None:
                     out["loglik"] = clip_loglik(self.runtime.privacy, out["loglik"])
                     self._rows_of["loglik"] = (self._enc["handle"], self._enc["rows"], 1)
             if self.variant == 2:
                 parts = []
                 if h is not None:
-                    held = self.log_missing_prob(self._enc["x"], missing=False)
+                    held = self.log_missing_prob(self._enc["x"], missing=False, predict=predict)
                     parts.append(held.unsqueeze(0).expand(h.shape[0], -1))
                 if h_mis is not None:
-                    gen = torch_generator(self.missing_noise_seed(req.meta), "party", self.party)
-                    mean = self.net.decoder(h_mis)
-                    x_mis = reparameterize(mean, logvar, self._draw(gen, tuple(mean.shape)))
-                    parts.append(self.log_missing_prob(x_mis, missing=True))
+                    mean = decoder(h_mis)
+                    if "seed_mis" in req.tensors:  # prediction: each lacked row's draws from its own seed
+                        noise = row_missing_noise(req.tensors["seed_mis"], self.party, tuple(mean.shape))
+                    else:
+                        gen = torch_generator(self.missing_noise_seed(req.meta), "party", self.party)
+                        noise = self._draw(gen, tuple(mean.shape))
+                    x_mis = reparameterize(mean, logvar, noise.to(self.device))
+                    parts.append(self.log_missing_prob(x_mis, missing=True, predict=predict))
                 if parts:
                     out["mask_loglik"] = torch.cat(parts, dim=1)
         self._dec = {"leaves": leaves, "outs": dict(out)} if train else {}
@@ -287,7 +314,7 @@ class FalseVFLParty(PartyProgram):
             self._dec.update(h=h.detach(), handle=self._enc["handle"], rows=self._enc["rows"])
         out = self.release(out)
         if "next_rows" in req.tensors:
-            out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False))
+            out.update(self.encode_rows(req.meta["data"], req.tensors["next_rows"], train=False, predict=predict))
         return Reply(out)
 
     def on_decode_grad(self, req: Request) -> Reply:

@@ -35,6 +35,8 @@ from partialvfl.methods.false_vfl.formulas import (
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
+from partialvfl.methods.false_vfl.rowwise import row_bound_noise, row_latent_noise
+from partialvfl.nn.blocks import RowBlocks
 from partialvfl.nn.compiled import compiled
 from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import derive_seed
@@ -83,6 +85,7 @@ class Pass:
     missing: dict[int, np.ndarray] = field(default_factory=dict)
     sent: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # party -> (held rows sent, lacked rows sent)
     decoded: set[int] = field(default_factory=set)
+    seeds: np.ndarray | None = None  # prediction: each row's own noise seed (:mod:`.rowwise`); None: the batch's
 
     @property
     def keep(self) -> np.ndarray:
@@ -138,10 +141,12 @@ class Rounds:
 
     # ------------------------------------------------------------------ forward: encode, fuse, decode
     def encode(self, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool,
-               prefetch: Prefetch | None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Every observing party's posterior parameters of its rows (from the prefetch where it has them)."""
+               prefetch: Prefetch | None, predict: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Every observing party's posterior parameters of its rows (from the prefetch where it has them);
+        ``predict``: computed row by row (:mod:`.rowwise`)."""
         answers = dict(prefetch.replies) if prefetch is not None and prefetch.matches(handle, rows) else {}
-        requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, {"data": handle, "train": train})
+        meta = {"data": handle, "train": train, **({"predict": True} if predict else {})}
+        requests = {k: Request("encode", {"rows": as_rows(rows[observed[:, k]])}, dict(meta))
                     for k in range(observed.shape[1]) if observed[:, k].any() and k not in answers}
         if requests:
             for k, r in self.transport.call_many(requests, tolerate=True).items():
@@ -169,7 +174,8 @@ class Rounds:
             stacked.append(full.view(n_parties, b, d_h))
         st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
                                                  to_device(torch.as_tensor(st.avail.T), self.side.device_),
-                                                 self.settings.fusion, any_unobserved=not st.keep.all())
+                                                 self.settings.fusion, any_unobserved=not st.keep.all(),
+                                                 rowwise=st.seeds is not None)
         floor = self.settings.latent_scale_floor
         if self.settings.wire == "bound" and floor > 0:  # the parties evaluate no latent of a narrower posterior
             st.logvar_h = st.logvar_h.clamp(min=2 * math.log(floor))
@@ -180,11 +186,13 @@ class Rounds:
             st.mean_leaf, st.logvar_leaf = st.mean_h, st.logvar_h
 
     def forward(self, view: CoordinatorView, handle: str, rows: np.ndarray, n_samples: int, *, train: bool,
-                noise_seed: int, next_rows: np.ndarray | None = None) -> Pass:
+                noise_seed: int, next_rows: np.ndarray | None = None, row_seeds: np.ndarray | None = None) -> Pass:
         """Rounds ``encode`` and ``decode`` for one batch: the (S, B) importance log-weights (label-free).
 
         Uses the prefetch where it holds this batch; ``next_rows`` (prediction and stage 2, nothing trained): the
         next batch's encode rides with this ``decode`` and its posteriors become the new :attr:`prefetch`.
+        ``row_seeds`` (prediction): each row's noise from its own seed, sent with it (:mod:`.rowwise`), instead
+        of the batch's from ``noise_seed``.
         """
         prefetch, self.prefetch = self.prefetch, None
         p = self.settings
@@ -192,28 +200,33 @@ class Rounds:
         rows = np.asarray(rows, dtype=np.int64)
         observed = view.observed[rows]
         b, d_h, d_z = len(rows), p.d_h, p.d_z
-        answers = self.encode(handle, rows, observed, train, prefetch)
+        answers = self.encode(handle, rows, observed, train, prefetch, predict=row_seeds is not None)
         avail = observed.copy()
         avail[:, [k for k in range(observed.shape[1]) if k not in answers]] = False
         st = Pass(rows=rows, observed=observed, avail=avail, h=torch.empty(0), log_w=torch.empty(0),
                   eps=torch.empty(0), mean_h=torch.empty(0), logvar_h=torch.empty(0), mean_leaf=torch.empty(0),
-                  logvar_leaf=torch.empty(0))
+                  logvar_leaf=torch.empty(0), seeds=row_seeds)
         for k in range(observed.shape[1]):
             st.held[k], st.missing[k] = np.flatnonzero(observed[:, k]), np.flatnonzero(~observed[:, k])
         self._fuse(st, answers, train)
-        st.eps = latent_noise(noise_seed, (n_samples, b, d_h), self.side.device_)  # the parties' draw too
-        eps_z = self.side.draw_noise(after_latent_noise(noise_seed, (n_samples, b, d_h)), (n_samples, b, d_z))
+        if row_seeds is None:
+            st.eps = latent_noise(noise_seed, (n_samples, b, d_h), self.side.device_)  # the parties' draw too
+            eps_z = self.side.draw_noise(after_latent_noise(noise_seed, (n_samples, b, d_h)), (n_samples, b, d_z))
+        else:
+            st.eps, eps_z = (to_device(t, self.side.device_) for t in row_latent_noise(row_seeds, n_samples, d_h, d_z))
         if p.wire == "bound":  # each row's noise: a hash of the mean and scale it is sent with (the parties' own draw)
-            st.eps = bound_noise(noise_seed, torch.arange(b), st.mean_leaf.detach().to(dtype).cpu(),
-                                 torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype).cpu(),
-                                 n_samples).to(st.mean_leaf.device)
+            mean = st.mean_leaf.detach().to(dtype).cpu()
+            scale = torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype).cpu()
+            st.eps = (bound_noise(noise_seed, torch.arange(b), mean, scale, n_samples) if row_seeds is None
+                      else row_bound_noise(row_seeds, mean, scale, n_samples)).to(st.mean_leaf.device)
         if p.wire != "samples" and dtype != torch.float32:
             mean = _straight_through(st.mean_leaf, dtype)
             st.h = mean + _straight_through(torch.exp(0.5 * st.logvar_leaf), dtype) * st.eps
         else:
             st.h = _straight_through(reparameterize(st.mean_leaf, st.logvar_leaf, st.eps), dtype)
         requests = self._decode_requests(st, answers, train, noise_seed)
-        next_requests, next_prefetch = _next_encodes(view, requests, handle, next_rows, train=False)
+        next_requests, next_prefetch = _next_encodes(view, requests, handle, next_rows, train=False,
+                                                     predict=row_seeds is not None)
         replies = self.transport.call_many({**next_requests, **requests}, tolerate=True)
         if next_prefetch is not None:
             next_prefetch.replies = _posteriors(replies)
@@ -235,9 +248,12 @@ class Rounds:
                 tensors = {"h": h[:, st.held[k]]} if held else {}
                 if lacks:
                     tensors["h_mis"] = h[:, st.missing[k]]
+                    if st.seeds is not None:  # II: the party's draws of x^k for the rows it lacks
+                        tensors["seed_mis"] = torch.as_tensor(st.seeds[st.missing[k]], dtype=torch.int64)
                 if tensors:
                     requests[k] = Request("decode", tensors, {"train": train,
-                                                              "noise_seed": derive_seed(noise_seed, "party", k)})
+                                                              "noise_seed": derive_seed(noise_seed, "party", k),
+                                                              **({"predict": True} if st.seeds is not None else {})})
             return requests
         pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
                   for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
@@ -245,13 +261,15 @@ class Rounds:
         mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
         scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
         meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows),
-                "samples": int(st.eps.shape[0])}
+                "samples": int(st.eps.shape[0]), **({"predict": True} if st.seeds is not None else {})}
         start = 0
         for k, suffix, idx in pieces:
             n = len(idx)
             tensors = requests.setdefault(k, Request("decode", {}, dict(meta))).tensors
             tensors.update({f"mean{suffix}": mean[start:start + n], f"scale{suffix}": scale[start:start + n],
                             f"pos{suffix}": torch.as_tensor(idx, dtype=torch.int64)})
+            if st.seeds is not None:
+                tensors[f"seed{suffix}"] = torch.as_tensor(st.seeds[idx], dtype=torch.int64)
             start += n
         return requests
 
@@ -275,7 +293,9 @@ class Rounds:
                         else total)
         st.decoded = set(replies)
         global_encoder, global_decoder = self.side.latent_modules()
-        latent = (_LATENT if self.side.compile else latent_log_weights)(
+        if st.seeds is not None:  # prediction: each row's floats whatever its batch (.rowwise)
+            global_encoder, global_decoder = RowBlocks(global_encoder), RowBlocks(global_decoder)
+        latent = (_LATENT if self.side.compile and st.seeds is None else latent_log_weights)(
             st.h, st.mean_leaf, st.logvar_leaf, global_encoder, global_decoder, eps_z,
             tuple(self.settings.encoder_logvar_range))
         return sums[0] + sums[1] + latent
@@ -325,8 +345,9 @@ def _posteriors(replies: dict) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: str, next_rows: np.ndarray | None,
-                  *, train: bool) -> tuple[dict[int, Request], Prefetch | None]:
-    """Attach the next batch's rows to this round's messages (``next_rows``), or add an ``encode`` for them."""
+                  *, train: bool, predict: bool = False) -> tuple[dict[int, Request], Prefetch | None]:
+    """Attach the next batch's rows to this round's messages (``next_rows``), or add an ``encode`` for them
+    (``predict``: the encode of a prediction, :mod:`.rowwise`)."""
     if next_rows is None or len(next_rows) == 0:
         return {}, None
     next_rows = np.asarray(next_rows, dtype=np.int64)
@@ -339,8 +360,11 @@ def _next_encodes(view: CoordinatorView, requests: dict[int, Request], handle: s
         if k in requests:
             requests[k].tensors["next_rows"] = mine
             requests[k].meta["data"] = handle
+            if predict:
+                requests[k].meta["predict"] = True
         else:
-            extra[k] = Request("encode", {"rows": mine}, {"data": handle, "train": train})
+            extra[k] = Request("encode", {"rows": mine}, {"data": handle, "train": train,
+                                                         **({"predict": True} if predict else {})})
     return extra, Prefetch(handle, next_rows)
 
 

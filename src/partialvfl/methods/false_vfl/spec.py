@@ -62,7 +62,8 @@ def _paper(dataset: str) -> dict[str, Any]:
 
 PARAMS = ParamSpace(
     (
-        Param("d_h", 32, "int", "width of the party-level latent h (each party's posterior q_k(h|x^k))", low=1),
+        Param("d_h", 32, "int", "width of the party-level latent h (each party's posterior q_k(h|x^k))", low=1,
+              width=True),
         Param("d_z", 16, "int", "width of the global latent z", low=1),
         Param("encoder", "auto", "str", "party encoders gamma_c^k: auto (mlp for tabular blocks, cnn for image "
               "pieces), mlp, cnn or resnet18", choices=ENCODERS, aliases=("encoder_arch",)),

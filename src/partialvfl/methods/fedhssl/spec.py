@@ -43,7 +43,7 @@ def _fedhssl_paper(dataset: str) -> dict[str, Any]:
 
 
 FEDHSSL_PARAMS = ParamSpace((
-    Param("latent_dim", 64, "int", "width of each party's encoders' output", low=1),
+    Param("latent_dim", 64, "int", "width of each party's encoders' output", low=1, width=True),
     Param("encoder", "auto", "str", "party encoders: auto (mlp for tabular blocks, cnn for image pieces), mlp, cnn "
           "or resnet18", choices=ENCODERS),
     Param("encoder_hidden", [128, 128], "ints", "hidden widths of MLP encoders (the local model splits after the "
@@ -69,7 +69,7 @@ FEDHSSL_PARAMS = ParamSpace((
     Param("guidance_weight", 0.5, "float", "weight of the cross-party guidance of local SSL", low=0),
     Param("aggregate", "top+head", "str", "what partial model aggregation averages: the local top encoders, or "
           "those with their SimSiam heads", choices=("top", "top+head")),
-    Param("proj_dim", 128, "int", "SimSiam projection width", low=1),
+    Param("proj_dim", 128, "int", "SimSiam projection width", low=1, width=True),
     Param("proj_hidden", 128, "int", "SimSiam projector hidden width", low=1),
     Param("pred_hidden", 32, "int", "SimSiam predictor hidden width", low=1),
     Param("pretrain_corruption", 0.3, "float", "tabular augmentation: share of entries replaced from the party's "

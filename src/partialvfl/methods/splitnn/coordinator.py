@@ -22,8 +22,8 @@ representations, their gradients, row positions and scalars cross.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ class SplitNNMethod(VFLMethod):
     Subclasses define ``name``, ``_model_names(k)`` (the representation models party k holds), ``_build_heads()``,
     ``_training_rows(view)``, ``_train_step(view, handle, rows, rng)`` (returns the loss) and ``_predict``.
     """
+
+    parallel_inference: ClassVar[bool] = True  # one inference round (IDs in, representations out), nothing kept
 
     party_program = "splitnn/party"
     supports_privacy = True
@@ -300,8 +302,16 @@ class SplitNNMethod(VFLMethod):
         for start in range(0, len(rows), bs):
             yield rows[start:start + bs]
 
-    def _vote_rng(self) -> np.random.Generator:
-        return np.random.default_rng(derive_seed(self.seed, "predict", self.name))
+    def _row_draws(self, view: CoordinatorView, rows: np.ndarray, purpose: str,
+                   draw: Callable[[np.random.Generator, int], np.ndarray]) -> np.ndarray:
+        """A prediction's random choices for ``rows`` (a tie-break, a guess): ``draw(generator, n)`` gives ``n``
+        rows' worth.  Each row's from a generator of its own seed (the model's seed and its ID, :meth:`_row_seeds`);
+        while a fit validates, all rows' from one generator of the method's seed, as before per-row seeds."""
+        seeds = self._row_seeds(view, rows, self.name, purpose)
+        if seeds is None:
+            return draw(np.random.default_rng(derive_seed(self.seed, "predict", self.name)), len(rows))
+        parts = [draw(np.random.default_rng(int(s)), 1) for s in seeds]
+        return np.concatenate(parts) if parts else draw(np.random.default_rng(0), 0)
 
     # ------------------------------------------------------------------ persistence of the active party's part
     def _coordinator_modules(self) -> dict[str, nn.Module]:

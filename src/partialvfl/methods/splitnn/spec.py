@@ -54,7 +54,7 @@ ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 OPTIMIZERS = ("adam", "sgd")
 
 SPLIT_PARAMS = ParamSpace((
-    Param("latent_dim", 64, "int", "width of each party's representation f_k(x_k)", low=1),
+    Param("latent_dim", 64, "int", "width of each party's representation f_k(x_k)", low=1, width=True),
     Param("encoder", "auto", "str", "party encoders: auto (mlp for tabular blocks, cnn for image pieces), mlp, cnn "
           "or resnet18", choices=ENCODERS),
     Param("encoder_hidden", [128, 128], "ints", "hidden widths of MLP party encoders"),

@@ -37,7 +37,8 @@ def _xvfl_paper(dataset: str) -> dict[str, Any]:
 
 
 XVFL_PARAMS = ParamSpace((
-    Param("latent_dim", 64, "int", "width of each party's embedding E_k = f_k(x_k)", low=1, aliases=("embed_dim",)),
+    Param("latent_dim", 64, "int", "width of each party's embedding E_k = f_k(x_k)", low=1, width=True,
+          aliases=("embed_dim",)),
     Param("encoder", "auto", "str", "bottom models f_k: auto (mlp for tabular blocks, cnn for image pieces), mlp, "
           "cnn or resnet18", choices=ENCODERS),
     Param("encoder_hidden", [128], "ints", "hidden widths of MLP bottom models"),
