@@ -25,7 +25,7 @@ in-process p99), every figure of one run.
     python benchmarks/serve_load.py --methods laser-vfl --seconds 3          # a quick look
     # another version's service (its own checkout and Python) under the same load generator, beside the floor:
     python benchmarks/serve_load.py --methods laser-vfl --cases floor in-process \
-        --service-root /work/main --service-python /work/main/.venv/bin/python
+        --service-root ../old-checkout --service-python ../old-checkout/.venv/bin/python
 """
 
 from __future__ import annotations

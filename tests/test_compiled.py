@@ -51,5 +51,8 @@ def test_compiled_steps_give_the_eager_results(name: str, data, monkeypatch) -> 
     eager = get_method(name)("fast", seed=3, **TINY[name]).fit(train)
     fast = get_method(name)("fast", seed=3, compile=True, **TINY[name]).fit(train)
     assert not compiled_module.compile_failures(), compiled_module.compile_failures()
+    # FALSE-VFL keys each row's prediction draws by the exact bits of the label side's weights (a secret the parties
+    # lack); compiled and eager weights agree to float rounding, not bit for bit, so compare them under the same draws
+    fast._label_side_digest = eager._label_side_digest
     np.testing.assert_allclose(fast.predict_proba(test), eager.predict_proba(test), rtol=1e-4, atol=1e-5)
     assert [h["stage"] for h in fast.history_] == [h["stage"] for h in eager.history_]

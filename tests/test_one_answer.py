@@ -55,7 +55,9 @@ TOLERANCE = ULPS * float(np.finfo(np.float32).eps)
 
 
 def test_every_method_is_checked() -> None:
-    assert {m for m, _, _ in MODELS.values()} == set(method_names())
+    # the package's methods (other test modules register toy methods in the same process)
+    package = {n for n in method_names() if get_method(n).__module__.startswith("partialvfl.")}
+    assert {m for m, _, _ in MODELS.values()} == package
 
 
 @pytest.fixture(scope="module")

@@ -153,7 +153,9 @@ def test_early_stopping_restores_the_best_checked_state(name: str, train) -> Non
     if result["stopped_epoch"] is not None:
         assert result["stopped_epoch"] - best == plan.patience * result["check_every"]
     # the restored model scores what the best check scored: coordinator and parties were rolled back
+    model._validating = True  # FALSE-VFL: the validation's own draws (per batch), not a prediction's per-row ones
     probs = model.predict_proba(train.subset(plan.rows))
+    model._validating = False
     acc, neg_loss = validation_score(probs, train.y[plan.rows], True)
     assert acc == pytest.approx(checks[best]["val_score"])
     assert -neg_loss == pytest.approx(checks[best]["val_loss"], rel=1e-5, abs=1e-6)

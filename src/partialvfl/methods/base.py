@@ -329,6 +329,9 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         for name, module in sorted(self._coordinator_modules().items()):
             for key, value in sorted(module.state_dict().items()):
                 digest.update(f"{name}.{key}".encode())
+                if value.is_meta:  # no data to hash (the meta device runs shapes only): its shape stands in
+                    digest.update(repr((tuple(value.shape), str(value.dtype))).encode())
+                    continue
                 digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return digest.digest()
 

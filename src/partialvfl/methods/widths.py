@@ -18,12 +18,11 @@ from partialvfl.federation.policy import PartyPolicy, PolicyViolation
 
 if TYPE_CHECKING:
     from partialvfl.federation.coordinator import Federation
-    from partialvfl.methods.base import VFLMethod
 
 __all__ = ["fit_widths"]
 
 
-def fit_widths(method: VFLMethod, federation: Federation) -> str | None:
+def fit_widths(method: Any, federation: Federation) -> str | None:  # a VFLMethod (base imports this module)
     """Narrow ``method.params_``'s free width parameters to every party's announced caps; one line saying what
     was chosen and why (``None``: nothing changed)."""
     caps = [PartyPolicy.width_caps(a) for a in federation.announced_policies()]
@@ -59,7 +58,7 @@ def fit_widths(method: VFLMethod, federation: Federation) -> str | None:
             f"features; --param {', '.join(before)} asks for other widths)")
 
 
-def _first_refusal(method: VFLMethod, describe: Any, caps: list[PartyPolicy]) -> tuple[int, PolicyViolation] | None:
+def _first_refusal(method: Any, describe: Any, caps: list[PartyPolicy]) -> tuple[int, PolicyViolation] | None:
     """The first party whose announced width caps refuse the setup ``method`` would now ask of it."""
     for k, cap in enumerate(caps):
         try:
