@@ -30,6 +30,8 @@ from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import VFLMethod
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 
+pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
+
 PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed

@@ -170,6 +170,7 @@ def test_the_grace_a_stopping_party_gives_its_calls_is_short() -> None:
     assert grpc_party.STOP_GRACE_SECONDS <= 0.5
 
 
+@pytest.mark.slow
 def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigterm(tmp_path: Path) -> None:
     from partialvfl.federation.grpc_federation import GrpcFederation
 

@@ -36,6 +36,8 @@ from partialvfl.serving.federated import FederationPredictor  # noqa: E402
 from test_serving import Service  # noqa: E402
 from test_serving_federated import fit_across  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
+
 PARTIES = ("bank", "shop", "telco")
 DELAY = 6.0  # seconds the telco's requests are held back
 DEADLINE_MS = 3000  # the late batch's deadline: far below the delay, far above an on-time batch

@@ -31,6 +31,8 @@ from partialvfl.serving.federated import FederationPredictor  # noqa: E402
 from test_serving import Service  # noqa: E402
 from test_serving_federated import fit_across  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
+
 PARTIES = ("bank", "shop", "telco")
 SET = "new-users"
 

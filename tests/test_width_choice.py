@@ -84,6 +84,7 @@ def test_the_narrowest_party_sets_the_one_width_of_every_party() -> None:
     assert [method._party_config(k)["latent_dim"] for k in range(len(DIMS))] == [12, 12]
 
 
+@pytest.mark.slow
 def test_over_grpc_a_6_column_party_on_the_default_policy_joins_laser_vfl_and_false_vfl(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Real party processes, each on the default policy (no ``[policy]`` table but a pinned seed), announce their caps
