@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the example's three parties, the label holder first
+PARTIES = ("bank", "shop", "telco")
 
 
 def write_example(directory: Path, *, seed: int, n_train: int, n_new: int) -> Path:
@@ -16,3 +19,8 @@ def write_example(directory: Path, *, seed: int, n_train: int, n_new: int) -> Pa
     spec.loader.exec_module(module)
     module.write(directory, seed=seed, n_train=n_train, n_new=n_new)
     return directory
+
+
+def table_paths(directory: Path, folder: str = "train", parties: Iterable[str] = PARTIES) -> dict[str, Path]:
+    """Each party's table of one of the example's folders (train/, new/, outcomes/): ``{party: path}``."""
+    return {p: Path(directory) / folder / f"{p}.csv" for p in parties}

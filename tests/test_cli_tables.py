@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, write_example
 from partialvfl.cli import build_parser, main
 from partialvfl.cli.common import MECHANISMS, SPLITTERS
 from partialvfl.data.mechanisms import parse_mechanism
@@ -21,7 +21,6 @@ from partialvfl.data.splitters import parse_splitter
 from partialvfl.federation.grpc_federation import LabelSource, load_federation_config, read_labels
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTIES = ("bank", "shop", "telco")
 
 
 @pytest.fixture(scope="module")

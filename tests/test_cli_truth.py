@@ -11,10 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, write_example
 from partialvfl.cli import main
 
-PARTIES = ("bank", "shop", "telco")
 FIT = ["--id", "customer_id", "--label", "defaulted", "--active", "bank", "--epochs", "3", "--seed", "0", "--quiet"]
 
 

@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, table_paths, write_example
+from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -32,9 +33,7 @@ from partialvfl.orchestration.predict import PredictOptions, run_predict
 
 pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
 
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 TABLE_SET = "new-users"
 
 
@@ -44,7 +43,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_tables(d: Path) -> dict[str, Path]:
-    return {p: d / "train" / f"{p}.csv" for p in PARTIES}
+    return table_paths(d)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +166,7 @@ def test_fit_order_of_takes_the_federated_fits_party_order(deployment: LocalDepl
             "shop, bank, telco)") in capsys.readouterr().err
     local = VFLMethod.load(keyed)
     assert local.index_.party_names == ("bank", "shop", "telco")
-    data = from_tables({p: example / "train" / f"{p}.csv" for p in ("telco", "shop", "bank")}, **KW)
+    data = from_tables(table_paths(example, parties=("telco", "shop", "bank")), **KW)
     p_local = local.predict_proba(data)
     fed = predicted(deployment, laser, [[str(i) for i in data.ids]], table=None)
     p_fed = np.stack([fed[str(i)] for i in data.ids])

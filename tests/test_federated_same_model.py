@@ -22,14 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from example_tables import write_example
+from example_tables import table_paths, write_example
 from helpers import PATIENCE
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 SEED = 0
 #: one method per family, trained briefly (FALSE-VFL's old difference showed from its first step)
@@ -43,7 +42,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 
 def train_tables(d: Path) -> dict[str, Path]:
-    return {p: d / "train" / f"{p}.csv" for p in PARTIES}
+    return table_paths(d)
 
 
 @pytest.fixture(scope="module")

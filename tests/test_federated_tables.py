@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import table_paths, write_example
 from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
@@ -20,7 +20,6 @@ from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 PARAMS = {"epochs": 4}
 
@@ -31,7 +30,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_tables(d: Path) -> dict[str, Path]:
-    return {p: d / "train" / f"{p}.csv" for p in PARTIES}
+    return table_paths(d)
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from example_tables import write_example
+from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.methods import get_method, method_names
 
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 SHORT = {"pretrain_epochs": 2, "epochs": 1}
 #: every method, FALSE-VFL under each wire protocol; value: (method, parameters, bitwise in any request)
@@ -67,13 +66,13 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def new(example: Path) -> Any:
-    return from_tables({p: example / "new" / f"{p}.csv" for p in PARTIES}, id_column="customer_id",
+    return from_tables(table_paths(example, "new"), id_column="customer_id",
                        active_party="bank")
 
 
 @pytest.fixture(scope="module")
 def fitted(example: Path) -> Iterator[dict[str, Any]]:
-    train = from_tables({p: example / "train" / f"{p}.csv" for p in PARTIES}, **KW)
+    train = from_tables(table_paths(example), **KW)
     yield {key: get_method(name)("fast", seed=0, **params).fit(train) for key, (name, params, _) in MODELS.items()}
 
 
@@ -146,8 +145,7 @@ def test_the_service_answers_what_predict_and_evaluate_do(key: str, fitted: dict
     whole = dict(zip(map(str, new.ids), fitted[key].predict_proba(new)))
     for i, row in pred.iterrows():
         assert np.array_equal(row[["p_0", "p_1"]].to_numpy(dtype=float), whole[str(i)]), i
-    service = Service(create_app(TablePredictor(model_dir, {p: example / "new" / f"{p}.csv" for p in PARTIES}),
-                                 ServiceConfig()))
+    service = Service(create_app(TablePredictor(model_dir, table_paths(example, "new")), ServiceConfig()))
     try:
         ids = list(whole)
         rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from example_tables import write_example
+from example_tables import PARTIES, write_example
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.data.preprocessing import ColumnScaler
@@ -23,7 +23,6 @@ from partialvfl.methods import VFLMethod, get_method
 from partialvfl.methods.registry import load_specs
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 
 

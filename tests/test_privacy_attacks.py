@@ -14,13 +14,12 @@ the party programs' runtimes recorded (nothing on the wire changes), determinist
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from example_tables import write_example
+from example_tables import table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.coordinator import LocalFederation
 from partialvfl.methods import get_method
@@ -43,8 +42,7 @@ BUDGET = {"shop": (8.0, 1e-5), "telco": (8.0, 1e-5)}
 @pytest.fixture(scope="module")
 def train(tmp_path_factory):  # noqa: ANN001, ANN201
     d = write_example(tmp_path_factory.mktemp("own-data"), seed=0, n_train=1500, n_new=10)
-    return from_tables({p: Path(d, "train", f"{p}.csv") for p in ("bank", "shop", "telco")},
-                       id_column="customer_id", label_column="defaulted", active_party="bank")
+    return from_tables(table_paths(d), id_column="customer_id", label_column="defaulted", active_party="bank")
 
 
 def recorded_fit(train, method: str, **kw):  # noqa: ANN001, ANN201

@@ -9,10 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, write_example
 from partialvfl.cli import main
-
-PARTIES = ("bank", "shop", "telco")
 
 
 @pytest.fixture(scope="module")

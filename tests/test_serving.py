@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.methods import get_method
 
@@ -29,7 +29,6 @@ from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402
 from partialvfl.serving.batcher import Job, MicroBatcher  # noqa: E402
 from partialvfl.serving.predictors import BatchOutcome, TablePredictor  # noqa: E402
 
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 TOKEN = "s3cret-token-of-the-test-0123456789"
 
@@ -74,14 +73,14 @@ class Service:
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = write_example(tmp_path_factory.mktemp("example"), seed=5, n_train=300, n_new=40)
-    train = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, **KW)
+    train = from_tables(table_paths(d), **KW)
     for seed in (0, 1):
         get_method("laser-vfl")("fast", seed=seed, epochs=2).fit(train).save(d / f"model-{seed}")
     return d
 
 
 def new_tables(d: Path) -> dict[str, Path]:
-    return {p: d / "new" / f"{p}.csv" for p in PARTIES}
+    return table_paths(d, "new")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.delay_proxy import DelayProxy
 from partialvfl.federation.grpc_local import LocalDeployment
@@ -27,7 +27,6 @@ from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402
 from partialvfl.serving.federated import FederationPredictor  # noqa: E402
 from test_serving import Service  # noqa: E402
 
-PARTIES = ("bank", "shop", "telco")
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 DELAY = 6.0  # seconds the slow party's requests are held back
 DEADLINE_MS = 1500  # far below the delay
@@ -36,7 +35,7 @@ DEADLINE_MS = 1500  # far below the delay
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path, DelayProxy]]:
     d = write_example(tmp_path_factory.mktemp("example"), seed=7, n_train=300, n_new=20)
-    data = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, **KW)
+    data = from_tables(table_paths(d), **KW)
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0)
     try:
         dep.start()

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from example_tables import write_example
+from example_tables import table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.delay_proxy import DelayProxy
 from partialvfl.federation.grpc_limits import Refused
@@ -38,7 +38,6 @@ from test_serving_federated import fit_across  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
 
-PARTIES = ("bank", "shop", "telco")
 DELAY = 6.0  # seconds the telco's requests are held back
 DEADLINE_MS = 3000  # the late batch's deadline: far below the delay, far above an on-time batch
 
@@ -46,7 +45,7 @@ DEADLINE_MS = 3000  # the late batch's deadline: far below the delay, far above 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path, DelayProxy, dict]]:
     d = write_example(tmp_path_factory.mktemp("example"), seed=13, n_train=300, n_new=10)
-    train = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, id_column="customer_id",
+    train = from_tables(table_paths(d), id_column="customer_id",
                         label_column="defaulted", active_party="bank")
     # the research policy, with a lookup budget: the keyed parties keep a ledger of every lookup
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), train, deadline=120.0, start_timeout=600.0,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from example_tables import write_example
+from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
 from partialvfl.federation.grpc_local import LocalDeployment
 from partialvfl.federation.grpc_transport import PartyError
@@ -33,16 +33,15 @@ from test_serving_federated import fit_across  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
 
-PARTIES = ("bank", "shop", "telco")
 SET = "new-users"
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path, dict]]:
     d = write_example(tmp_path_factory.mktemp("example"), seed=11, n_train=300, n_new=30)
-    train = from_tables({p: d / "train" / f"{p}.csv" for p in PARTIES}, id_column="customer_id",
+    train = from_tables(table_paths(d), id_column="customer_id",
                         label_column="defaulted", active_party="bank")
-    new = from_tables({p: d / "new" / f"{p}.csv" for p in PARTIES}, id_column="customer_id", active_party="bank")
+    new = from_tables(table_paths(d, "new"), id_column="customer_id", active_party="bank")
     new = dataclasses.replace(new, task=train.task)  # no labels: the deployment writes an empty label table
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), train, deadline=120.0, start_timeout=600.0,
                           predict={SET: new})
