@@ -40,7 +40,7 @@ def child(entry: str, compile_: bool, threads: int, device: str, precision: str 
     import torch
 
     torch.set_num_threads(threads)
-    from partialvfl.bench.grid import load_grid
+    from partialvfl.bench.grid_file import load_grid
     from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
     from partialvfl.methods import evaluate, get_method
 

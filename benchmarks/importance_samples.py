@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.bench.grid import load_grid
+from partialvfl.bench.grid_file import load_grid
 from partialvfl.bench.tables import md_table
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS as TEST_MECHANISMS
 from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from partialvfl.bench.aggregate import is_validation
 from partialvfl.bench.cell import variant_of
-from partialvfl.bench.grid import GridError, load_grid, parse_grid, shipped_grids
+from partialvfl.bench.grid import GridError
+from partialvfl.bench.grid_file import load_grid, parse_grid, shipped_grids
 from partialvfl.bench.paper_results import PAPER_RATIOS, PAPER_RESULTS, paper_accuracy, paper_ratio
 from partialvfl.bench.report import (
     aggregate,

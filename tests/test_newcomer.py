@@ -186,7 +186,7 @@ def test_coinciding_lines_stay_visible_in_the_figures() -> None:
 
 
 def test_docs_state_the_smoke_grids_true_counts() -> None:
-    from partialvfl.bench.grid import load_grid
+    from partialvfl.bench.grid_file import load_grid
 
     grid = load_grid("smoke")
     fits, rows = len(grid.cells()), grid.n_rows

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from partialvfl.bench.grid import GridError, parse_grid
+from partialvfl.bench.grid import GridError
+from partialvfl.bench.grid_file import parse_grid
 from partialvfl.bench.report import write_report
 from partialvfl.bench.runner import run_grid
 from partialvfl.bench.store import ResultStore

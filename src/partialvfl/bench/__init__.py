@@ -1,6 +1,7 @@
 """Layer 5: experiment grids, a resumable results store, parallel runs and paper-layout reports.
 
-* :mod:`.grid`: grid files (TOML) and their expansion into cells (one fit each);
+* :mod:`.grid`: a grid and its expansion into cells (one fit each); :mod:`.grid_file`: reading and checking grid
+  files (TOML, YAML);
 * :mod:`.store`: the SQLite results store;
 * :mod:`.cell`: one fit of a grid and its evaluation on every test mechanism (what every executor runs);
 * :mod:`.runner`: runs a grid, resumable and parallel (:mod:`.ray_executor` for Ray clusters);
@@ -10,7 +11,8 @@
 The ``bench`` and ``report`` commands are in :mod:`partialvfl.cli.bench`.
 """
 
-from partialvfl.bench.grid import Grid, load_grid
+from partialvfl.bench.grid import Grid
+from partialvfl.bench.grid_file import load_grid
 from partialvfl.bench.store import ResultStore
 
 __all__ = ["Grid", "ResultStore", "load_grid", "run_grid", "write_report"]

@@ -31,7 +31,8 @@ from typing import Any
 
 from partialvfl.bench.cell import CellResult, Notify, import_modules, run_cell
 from partialvfl.bench.gpus import plan_workers, ray_resources
-from partialvfl.bench.grid import Cell, Grid, check_methods, load_grid, tuning_candidates
+from partialvfl.bench.grid import Cell, Grid, tuning_candidates
+from partialvfl.bench.grid_file import check_methods, load_grid
 from partialvfl.bench.store import ResultStore, code_version
 from partialvfl.bench.tuning import choose
 from partialvfl.utils.threads import available_cores, configure_openmp, resolve_threads, thread_budget

@@ -31,7 +31,7 @@ from typing import Any
 
 __all__ = ["TUNING_KEYS", "Tuning", "candidate_overrides", "choice_key", "choose"]
 
-#: the keys of a grid's ``[tuning]`` table (parsed by :mod:`partialvfl.bench.grid`)
+#: the keys of a grid's ``[tuning]`` table (parsed by :mod:`partialvfl.bench.grid_file`)
 TUNING_KEYS = {"lr", "min_steps", "tune_on"}
 
 
