@@ -45,6 +45,15 @@ META, CPU = torch.device("meta"), torch.device("cpu")
 #: (coordinator, parties): both on meta, then each alone with the other on the CPU
 PLACEMENTS = [("meta", "meta"), ("meta", "cpu"), ("cpu", "meta")]
 HAS_CUDA = torch.cuda.is_available()
+#: the meta-device check fits with TINY's parameters in batches of half the training rows: a meta operation costs
+#: the same whatever its size (torch's meta kernels: Python, ~0.5 ms each), so a fit costs its number of steps, and
+#: two batches an epoch (a full one and the rest) still run every stage, every epoch and every kind of step
+META_BATCH = 48
+
+
+def meta_params(name: str) -> dict:
+    """TINY's parameters of ``name`` with every batch size :data:`META_BATCH`."""
+    return {k: META_BATCH if k.endswith("batch_size") else v for k, v in TINY[name].items()}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +70,7 @@ def fit_on(name: str, data, coordinator: str, parties: str, **params) -> tuple[V
     fed = LocalFederation.for_dataset(data, device=parties)
     with warnings.catch_warnings(), strict_devices():  # loading CPU placeholders into meta modules: a no-op
         warnings.simplefilter("ignore", UserWarning)
-        model = get_method(name)("fast", seed=3, device=coordinator, **{**TINY[name], **params}).fit(
+        model = get_method(name)("fast", seed=3, device=coordinator, **{**meta_params(name), **params}).fit(
             data, federation=fed)
     return model, fed
 
