@@ -2,6 +2,8 @@
 collected first, so that the full suite's parallel workers (README: running the tests) end together."""
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -35,3 +37,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (a stable sort: the tests of one module keep their order)."""
     rank = {name: i for i, name in enumerate(COSTLIEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def tiny_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Party processes whose tables hold :func:`helpers.tiny_train`'s and :func:`helpers.tiny_test`'s rows, started
+    once per test process for the modules that fit the tiny models over gRPC (test_contract, test_schedule: with
+    ``--dist loadfile`` a worker that runs both starts one deployment, not two).  Each fit is a session of its own
+    and keeps its state under its own model directory; no test stops or restarts these parties."""
+    from helpers import PATIENCE, tiny_test, tiny_train
+    from partialvfl.federation.grpc_local import LocalDeployment
+
+    with LocalDeployment(tmp_path_factory.mktemp("tiny"), tiny_train(), extra=(tiny_test(),), deadline=PATIENCE,
+                         start_timeout=600.0) as dep:
+        dep.start()
+        yield dep

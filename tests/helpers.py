@@ -27,3 +27,13 @@ def make_data(n: int, seed: int, prefix: str) -> VerticalDataset:
     return VerticalDataset(blocks, obs, ids=[f"{prefix}{i:03d}" for i in range(n)], y=y, labeled=labeled,
                            task=Task.classification(["a", "b", "c"]), active_party=1,
                            party_names=["bank", "shop", "telco"])
+
+
+def tiny_train() -> VerticalDataset:
+    """The tiny fits' training data (test_contract, test_schedule, and conftest.py's ``tiny_deployment``)."""
+    return make_data(48, seed=0, prefix="tr")
+
+
+def tiny_test() -> VerticalDataset:
+    """The tiny fits' test data (in each party's table of ``tiny_deployment`` beside its training rows)."""
+    return make_data(24, seed=1, prefix="te")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import PATIENCE, make_data
+from helpers import PATIENCE, tiny_test, tiny_train
 from partialvfl import VerticalDataset
 from partialvfl.federation import MessageLog, TensorSpec, find_raw_feature_leaks, tensor_names
 from partialvfl.federation.checkpoint import Checkpointer
@@ -72,12 +72,12 @@ def tiny(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def train() -> VerticalDataset:
-    return make_data(48, seed=0, prefix="tr")
+    return tiny_train()
 
 
 @pytest.fixture(scope="module")
 def test_data() -> VerticalDataset:
-    return make_data(24, seed=1, prefix="te")
+    return tiny_test()
 
 
 @contextmanager
@@ -90,10 +90,10 @@ def running_parties(directory: Path, data: VerticalDataset, extra: tuple[Vertica
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, train, test_data):  # noqa: ANN001, ANN201
-    """One set of party processes for every method: each party's table holds its training and test rows."""
-    with running_parties(tmp_path_factory.mktemp("contract"), train, (test_data,)) as dep:
-        yield dep
+def deployment(tiny_deployment: LocalDeployment) -> LocalDeployment:
+    """One set of party processes for every method (shared with test_schedule: conftest.py's ``tiny_deployment``):
+    each party's table holds its training and test rows."""
+    return tiny_deployment
 
 
 # ---------------------------------------------------------------------- checkpointers that count or crash

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import make_data
+from helpers import tiny_test, tiny_train
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation.checkpoint import Checkpointer
 from partialvfl.methods.base import get_method
@@ -28,7 +28,6 @@ from test_contract import (
     CrashingCheckpointer,
     StepCounter,
     assert_same,
-    running_parties,
     tiny,
 )
 
@@ -39,12 +38,12 @@ STOPPING = {"epochs": 12, "early_stopping": "on", "patience": 2}
 
 @pytest.fixture(scope="module")
 def train() -> VerticalDataset:
-    return make_data(48, seed=0, prefix="tr")
+    return tiny_train()
 
 
 @pytest.fixture(scope="module")
 def test_data() -> VerticalDataset:
-    return make_data(24, seed=1, prefix="te")
+    return tiny_test()
 
 
 def stopping_fit(name: str, data: VerticalDataset, **kw: Any) -> Any:
@@ -207,9 +206,8 @@ GRPC_METHODS = ("laser-vfl", "false-vfl-1")  # parties trained in the stage (the
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, train, test_data):  # noqa: ANN001, ANN201
-    with running_parties(tmp_path_factory.mktemp("schedule"), train, (test_data,)) as dep:
-        yield dep
+def deployment(tiny_deployment):  # noqa: ANN001, ANN201
+    return tiny_deployment  # test_contract's parties (conftest.py): the same tiny tables
 
 
 @pytest.mark.parametrize("name", GRPC_METHODS)
