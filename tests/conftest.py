@@ -1,5 +1,6 @@
-"""Test-wide settings: one torch thread per test process (the suite runs on 2 cores), and the costliest modules
-collected first, so that the full suite's parallel workers (README: running the tests) end together."""
+"""Test-wide settings: one torch thread per test process (the suite runs on 2 cores), the costliest modules
+collected first, so that the full suite's parallel workers (README: running the tests) end together, and the
+fixtures several modules share (one deployment of party processes for the tiny gRPC fits)."""
 
 import os
 from collections.abc import Iterator
@@ -12,14 +13,15 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-#: the modules that cost the most, costliest first (seconds of one worker of `pytest -n 2 --dist loadfile` on the
-#: 2-core AMD VM, 2026-11-28): handed out first, they do not leave one worker running alone at the end. A module
-#: missing here only runs later; the order changes no result (each module has its own fixtures).
+#: the modules that cost the most, costliest first (seconds of one process on the 2-core AMD VM, 2026-11-28, after
+#: the meta-device sweep was made cheaper): handed out first, they do not leave one worker running alone at the end.
+#: A module missing here only runs later; the order changes no result (each module has its own fixtures, or
+#: session-wide ones that no test changes).
 COSTLIEST_MODULES = (
-    "test_devices",  # 172 s
-    "test_own_data_doc",  # 119 s
-    "test_lookup_budget",  # 77 s
-    "test_kill_resume",  # 70 s
+    "test_own_data_doc",  # 143 s
+    "test_devices",  # 70 s (172 s before its meta fits ran in batches of half the rows)
+    "test_kill_resume",  # 65 s
+    "test_lookup_budget",  # 60 s
     "test_party_failure",  # 57 s
     "test_bench",  # 56 s
     "test_alignment",  # 56 s
