@@ -337,6 +337,7 @@ def test_session_order_reproduces_the_federations_order_for_whoever_holds_every_
     assert points_list(coord.id_tokens([ids[i] for i in order]), "t") == union
 
 
+@pytest.mark.slow
 def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(psu_dep: LocalDeployment,
                                                                               tmp_path: Path) -> None:
     from partialvfl.federation.grpc_federation import load_federation_config

@@ -76,6 +76,7 @@ def test_a_compression_bomb_is_refused_in_bounded_memory(tmp_path) -> None:  # n
     check_table_file("party 'bank'", small, "csv")  # an ordinary compressed table passes
 
 
+@pytest.mark.slow
 def test_party_serve_refuses_a_training_table_without_rows(tmp_path) -> None:  # noqa: ANN001
     init_dev_pki(tmp_path, ["bank", "coordinator"])
     (tmp_path / "hmac.key").write_bytes(b"k" * 32)

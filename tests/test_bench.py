@@ -297,6 +297,7 @@ def test_run_records_results_failures_and_skips(tmp_path: Path, dummy_dir: Path)
         assert s.count() == 12
 
 
+@pytest.mark.slow
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path, dummy_dir: Path) -> None:
     grid = _grid_file(tmp_path / "g.toml", seeds="[0, 1, 2]")  # 6 fits
     store = tmp_path / "store"

@@ -134,6 +134,7 @@ def _help(argv: list[str]) -> str:
     return " ".join(proc.stdout.split())
 
 
+@pytest.mark.slow
 def test_help_lists_every_splitter_and_mechanism_the_parsers_know() -> None:
     text = _help(["describe"])
     fills = {"P": "0.5", "K": "1", "K1": "0", "K2": "1", "T": "0.5", "D": "0.1", "B": "0.5", "A": "2", "RxC": "2x2",

@@ -486,6 +486,7 @@ def test_federated_training_matches_in_process_and_leaks_nothing(deployment, dat
     assert sent > 0
 
 
+@pytest.mark.slow
 def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:  # noqa: ANN001
     fed = _fed(deployment)
     try:
@@ -509,6 +510,7 @@ def _unhex(ids: np.ndarray) -> np.ndarray:
     return np.array([np.frombuffer(bytes.fromhex(s), dtype=np.uint8) for s in ids])
 
 
+@pytest.mark.slow
 def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_path) -> None:  # noqa: ANN001
     cfg = load_federation_config(deployment.federation_file)
     rogue = tmp_path / "rogue"
@@ -532,6 +534,7 @@ def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_
     fed.close()
 
 
+@pytest.mark.slow
 def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(deployment, data) -> None:  # noqa: ANN001
     fed = _fed(deployment)
     fed.attach(data, "train")
@@ -626,6 +629,7 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
     assert decode_reply(t._calls[0](chunks(payload), timeout=PATIENCE)).tensors["y"].shape == (4, 2)
 
 
+@pytest.mark.slow
 def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:  # noqa: ANN001
     """Transport.call_many is the one admission path: in process (batched or party by party) and over gRPC, a
     kind sent twice to a party in one round is refused before anything is sent, with the same words."""
@@ -754,6 +758,7 @@ def toy_method():  # noqa: ANN201
     METHODS.pop(ToySplitMethod.name, None)
 
 
+@pytest.mark.slow
 def test_old_checkpoints_are_pruned_at_the_coordinator_and_at_every_party(deployment, data, tmp_path) -> None:  # noqa: ANN001
     """fit --checkpoint-every with FALSE-VFL over gRPC keeps the last two checkpoints, here and on every party's disk.
 
@@ -779,6 +784,7 @@ def test_old_checkpoints_are_pruned_at_the_coordinator_and_at_every_party(deploy
             assert party_dir.is_dir() == kept, (name, step)
 
 
+@pytest.mark.slow
 def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:  # noqa: ANN001
     from partialvfl.cli import main
 
@@ -811,6 +817,7 @@ def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -> None:  # noqa: ANN001
     fed = _fed(deployment, allow_absent=True)
     try:

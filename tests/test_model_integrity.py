@@ -219,6 +219,7 @@ def test_a_swapped_party_file_is_refused(tmp_path: Path) -> None:
         VFLMethod.load(tmp_path / "a")
 
 
+@pytest.mark.slow
 def test_cli_exit_code_2_without_traceback_for_a_missing_model(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "partialvfl", "evaluate", "--model", str(tmp_path / "nothing")],
                           capture_output=True, text=True, timeout=300)

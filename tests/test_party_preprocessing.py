@@ -51,6 +51,7 @@ def by_hand(tables: dict[str, pd.DataFrame], train: dict[str, pd.DataFrame]) -> 
     return out
 
 
+@pytest.mark.slow
 def test_badly_scaled_tables_default_settings_match_hand_standardisation(example: Path) -> None:
     train, new = raw_tables(example, "train"), raw_tables(example, "new")
     assert train["bank"]["income_eur"].std() > 500 and train["shop"]["share_online"].max() <= 0.76
