@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 from sklearn.base import clone
 
+from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.federation import grpc_party
 from partialvfl.methods import get_method, method_names
@@ -27,7 +28,6 @@ from partialvfl.orchestration.predict import PriorOnlyRows
 from partialvfl.serving.predictors import FeatureError, _Base
 
 ROOT = Path(__file__).resolve().parents[1]
-PATIENCE = 300.0  # seconds: a loaded machine is slow, and no test here depends on its speed
 
 
 # ---------------------------------------------------------------------- IDs printed as text

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import LocalFederation, MessageLog
@@ -23,7 +24,6 @@ from partialvfl.federation.policy import PartyPolicy
 from partialvfl.methods import get_method
 
 DIMS = (16, 6)  # the label holder's 16 columns and a party with 6
-PATIENCE = 300.0  # seconds per call: a loaded machine is slow, and no test here depends on its speed
 
 
 def make_data(n: int = 60, seed: int = 0) -> VerticalDataset:
