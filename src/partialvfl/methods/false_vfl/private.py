@@ -14,8 +14,7 @@ Only variant I (II's missing-indicator terms mix the rows a party lacks into its
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.func import functional_call
@@ -25,17 +24,20 @@ from partialvfl.methods.false_vfl.formulas import split_gaussian
 from partialvfl.nn.per_sample import flat_per_row, per_row_gradients
 from partialvfl.nn.stats import gaussian_log_prob
 
+if TYPE_CHECKING:
+    from partialvfl.methods.false_vfl.party import FalseVFLSetup
+
 __all__ = ["clip_loglik", "clip_posterior", "private_refusal", "private_update"]
 
 
-def private_refusal(config: Mapping[str, Any]) -> str | None:
+def private_refusal(config: FalseVFLSetup) -> str | None:
     """Why a FALSE-VFL config cannot run under a budget (``None``: it can)."""
-    if int(config.get("variant", 1)) != 1:
+    if config.variant != 1:
         return ("FALSE-VFL-II cannot be trained under it (its missing-indicator terms mix the rows the party lacks "
                 "into its update): use false-vfl-1")
-    if str(config.get("wire_dtype", "float32")) != "float32":
+    if config.wire_dtype != "float32":
         return "only the float32 wire is supported under it (wire_dtype=float32)"
-    if str(config.get("encoder", "auto")) == "resnet18":
+    if config.encoder == "resnet18":
         return "a resnet18 encoder (batch normalisation mixes the rows of a batch) cannot be trained under it"
     return None
 
