@@ -441,6 +441,8 @@ class PartyRuntime:
         config = request.meta.get("config", {})
         cls = PROGRAMS.get(name)
         if cls is not None and self.policy.runs(name, cls):  # read once, on arrival: typed from here on
+            if self.privacy is not None and not cls.supports_privacy:  # refused whatever its config says
+                self._refuse_private(name, cls.private_setup_refusal(config))
             config = cls.read_config(config, f"party {self.index} ({self.name!r}), program {name!r}")
         shape = self.feature_shape
         self.policy.check_setup(name, config, registered=PROGRAMS, n_features=None if shape is None
@@ -454,14 +456,17 @@ class PartyRuntime:
         seed = self.policy.init_seed(int(request.meta["seed"]))
         meta: dict[str, Any] = {"ok": True}
         if self.privacy is not None:
-            why = PROGRAMS[name].private_setup_refusal(config)
-            if why is not None:
-                raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
-                                      f"({self.privacy.budget.describe()}) and {why}", name)
+            self._refuse_private(name, PROGRAMS[name].private_setup_refusal(config))
             meta["privacy"] = self.privacy.configure(request.meta.get("privacy"), seed)
         self.program = PROGRAMS[name](self, config, seed)
         self.rewinds.setup()
         return Reply(meta=meta)
+
+    def _refuse_private(self, program: str, why: str | None) -> None:
+        """Refuse ``program`` at this party with a differential-privacy budget for the reason ``why`` (if any)."""
+        if why is not None and self.privacy is not None:
+            raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
+                                  f"({self.privacy.budget.describe()}) and {why}", program)
 
     def _privacy(self, request: Request) -> Reply:
         if self.privacy is None:

@@ -33,6 +33,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -276,7 +277,8 @@ def setup_config_markdown(cls: type[SetupConfig], prefix: str = "") -> list[str]
     for f in dataclasses.fields(cls):
         tp = _split_optional(hints[f.name])[0]
         nested = isinstance(tp, type) and issubclass(tp, SetupConfig)
-        default = "required" if f.default is dataclasses.MISSING else f"default `{_plain(f.default)!r}`"
+        default = ("required" if f.default is dataclasses.MISSING else "optional" if f.default is None
+                   else f"default `{json.dumps(_plain(f.default))}`")
         what = "an object" if nested else describe(hints[f.name], f.metadata)
         rows.append(f"| `{prefix}{f.name}` | {what} | {default} | {f.metadata.get('doc', '')} |")
         if nested:
