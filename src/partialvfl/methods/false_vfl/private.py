@@ -14,7 +14,7 @@ Only variant I (II's missing-indicator terms mix the rows a party lacks into its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -24,14 +24,12 @@ from partialvfl.methods.false_vfl.formulas import split_gaussian
 from partialvfl.nn.per_sample import flat_per_row, per_row_gradients
 from partialvfl.nn.stats import gaussian_log_prob
 
-if TYPE_CHECKING:
-    from partialvfl.methods.false_vfl.party import FalseVFLSetup
-
 __all__ = ["clip_loglik", "clip_posterior", "private_refusal", "private_update"]
 
 
-def private_refusal(config: FalseVFLSetup) -> str | None:
-    """Why a FALSE-VFL config cannot run under a budget (``None``: it can)."""
+def private_refusal(config: Any) -> str | None:
+    """Why a FALSE-VFL config (a :class:`~partialvfl.methods.false_vfl.party.FalseVFLSetup`) cannot run under a
+    budget (``None``: it can)."""
     if config.variant != 1:
         return ("FALSE-VFL-II cannot be trained under it (its missing-indicator terms mix the rows the party lacks "
                 "into its update): use false-vfl-1")
