@@ -1,4 +1,5 @@
-"""Write ``docs/messages.md`` from the message declarations of every party program and of the built-ins.
+"""Write ``docs/messages.md`` from the message declarations of every party program (with its declared set-up config)
+and of the built-ins.
 
     python scripts/message_docs.py           # rewrite the file
     python scripts/message_docs.py --check   # exit 1 if the file is out of date (tests/test_schema.py does this)
@@ -13,6 +14,7 @@ from partialvfl.federation.grpc_party import SERVER_MESSAGES
 from partialvfl.federation.party import PROGRAMS, RUNTIME_MESSAGES
 from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.schema import messages_markdown
+from partialvfl.federation.setup_config import setup_config_markdown
 from partialvfl.methods.registry import METHODS, load_all
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "messages.md"
@@ -26,8 +28,14 @@ def render() -> str:
         if not cls.__module__.startswith("partialvfl."):
             continue
         users = sorted(m for m, c in METHODS.items() if c.party_program == name)
-        sections.append((f"`{name}`", f"`{cls.__module__}.{cls.__qualname__}`, used by {', '.join(users)}.",
-                         cls.messages, True))
+        about = f"`{cls.__module__}.{cls.__qualname__}`, used by {', '.join(users)}."
+        if cls.setup_config is not None:
+            about += "\n\n" + "\n".join([
+                f"Set-up config (`{cls.setup_config.__module__}.{cls.setup_config.__qualname__}`): the `config` of "
+                "its `setup` request, read once on arrival; a key it does not declare, a missing one or a value "
+                "outside its type or range is refused, naming the key and the value.", "",
+                "| key | accepts | default | meaning |", "|---|---|---|---|", *setup_config_markdown(cls.setup_config)])
+        sections.append((f"`{name}`", about, cls.messages, True))
     sections.append(("Built-in kinds of every party", "`partialvfl.federation.party.RUNTIME_MESSAGES`, answered by "
                      "the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES, False))
     sections.append(("Built-in kinds of the gRPC party server", "`partialvfl.federation.grpc_party.SERVER_MESSAGES`.",

@@ -377,3 +377,27 @@ def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps
     entry = [e for e in read_access_log(dep.dir / "state" / "bank" / "access.log")
              if e.get("reason", "").endswith("nests deeper than 64 levels")][-1]
     assert entry["outcome"] == "refused" and entry["status"] == "INVALID_ARGUMENT"
+
+
+def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, data) -> None:  # noqa: ANN001
+    """Issue 37: a party server reads a setup config by its program's declaration, on arrival: a value of the wrong
+    type or an unknown key is refused in one line naming the party, the program, the key and the value, and the
+    parties then take a good config."""
+    from partialvfl.federation.coordinator import SetupRefused
+
+    fed = dep.federation()
+    try:
+        cfg = [{"feature_dim": d, "feature_shape": [d], "models": ["f"], "latent_dim": 4, "encoder": "mlp",
+                "encoder_hidden": [8], "optimizer": {"name": "sgd", "lr": 0.1, "weight_decay": 0.0}}
+               for d in data.feature_dims]
+        bad = [{**cfg[0], "latent_dim": "4"}, {**cfg[1], "optimiser": cfg[1]["optimizer"]}]
+        with pytest.raises(SetupRefused) as e:
+            fed.setup("splitnn/party", bad, seed=0)
+        lines = str(e.value).splitlines()
+        assert any(line.startswith("  party 0 ('bank'): ") and "program 'splitnn/party': setup config key "
+                   "'latent_dim' must be an integer >= 1, got '4'" in line for line in lines), lines
+        assert any(line.startswith("  party 1 ('shop'): ") and "setup config has unknown key 'optimiser'" in line
+                   for line in lines), lines
+        fed.setup("splitnn/party", cfg, seed=0)
+    finally:
+        fed.close()

@@ -70,7 +70,6 @@ REFUSED = {
                      "about 401,000,032 parameters, more than 50,000,000"),
     "lies about the table": ("splitnn/party", split_config(feature_shape=[D + 1], feature_dim=D + 1),
                              "feature_shape", "feature_shape [17], this party's table has [16]"),
-    "malformed": ("splitnn/party", split_config(latent_dim="wide"), "programs", "cannot read the 'splitnn/party'"),
     "weight sharing": ("fedhssl/party", fedhssl_config(), "allow_weight_sharing", "sends this party's local"),
     "decoder without nonlinearity": ("false-vfl/party", {
         "feature_dim": D, "feature_shape": [D], "d_h": 4, "encoder": "mlp", "decoder": "mlp", "encoder_hidden": [8],

@@ -30,7 +30,7 @@ import torch
 
 from partialvfl.federation.grpc_federation import GrpcFederation
 from partialvfl.federation.grpc_transport import PartyError
-from partialvfl.methods.splitnn.party import build_party_model
+from partialvfl.methods.splitnn.party import SplitSetup, build_party_model
 from partialvfl.privacy.reconstruction import relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng
 
@@ -149,7 +149,7 @@ class Extractor:
 
 def rebuild(cfg: dict[str, Any], seed: int, party: int) -> torch.nn.Module:
     """The party's network as the coordinator believes it was built (from the coordinator's seed)."""
-    return build_party_model(cfg, seed, party, MODEL).double().eval()
+    return build_party_model(SplitSetup.read(cfg), seed, party, MODEL).double().eval()
 
 
 def invert(nets: Sequence[torch.nn.Module], embeddings: Sequence[np.ndarray], d: int, iters: int = 100) -> np.ndarray:

@@ -41,6 +41,7 @@ from partialvfl.federation.guards import RewindGuard, clip_gradient_rows
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
 from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
+from partialvfl.federation.setup_config import SetupConfig, wire_config
 from partialvfl.federation.setup_shape import SetupShape
 from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor, to_device
 
@@ -124,8 +125,10 @@ def state_file(directory: str | Path, party: int) -> Path:
 class PartyProgram:
     """The party-local half of a method.  Subclasses define ``on_<kind>(request) -> Reply`` handlers.
 
-    ``self.runtime`` gives the party's index, name and data views; ``self.config`` is the JSON-able configuration
-    the coordinator sent (it includes this party's ``feature_dim``/``feature_shape``); ``self.seed`` the seed.
+    ``self.runtime`` gives the party's index, name and data views; ``self.config`` is the configuration the
+    coordinator sent (it includes this party's ``feature_dim``/``feature_shape``), read once at set-up into the
+    program's declared ``setup_config`` (typed attributes; a plain dict for a program that declares none);
+    ``self.seed`` the seed.
     """
 
     program_name: ClassVar[str] = ""
@@ -135,9 +138,21 @@ class PartyProgram:
     #: whether the program can run at a party with a differential-privacy budget: it says which rows its releases
     #: are about (:meth:`released_rows`) and makes its own updates DP-SGD (``runtime.privacy.private_sum``)
     supports_privacy: ClassVar[bool] = False
+    #: the declaration of its set-up config (:mod:`partialvfl.federation.setup_config`): keys, types, ranges;
+    #: ``None``: the program takes the config as a plain dict, unchecked
+    setup_config: ClassVar[type[SetupConfig] | None] = None
 
     @classmethod
-    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+    def read_config(cls, config: Any, where: str = "") -> Any:
+        """``config`` as the program reads it: checked against ``setup_config`` and typed (a typed config as it is),
+        or, without a declaration, a plain dict; a mismatch raises
+        :class:`~partialvfl.federation.setup_config.SetupConfigError` naming ``where``, the key and the value."""
+        if cls.setup_config is None:
+            return dict(config)
+        return cls.setup_config.read(config, where or f"program {cls.program_name!r}")
+
+    @classmethod
+    def private_setup_refusal(cls, config: Any) -> str | None:
         """Why ``config`` cannot run under a differential-privacy budget (``None``: it can)."""
         return None if cls.supports_privacy else (f"program {cls.program_name!r} cannot keep a differential-privacy "
                                                   "budget (its updates are not DP-SGD)")
@@ -148,18 +163,21 @@ class PartyProgram:
         raise NotImplementedError(f"program {self.program_name!r} does not say which rows its replies are about")
 
     @classmethod
-    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape | None:
-        """What a ``setup`` with ``config`` would build, for the party's policy: the networks (families, widths,
-        what each sends per row), the learning rates, whether it shares weights.  Read from the program's own config
-        keys; a malformed config raises ``KeyError``/``TypeError``/``ValueError`` (the policy refuses it).
+    def describe_setup(cls, config: Any) -> SetupShape | None:
+        """What a ``setup`` with ``config`` (as :meth:`read_config` gives it) would build, for the party's policy:
+        the networks (families, widths, what each sends per row), the learning rates, whether it shares weights.
+        Read from the program's own config; a malformed config raises ``KeyError``/``TypeError``/``ValueError``
+        (the policy refuses it).
         ``None`` (the default): the program cannot say, and a party runs it only if its policy lists it in
         ``unchecked_programs``."""
         return None
 
-    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+    def __init__(self, runtime: PartyRuntime, config: Any, seed: int) -> None:
         self.runtime = runtime
         self.config = config
         self.seed = seed
+        #: the config as the message checks read it (symbols such as ``d_h``, ``when`` conditions): plain values
+        self.wire_config = wire_config(config)
 
     @property
     def party(self) -> int:
@@ -337,7 +355,7 @@ class PartyRuntime:
         if spec is None:
             raise UnknownKindError(where, kind, None, "unknown message kind; the program answers "
                                    f"{', '.join(sorted(program.messages))}")
-        return spec, program.handle, where, program.config
+        return spec, program.handle, where, program.wire_config
 
     def handle(self, request: Request, accepted: Callable[[], None] | None = None,
                reply_device: torch.device | None = None) -> Reply:
@@ -420,7 +438,12 @@ class PartyRuntime:
 
     def _setup(self, request: Request) -> Reply:
         name = request.meta["program"]
-        config = dict(request.meta.get("config", {}))
+        config = request.meta.get("config", {})
+        cls = PROGRAMS.get(name)
+        if cls is not None and self.policy.runs(name, cls):  # read once, on arrival: typed from here on
+            if self.privacy is not None and not cls.supports_privacy:  # refused whatever its config says
+                self._refuse_private(name, cls.private_setup_refusal(config))
+            config = cls.read_config(config, f"party {self.index} ({self.name!r}), program {name!r}")
         shape = self.feature_shape
         self.policy.check_setup(name, config, registered=PROGRAMS, n_features=None if shape is None
                                 else math.prod(shape), feature_shape=shape)  # the party's own policy first
@@ -433,14 +456,17 @@ class PartyRuntime:
         seed = self.policy.init_seed(int(request.meta["seed"]))
         meta: dict[str, Any] = {"ok": True}
         if self.privacy is not None:
-            why = PROGRAMS[name].private_setup_refusal(config)
-            if why is not None:
-                raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
-                                      f"({self.privacy.budget.describe()}) and {why}", name)
+            self._refuse_private(name, PROGRAMS[name].private_setup_refusal(config))
             meta["privacy"] = self.privacy.configure(request.meta.get("privacy"), seed)
         self.program = PROGRAMS[name](self, config, seed)
         self.rewinds.setup()
         return Reply(meta=meta)
+
+    def _refuse_private(self, program: str, why: str | None) -> None:
+        """Refuse ``program`` at this party with a differential-privacy budget for the reason ``why`` (if any)."""
+        if why is not None and self.privacy is not None:
+            raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
+                                  f"({self.privacy.budget.describe()}) and {why}", program)
 
     def _privacy(self, request: Request) -> Reply:
         if self.privacy is None:

@@ -32,6 +32,7 @@ from fractions import Fraction
 from typing import Any
 
 from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, kinds_with_role, meta_path
+from partialvfl.federation.setup_config import SetupConfig
 from partialvfl.federation.setup_shape import Network, SetupShape
 
 __all__ = ["LOOKUP_FLOOR", "LOOKUP_RULES", "PACKAGE_PROGRAMS", "InferenceGuard", "Network", "PartyPolicy",
@@ -234,7 +235,7 @@ class PartyPolicy:
             return True
         return PACKAGE_PROGRAMS in self.programs and _is_package_program(cls)
 
-    def check_setup(self, program: str, config: Mapping[str, Any], *, registered: Mapping[str, type] | None = None,
+    def check_setup(self, program: str, config: Any, *, registered: Mapping[str, type] | None = None,
                     n_features: int | None = None, feature_shape: Sequence[int] | None = None) -> SetupShape | None:
         """Refuse a ``setup`` outside the policy (:class:`PolicyViolation` naming the rules and the values).
 
@@ -248,7 +249,8 @@ class PartyPolicy:
                                   f"{self._program_names(registered or {})}", program,
                                   {"programs": [*(self.programs or ()), program]} if cls is not None else None)
         if self.max_config_kb is not None:
-            size = len(json.dumps(config, default=str).encode())
+            wire = config.to_wire() if isinstance(config, SetupConfig) else config
+            size = len(json.dumps(wire, default=str).encode())
             if size > self.max_config_kb * 1024:
                 raise PolicyViolation("max_config_kb", f"the setup config has {size / 1024:.1f} KB, more than "
                                       f"{self.max_config_kb:g} KB", size, {"max_config_kb": math.ceil(size / 1024)})
@@ -275,9 +277,12 @@ class PartyPolicy:
             names += sorted(n for n, c in registered.items() if _is_package_program(c) and n not in names)
         return names
 
-    def _described(self, program: str, cls: type | None, config: Mapping[str, Any]) -> SetupShape:
-        """What ``program`` says it would build from ``config``; a violation if it cannot say."""
+    def _described(self, program: str, cls: type | None, config: Any) -> SetupShape:
+        """What ``program`` says it would build from ``config`` (read as the program declares it, if it is not
+        yet); a violation if it cannot say."""
         describe = getattr(cls, "describe_setup", None)
+        read = getattr(cls, "read_config", None)
+        config = read(config) if read is not None else config  # a typed config stays as it is
         try:
             shape = describe(config) if describe is not None else None
         except (KeyError, TypeError, ValueError) as e:

@@ -406,8 +406,9 @@ def messages_markdown(sections: Sequence[tuple[str, str, Messages, bool]]) -> st
     lines = [
         "# Party messages",
         "",
-        "Generated from the declarations (`messages` of each party program, the runtime's and the gRPC server's "
-        "built-ins) by `scripts/message_docs.py`; `tests/test_schema.py` fails when this file is out of date.",
+        "Generated from the declarations (`messages` and `setup_config` of each party program, the runtime's and "
+        "the gRPC server's built-ins) by `scripts/message_docs.py`; `tests/test_schema.py` fails when this file is "
+        "out of date.",
         "Both transports check every request and reply against these declarations "
         "(`partialvfl.federation.schema`).",
         "",

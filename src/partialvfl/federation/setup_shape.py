@@ -4,18 +4,19 @@ A party program says, from the config the coordinator sent, which networks it wo
 widths, what leaves the party per row), the learning rates it sets and whether it shares weights:
 :meth:`~partialvfl.federation.party.PartyProgram.describe_setup` returns a :class:`SetupShape`.  The policy checks
 that description (:meth:`~partialvfl.federation.policy.PartyPolicy.check_setup`), never a method's config keys; the
-program reads its own config.  :func:`widths` and :func:`feature_shape_of` read the values every description needs,
-raising on a malformed config (which the policy refuses, naming the program).
+program reads its own config, typed by its declaration (:mod:`partialvfl.federation.setup_config`), which refused a
+malformed one on arrival.  :func:`optimiser_settings` turns declared optimisers into a description's settings.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-__all__ = ["Network", "SetupShape", "feature_shape_of", "optimiser_settings", "widths"]
+from partialvfl.federation.setup_config import OptimiserSetup
+
+__all__ = ["Network", "SetupShape", "optimiser_settings"]
 
 
 @dataclass(frozen=True)
@@ -80,25 +81,13 @@ class SetupShape:
         return sum(n.sent_width or 0 for n in self.networks)
 
 
-def widths(value: Any) -> tuple[int, ...]:
-    """A list of layer widths from a config (``TypeError`` for anything else, e.g. a string)."""
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise TypeError(f"expected a list of widths, got {value!r}")
-    return tuple(int(h) for h in value)
-
-
-def feature_shape_of(config: Mapping[str, Any]) -> tuple[int, ...]:
-    """The party's feature shape as the config states it (every program's config carries ``feature_shape``)."""
-    return tuple(int(s) for s in config["feature_shape"])
-
-
-def optimiser_settings(**optimisers: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``SetupShape`` keyword arguments for optimiser configs (``{"name", "lr", "weight_decay", "momentum"}``)
-    by config key: their learning rates, weight decays and, for SGD, momenta (Adam does not use one)."""
+def optimiser_settings(**optimisers: OptimiserSetup) -> dict[str, dict[str, float]]:
+    """``SetupShape`` keyword arguments for declared optimisers by config key: their learning rates, weight decays
+    and, for SGD, momenta (Adam does not use one)."""
     out: dict[str, dict[str, float]] = {"learning_rates": {}, "weight_decays": {}, "momenta": {}}
     for key, opt in optimisers.items():
-        out["learning_rates"][f"{key}.lr"] = float(opt["lr"])
-        out["weight_decays"][f"{key}.weight_decay"] = float(opt.get("weight_decay", 0.0))
-        if str(opt.get("name", "adam")) == "sgd":
-            out["momenta"][f"{key}.momentum"] = float(opt.get("momentum", 0.0))
+        out["learning_rates"][f"{key}.lr"] = opt.lr
+        out["weight_decays"][f"{key}.weight_decay"] = opt.weight_decay
+        if opt.name == "sgd":
+            out["momenta"][f"{key}.momentum"] = opt.momentum
     return out

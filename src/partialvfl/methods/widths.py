@@ -27,7 +27,7 @@ def fit_widths(method: Any, federation: Federation) -> str | None:  # a VFLMetho
     was chosen and why (``None``: nothing changed)."""
     caps = [PartyPolicy.width_caps(a) for a in federation.announced_policies()]
     program = PROGRAMS.get(method.party_program)
-    describe = getattr(program, "describe_setup", None)
+    describe = None if program is None else lambda config: program.describe_setup(program.read_config(config))
     if describe is None or all(c.max_width_ratio is None and c.setup_width_ratio is None for c in caps):
         return None
     given = set(method.overrides)

@@ -121,7 +121,7 @@ def decode_oracle(federation: Federation, party: int, handle: str, rows: np.ndar
     t = federation.transport
     rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
     total, answered = None, 0
-    d_h = int(federation.runtimes[party].program.config["d_h"])  # type: ignore[attr-defined]
+    d_h = federation.runtimes[party].program.config.d_h  # type: ignore[attr-defined]
     for _ in range(repeats):
         try:
             t.new_step()

@@ -33,7 +33,7 @@ import torch
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.false_vfl.formulas import effective_sample_size, predictive_log_probs, predictive_mean
-from partialvfl.methods.false_vfl.party import FalseVFLParty
+from partialvfl.methods.false_vfl.party import FalseVFLParty, FalseVFLSetup
 from partialvfl.methods.false_vfl.rounds import Pass, Rounds
 from partialvfl.methods.false_vfl.spec import PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
@@ -91,14 +91,14 @@ class _FalseVFL(VFLMethod):
                 "grad_h": root / p.pretrain_batch_size}
 
     def _party_config(self, party: int) -> dict[str, Any]:
-        cfg = self.settings_._pick("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden", "mask_hidden",
-                                   "resnet_width", "pretrain_lr", "pretrain_weight_decay", "encoder_logvar_range",
-                                   "decoder_logvar_range", "wire", "wire_dtype")
-        cfg.update(variant=self.variant, feature_dim=int(self.index_.feature_dims[party]),
-                   feature_shape=[int(s) for s in self.index_.feature_shapes[party]])
-        if cfg["wire"] == "bound":
-            cfg["latent_scale_floor"] = float(self.settings_.latent_scale_floor)
-        return cfg
+        """The party's set-up config, built as its program declares it (:class:`FalseVFLSetup`: checked here)."""
+        s = self.settings_
+        return FalseVFLSetup(
+            feature_dim=int(self.index_.feature_dims[party]), feature_shape=tuple(self.index_.feature_shapes[party]),
+            variant=self.variant, **s._pick("d_h", "encoder", "decoder", "encoder_hidden", "decoder_hidden",
+                                            "mask_hidden", "resnet_width", "pretrain_lr", "pretrain_weight_decay",
+                                            "encoder_logvar_range", "decoder_logvar_range", "wire", "wire_dtype"),
+            latent_scale_floor=s.latent_scale_floor if s.wire == "bound" else 0.0).to_wire()
 
     def _plan(self, federation: Any) -> None:
         """``wire = auto``: lean if every party releases likelihoods at latents the coordinator chooses (as its

@@ -23,7 +23,7 @@ in a deployment, so a simulation and a federation with the same seeds compute th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,18 +33,19 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, widths
+from partialvfl.federation.setup_config import FeatureSetup, setting
+from partialvfl.federation.setup_shape import Network, SetupShape
 from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.rowwise import row_bound_noise, row_latent_noise, row_missing_noise
-from partialvfl.methods.false_vfl.spec import WIRES
+from partialvfl.methods.false_vfl.spec import DECODERS, ENCODERS, WIRE_DTYPES, WIRES
 from partialvfl.nn.blocks import MLP, RowBlocks, build_decoder, build_encoder, decoder_arch, encoder_arch, for_device
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.nn.stats import feature_gaussian_log_density
 from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import derive_seed, torch_generator, torch_seeded
 
-__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "PartyModules", "allowed_tensors", "as_rows"]
+__all__ = ["ALLOWED_TENSORS", "FalseVFLParty", "FalseVFLSetup", "PartyModules", "allowed_tensors", "as_rows"]
 
 _WIDE = ("float32", "bfloat16")  # d_h-wide tensors: float32, or bfloat16 with wire_dtype="bfloat16"
 # the lean and bound wires carry the same tensors (posterior mean and scale, row positions)
@@ -58,19 +59,38 @@ def _wide(name: str, shape: tuple, when: dict | None = None) -> TensorSpec:
     return TensorSpec(name, _WIDE, shape, optional=True, when=when or {})
 
 
+@dataclass(frozen=True, kw_only=True)
+class FalseVFLSetup(FeatureSetup):
+    """The set-up config of ``false-vfl/party`` (the coordinator builds it from the method's parameters)."""
+
+    variant: int = setting(choices=(1, 2), doc="FALSE-VFL I or II (II: the missing-indicator network)")
+    d_h: int = setting(low=1, doc="width of the party-level latent h")
+    encoder: str = setting(choices=ENCODERS, doc="encoder family (auto: mlp for a vector, cnn for an image piece)")
+    decoder: str = setting(choices=DECODERS, doc="decoder family (auto: mlp for a vector, deconv for an image piece)")
+    encoder_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of the encoder (MLP)")
+    decoder_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of the decoder (MLP)")
+    mask_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of the missing-indicator network (II)")
+    resnet_width: int = setting(low=1, doc="base width of a resnet18 encoder")
+    pretrain_lr: float = setting(low=0, doc="stage-1 learning rate of the party's Adam")
+    pretrain_weight_decay: float = setting(low=0, doc="stage-1 weight decay")
+    encoder_logvar_range: tuple[float, float] = setting(increasing=True, doc="clamp of the posterior log-variance")
+    decoder_logvar_range: tuple[float, float] = setting(increasing=True, doc="clamp of the decoder log-variances")
+    wire: str = setting("lean", choices=WIRES, doc="wire protocol (lean, samples or bound)")
+    wire_dtype: str = setting("float32", choices=WIRE_DTYPES, doc="dtype of the d_h-wide tensors on the wire")
+    latent_scale_floor: float = setting(0.0, low=0, doc="bound wire: the smallest posterior scale it evaluates")
+
+
 class PartyModules(nn.Module):
     """Party k's modules: encoder gamma_c^k, decoder theta_c^k (+ per-feature log-variance), II: indicator psi_k."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: FalseVFLSetup) -> None:
         super().__init__()
-        shape = tuple(int(s) for s in config["feature_shape"])
-        d = int(config["feature_dim"])
-        d_h = int(config["d_h"])
-        self.encoder = build_encoder(shape, 2 * d_h, arch=config["encoder"],
-                                     hidden=tuple(config["encoder_hidden"]), width=int(config["resnet_width"]))
-        self.decoder = build_decoder(d_h, shape, arch=config["decoder"], hidden=tuple(config["decoder_hidden"]))
+        shape, d, d_h = config.feature_shape, config.feature_dim, config.d_h
+        self.encoder = build_encoder(shape, 2 * d_h, arch=config.encoder, hidden=config.encoder_hidden,
+                                     width=config.resnet_width)
+        self.decoder = build_decoder(d_h, shape, arch=config.decoder, hidden=config.decoder_hidden)
         self.decoder_logvar = nn.Parameter(torch.zeros(d))
-        self.indicator = MLP(d, tuple(config["mask_hidden"]), 1) if int(config["variant"]) == 2 else None
+        self.indicator = MLP(d, config.mask_hidden, 1) if config.variant == 2 else None
 
 
 @register_program
@@ -79,6 +99,8 @@ class FalseVFLParty(PartyProgram):
 
     program_name = "false-vfl/party"
     supports_privacy = True
+    setup_config = FalseVFLSetup
+    config: FalseVFLSetup
     # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples, N: the next batch's rows it holds
     messages: ClassVar[Messages] = {
         "encode": MessageSpec(
@@ -117,25 +139,23 @@ class FalseVFLParty(PartyProgram):
     }
 
     @classmethod
-    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+    def describe_setup(cls, config: FalseVFLSetup) -> SetupShape:
         """The encoder (sends ``2 d_h`` per row: mean and log-variance), the decoder (its log-likelihood and the
         gradient through it, ``d_h`` per row, are sent) and, for II, the missing-indicator network."""
-        shape = feature_shape_of(config)
-        d_h, width = int(config["d_h"]), int(config["resnet_width"])
-        nets = [Network("encoder", encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"]),
-                        shape, 2 * d_h, 2 * d_h, resnet_width=width),
-                Network("decoder", decoder_arch(str(config["decoder"]), shape), widths(config["decoder_hidden"]),
-                        (d_h,), math.prod(shape), d_h)]
-        if int(config["variant"]) == 2:
-            nets.append(Network("missing indicator", "mlp", widths(config["mask_hidden"]), shape, 1, 1))
-        wire = str(config.get("wire", "lean"))
-        floor = float(config.get("latent_scale_floor", 0.0)) if wire == "bound" else None
-        return SetupShape(tuple(nets), {"pretrain_lr": float(config["pretrain_lr"])}, feature_shape=shape,
-                          weight_decays={"pretrain_weight_decay": float(config["pretrain_weight_decay"])},
-                          likelihood_oracle=wire != "bound", latent_scale_floor=floor)
+        shape, d_h = config.feature_shape, config.d_h
+        nets = [Network("encoder", encoder_arch(config.encoder, shape), config.encoder_hidden, shape, 2 * d_h,
+                        2 * d_h, resnet_width=config.resnet_width),
+                Network("decoder", decoder_arch(config.decoder, shape), config.decoder_hidden, (d_h,),
+                        math.prod(shape), d_h)]
+        if config.variant == 2:
+            nets.append(Network("missing indicator", "mlp", config.mask_hidden, shape, 1, 1))
+        floor = config.latent_scale_floor if config.wire == "bound" else None
+        return SetupShape(tuple(nets), {"pretrain_lr": config.pretrain_lr}, feature_shape=shape,
+                          weight_decays={"pretrain_weight_decay": config.pretrain_weight_decay},
+                          likelihood_oracle=config.wire != "bound", latent_scale_floor=floor)
 
     @classmethod
-    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+    def private_setup_refusal(cls, config: FalseVFLSetup) -> str | None:
         return private_refusal(config)
 
     def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
@@ -143,20 +163,18 @@ class FalseVFLParty(PartyProgram):
         (axis 1) and the latent gradients about the rows of the pending encode."""
         return {name: self._rows_of[name] for name in reply.tensors if name in self._rows_of}
 
-    def __init__(self, runtime: Any, config: dict[str, Any], seed: int) -> None:
+    def __init__(self, runtime: Any, config: FalseVFLSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
-        self.variant = int(config["variant"])
-        self.wire = str(config.get("wire", "lean"))
-        if self.wire not in WIRES:
-            raise ValueError(f"party {runtime.index}: wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
-        self.wire_dtype = getattr(torch, str(config.get("wire_dtype", "float32")))
-        self.latent_scale_floor = float(config.get("latent_scale_floor", 0.0))
+        self.variant = config.variant
+        self.wire = config.wire
+        self.wire_dtype = getattr(torch, config.wire_dtype)
+        self.latent_scale_floor = config.latent_scale_floor
         with torch_seeded(seed, "false-vfl", "party", runtime.index):
             self.net = for_device(PartyModules(config).to(self.device), self.device)  # CUDA: channels last
-        self.logvar_range = tuple(float(v) for v in config["encoder_logvar_range"])
-        self.decoder_logvar_range = tuple(float(v) for v in config["decoder_logvar_range"])
-        self.optimizer = make_optimizer(self.net.parameters(), "adam", float(config["pretrain_lr"]),
-                                        float(config["pretrain_weight_decay"]))
+        self.logvar_range = config.encoder_logvar_range
+        self.decoder_logvar_range = config.decoder_logvar_range
+        self.optimizer = make_optimizer(self.net.parameters(), "adam", config.pretrain_lr,
+                                        config.pretrain_weight_decay)
         self._rows_of: dict[str, tuple[str, np.ndarray, int]] = {}  # reply tensor -> (handle, rows, axis)
         self._enc: dict[str, Any] = {}  # the pending encode: x, mu, logvar, train
         self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
@@ -267,7 +285,7 @@ class FalseVFLParty(PartyProgram):
             leaves = {n: v.detach().requires_grad_() for n, v in leaves.items()}
         if self.wire == "samples":
             return leaves, leaves.get("h"), leaves.get("h_mis")
-        eps = self.latent_noise(req, int(self.config["d_h"]))
+        eps = self.latent_noise(req, self.config.d_h)
         out = []
         for suffix in ("", "_mis"):
             mean = leaves.get(f"mean{suffix}")

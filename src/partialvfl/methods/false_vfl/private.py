@@ -14,7 +14,6 @@ Only variant I (II's missing-indicator terms mix the rows a party lacks into its
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,14 +27,15 @@ from partialvfl.nn.stats import gaussian_log_prob
 __all__ = ["clip_loglik", "clip_posterior", "private_refusal", "private_update"]
 
 
-def private_refusal(config: Mapping[str, Any]) -> str | None:
-    """Why a FALSE-VFL config cannot run under a budget (``None``: it can)."""
-    if int(config.get("variant", 1)) != 1:
+def private_refusal(config: Any) -> str | None:
+    """Why a FALSE-VFL config (a :class:`~partialvfl.methods.false_vfl.party.FalseVFLSetup`) cannot run under a
+    budget (``None``: it can)."""
+    if config.variant != 1:
         return ("FALSE-VFL-II cannot be trained under it (its missing-indicator terms mix the rows the party lacks "
                 "into its update): use false-vfl-1")
-    if str(config.get("wire_dtype", "float32")) != "float32":
+    if config.wire_dtype != "float32":
         return "only the float32 wire is supported under it (wire_dtype=float32)"
-    if str(config.get("encoder", "auto")) == "resnet18":
+    if config.encoder == "resnet18":
         return "a resnet18 encoder (batch normalisation mixes the rows of a batch) cannot be trained under it"
     return None
 

@@ -43,8 +43,10 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.federation.messages import Request
+from partialvfl.federation.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.fedhssl.networks import average_state_dicts
+from partialvfl.methods.fedhssl.party import FedHSSLSetup, SimSiamHeads
 from partialvfl.methods.fedhssl.spec import FEDHSSL_PARAMS
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
@@ -64,17 +66,16 @@ class FedHSSL(VFLMethod):
     params = FEDHSSL_PARAMS
 
     def _party_config(self, party: int) -> dict[str, Any]:
+        """The party's set-up config, built as its program declares it (:class:`FedHSSLSetup`: checked here)."""
         s = self.settings_
-        return {
-            "feature_dim": int(self.index_.feature_dims[party]),
-            "feature_shape": list(self.index_.feature_shapes[party]),
+        return FedHSSLSetup(
+            feature_dim=int(self.index_.feature_dims[party]), feature_shape=tuple(self.index_.feature_shapes[party]),
             **s._pick("latent_dim", "encoder", "encoder_hidden", "resnet_width", "pool", "pool_ratio"),
-            "simsiam": s.simsiam._asdict(),
-            "pretrain_optimizer": s.pretrain_optim._asdict(),
-            "finetune_optimizer": s.optim._asdict(),
+            simsiam=SimSiamHeads(**s.simsiam._asdict()),
+            pretrain_optimizer=OptimiserSetup(**s.pretrain_optim._asdict()),
+            finetune_optimizer=OptimiserSetup(**s.optim._asdict()),
             # what the party's top encoder is shared for (its policy decides whether it agrees); "none": never
-            "aggregate": s.aggregate if s.pretrain else "none",
-        }
+            aggregate=s.aggregate if s.pretrain else "none").to_wire()
 
     @property
     def rep_dim(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -13,15 +13,44 @@ from torch import nn
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
+from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, SetupConfig, setting
+from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.fedhssl.networks import split_encoder
+from partialvfl.methods.fedhssl.spec import ENCODERS, FEDHSSL_PARAMS
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.nn.blocks import build_encoder, encoder_arch
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.devices import scalar, to_numpy
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = ["FedHSSLParty"]
+__all__ = ["FedHSSLParty", "FedHSSLSetup", "SimSiamHeads"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimSiamHeads(SetupConfig):
+    """The widths of FedHSSL's SimSiam heads (projector and predictor)."""
+
+    proj_dim: int = setting(low=1, doc="projection width (sent per row in cross-party pretraining)")
+    proj_hidden: int = setting(low=1, doc="projector hidden width")
+    pred_hidden: int = setting(low=1, doc="predictor hidden width")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedHSSLSetup(FeatureSetup):
+    """The set-up config of ``fedhssl/party`` (the coordinator builds it from the method's parameters)."""
+
+    latent_dim: int = setting(low=1, doc="width of each encoder's output")
+    encoder: str = setting(choices=ENCODERS, doc="encoder family (auto: mlp for a vector, cnn otherwise)")
+    encoder_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of an MLP encoder")
+    resnet_width: int = setting(low=1, doc="base width of a resnet18 encoder")
+    pool: str = setting(choices=FEDHSSL_PARAMS.param("pool").choices, doc="the party's representation: a weighted "
+                        "mean or the concatenation of its cross-party and local encoders")
+    pool_ratio: float = setting(low=0, high=1, doc="weight of the cross-party encoder in the mean pool")
+    simsiam: SimSiamHeads = setting(doc="the SimSiam heads")
+    pretrain_optimizer: OptimiserSetup = setting(doc="the pretraining optimiser")
+    finetune_optimizer: OptimiserSetup = setting(doc="the fine-tuning optimiser")
+    aggregate: str = setting("top+head", choices=("top", "top+head", "none"), doc="what partial model aggregation "
+                             "shares (none: nothing; the party's policy decides whether it agrees)")
 
 
 def _neg_cos(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -39,6 +68,8 @@ class FedHSSLParty(PartyProgram):
     """
 
     program_name = "fedhssl/party"
+    setup_config = FedHSSLSetup
+    config: FedHSSLSetup
     # P: SimSiam projection width, J: partners, R: representation width (latent_dim, or twice it with pool=concat)
     messages: ClassVar[Messages] = {
         "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
@@ -60,48 +91,46 @@ class FedHSSLParty(PartyProgram):
     }
 
     @classmethod
-    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+    def describe_setup(cls, config: FedHSSLSetup) -> SetupShape:
         """The cross-party and local encoders (``latent_dim`` per row each) and the SimSiam projection (its
         ``proj_dim`` outputs are sent in cross-party pretraining); aggregation (unless ``none``) shares weights."""
-        shape = feature_shape_of(config)
-        family, hidden = encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"])
-        latent, width = int(config["latent_dim"]), int(config["resnet_width"])
-        proj = int(config["simsiam"]["proj_dim"])
+        shape, hidden, latent, width = config.feature_shape, config.encoder_hidden, config.latent_dim, \
+            config.resnet_width
+        family, proj = encoder_arch(config.encoder, shape), config.simsiam.proj_dim
         nets = (Network("cross-party encoder", family, hidden, shape, latent, latent, resnet_width=width),
                 Network("local encoder", family, hidden, shape, latent, latent, resnet_width=width),
-                Network("SimSiam projection", "mlp", (int(config["simsiam"]["proj_hidden"]),), (latent,), proj, proj))
-        opts = optimiser_settings(pretrain_optimizer=config["pretrain_optimizer"],
-                                  finetune_optimizer=config["finetune_optimizer"])
-        return SetupShape(nets, shares_weights=str(config.get("aggregate", "top+head")) != "none",
-                          feature_shape=shape, **opts)
+                Network("SimSiam projection", "mlp", (config.simsiam.proj_hidden,), (latent,), proj, proj))
+        opts = optimiser_settings(pretrain_optimizer=config.pretrain_optimizer,
+                                  finetune_optimizer=config.finetune_optimizer)
+        return SetupShape(nets, shares_weights=config.aggregate != "none", feature_shape=shape, **opts)
 
-    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+    def __init__(self, runtime: PartyRuntime, config: FedHSSLSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
-        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
-        latent = int(config["latent_dim"])
-        arch, hidden, width = config["encoder"], [int(h) for h in config["encoder_hidden"]], int(config["resnet_width"])
-        ss = config["simsiam"]
+        self.feature_shape = config.feature_shape
+        latent = config.latent_dim
+        arch, hidden, width = config.encoder, list(config.encoder_hidden), config.resnet_width
+        ss = config.simsiam
         with torch_seeded(seed, "fedhssl", runtime.index, "cross"):
             cross = build_encoder(self.feature_shape, latent, arch, hidden=hidden, width=width)
         with torch_seeded(seed, "fedhssl", runtime.index, "local"):
             bottom, top = split_encoder(self.feature_shape, latent, arch, hidden, width)
         with torch_seeded(seed, "fedhssl", runtime.index, "heads"):
-            cross_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
-            local_head = SimSiamHead(latent, int(ss["proj_dim"]), int(ss["proj_hidden"]), int(ss["pred_hidden"]))
+            cross_head = SimSiamHead(latent, ss.proj_dim, ss.proj_hidden, ss.pred_hidden)
+            local_head = SimSiamHead(latent, ss.proj_dim, ss.proj_hidden, ss.pred_hidden)
         self.net = nn.ModuleDict({"cross": cross, "bottom": bottom, "top": top, "cross_head": cross_head,
                                   "local_head": local_head}).to(self.device)
-        pt = config["pretrain_optimizer"]
-        self.cross_opt = make_optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt["name"],
-                                    float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]))
+        pt = config.pretrain_optimizer
+        self.cross_opt = make_optimizer(list(cross.parameters()) + list(cross_head.parameters()), pt.name, pt.lr,
+                                        pt.weight_decay, pt.momentum)
         self.local_opt = make_optimizer(
-            list(bottom.parameters()) + list(top.parameters()) + list(local_head.parameters()), pt["name"],
-            float(pt["lr"]), float(pt["weight_decay"]), float(pt["momentum"]),
+            list(bottom.parameters()) + list(top.parameters()) + list(local_head.parameters()), pt.name, pt.lr,
+            pt.weight_decay, pt.momentum,
         )
-        ft = config["finetune_optimizer"]
+        ft = config.finetune_optimizer
         self.ft_opt = make_optimizer(list(cross.parameters()) + list(bottom.parameters()) + list(top.parameters()),
-                                 ft["name"], float(ft["lr"]), float(ft["weight_decay"]), float(ft["momentum"]))
-        self.pool = config["pool"]
-        self.ratio = float(config["pool_ratio"])
+                                     ft.name, ft.lr, ft.weight_decay, ft.momentum)
+        self.pool = config.pool
+        self.ratio = config.pool_ratio
         self._gen = torch_generator(seed, "fedhssl", runtime.index, "augment")
         self._pending: torch.Tensor | None = None
 

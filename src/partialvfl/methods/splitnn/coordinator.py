@@ -32,7 +32,9 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 from partialvfl.data.holdout import hold_out_labels
 from partialvfl.federation.messages import Request
+from partialvfl.federation.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.splitnn.party import SplitSetup
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
@@ -107,14 +109,12 @@ class SplitNNMethod(VFLMethod):
                          for s in feature_shapes)
 
     def _party_config(self, party: int) -> dict[str, Any]:
+        """The party's set-up config, built as its program declares it (:class:`SplitSetup`: checked here)."""
         s = self.settings_
-        return {
-            "feature_dim": int(self.index_.feature_dims[party]),
-            "feature_shape": list(self.index_.feature_shapes[party]),
-            "models": self._model_names(party),
-            **s._pick("latent_dim", "encoder", "encoder_hidden", "resnet_width"),
-            "optimizer": s.optim._asdict(),
-        }
+        return SplitSetup(feature_dim=int(self.index_.feature_dims[party]),
+                          feature_shape=tuple(self.index_.feature_shapes[party]), models=self._model_names(party),
+                          **s._pick("latent_dim", "encoder", "encoder_hidden", "resnet_width"),
+                          optimizer=OptimiserSetup(**s.optim._asdict())).to_wire()
 
     @property
     def n_classes(self) -> int:

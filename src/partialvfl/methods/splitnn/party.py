@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,23 +15,36 @@ from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program, state_file
 from partialvfl.federation.policy import PolicyViolation
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
+from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, setting
+from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer
+from partialvfl.methods.splitnn.spec import ENCODERS
 from partialvfl.nn.blocks import build_encoder, encoder_arch, for_device
 from partialvfl.nn.optim import make_optimizer
 from partialvfl.utils.seeding import torch_generator, torch_seeded
 
-__all__ = ["SplitParty", "build_party_model", "encoder_init"]
+__all__ = ["SplitParty", "SplitSetup", "build_party_model", "encoder_init"]
 
 
-def build_party_model(config: dict[str, Any], seed: int, party: int, name: str) -> nn.Module:
+@dataclass(frozen=True, kw_only=True)
+class SplitSetup(FeatureSetup):
+    """The set-up config of ``splitnn/party`` (the coordinator builds it from the method's parameters)."""
+
+    models: tuple[str, ...] = setting(doc="the names of the representation models it builds, one encoder each")
+    latent_dim: int = setting(low=1, doc="width of each representation (sent per row)")
+    encoder: str = setting("auto", choices=ENCODERS, doc="encoder family (auto: mlp for a vector, cnn otherwise)")
+    encoder_hidden: tuple[int, ...] = setting((256, 256), low=1, doc="hidden widths of an MLP encoder")
+    resnet_width: int = setting(64, low=1, doc="base width of a resnet18 encoder")
+    optimizer: OptimiserSetup = setting(doc="the encoders' optimiser")
+
+
+def build_party_model(config: SplitSetup, seed: int, party: int, name: str) -> nn.Module:
     """Party ``party``'s model ``name`` as a ``setup`` with ``config`` and ``seed`` builds it (seeded weights)."""
     with torch_seeded(seed, "splitnn", party, name):
-        return build_encoder(tuple(int(s) for s in config["feature_shape"]), int(config["latent_dim"]),
-                             config.get("encoder", "auto"), hidden=tuple(config.get("encoder_hidden", (256, 256))),
-                             width=int(config.get("resnet_width", 64)))
+        return build_encoder(config.feature_shape, config.latent_dim, config.encoder, hidden=config.encoder_hidden,
+                             width=config.resnet_width)
 
 
 def encoder_init(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor], who: str
@@ -60,6 +74,8 @@ class SplitParty(PartyProgram):
 
     program_name = "splitnn/party"
     supports_privacy = True
+    setup_config = SplitSetup
+    config: SplitSetup
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
@@ -77,20 +93,18 @@ class SplitParty(PartyProgram):
     }
 
     @classmethod
-    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+    def describe_setup(cls, config: SplitSetup) -> SetupShape:
         """One encoder per model name, each sending ``latent_dim`` values per row (and their gradients back)."""
-        shape = feature_shape_of(config)
-        family = encoder_arch(str(config.get("encoder", "auto")), shape)
-        hidden = widths(config.get("encoder_hidden", (256, 256)))
-        latent = int(config["latent_dim"])
-        nets = tuple(Network(f"model {name!r}", family, hidden, shape, latent, latent,
-                             resnet_width=int(config.get("resnet_width", 64))) for name in config["models"])
-        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
+        shape, latent = config.feature_shape, config.latent_dim
+        family = encoder_arch(config.encoder, shape)
+        nets = tuple(Network(f"model {name!r}", family, config.encoder_hidden, shape, latent, latent,
+                             resnet_width=config.resnet_width) for name in config.models)
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config.optimizer))
 
     @classmethod
-    def private_setup_refusal(cls, config: Mapping[str, Any]) -> str | None:
+    def private_setup_refusal(cls, config: SplitSetup) -> str | None:
         """ResNet-18's batch normalisation mixes the rows of a batch: no per-row clipping bounds one row's part."""
-        if encoder_arch(str(config.get("encoder", "auto")), feature_shape_of(config)) == "resnet18":
+        if encoder_arch(config.encoder, config.feature_shape) == "resnet18":
             return ("a resnet18 encoder (batch normalisation mixes the rows of a batch) cannot be trained under it: "
                     "use encoder mlp or cnn")
         return None
@@ -101,18 +115,18 @@ class SplitParty(PartyProgram):
         return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
                 if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
 
-    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+    def __init__(self, runtime: PartyRuntime, config: SplitSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
-        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
-        self.latent_dim = int(config["latent_dim"])
+        self.feature_shape = config.feature_shape
+        self.latent_dim = config.latent_dim
         self.models: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
-        opt = config["optimizer"]
-        for name in config["models"]:
+        opt = config.optimizer
+        for name in config.models:
             model = for_device(build_party_model(config, seed, runtime.index, name).to(self.device), self.device)
             self.models[name] = model
-            self.optimizers[name] = make_optimizer(model.parameters(), opt["name"], opt["lr"],
-                                                   opt["weight_decay"], opt.get("momentum", 0.0))
+            self.optimizers[name] = make_optimizer(model.parameters(), opt.name, opt.lr, opt.weight_decay,
+                                                   opt.momentum)
         self._pending: dict[str, torch.Tensor] = {}
         self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward

@@ -76,10 +76,12 @@ from partialvfl.data.within_block import (
     wire_setting,
 )
 from partialvfl.federation.messages import Request
+from partialvfl.federation.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 
 __all__ = ["XVFL"]
+from partialvfl.methods.x_vfl.party import XVFLSetup
 from partialvfl.methods.x_vfl.spec import XVFL_PARAMS
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP
@@ -115,15 +117,12 @@ class XVFL(VFLMethod):
         return bs
 
     def _party_config(self, party: int) -> dict[str, Any]:
+        """The party's set-up config, built as its program declares it (:class:`XVFLSetup`: checked here)."""
         s = self.settings_
-        return {
-            "feature_dim": int(self.index_.feature_dims[party]),
-            "feature_shape": list(self.index_.feature_shapes[party]),
-            "embed_dim": s.latent_dim,
-            **s._pick("encoder", "encoder_hidden", "resnet_width", "xcom", "xcom_hidden"),
-            "optimizer": s.optim._asdict(),
-            "estimator": s.estimator,
-        }
+        return XVFLSetup(feature_dim=int(self.index_.feature_dims[party]),
+                         feature_shape=tuple(self.index_.feature_shapes[party]), embed_dim=s.latent_dim,
+                         **s._pick("encoder", "encoder_hidden", "resnet_width", "xcom", "xcom_hidden"),
+                         optimizer=OptimiserSetup(**s.optim._asdict()), estimator=s.estimator).to_wire()
 
     @property
     def n_classes(self) -> int:
@@ -146,7 +145,7 @@ class XVFL(VFLMethod):
         if INFO_KEY in info:  # keep the rate and seed in model.json, not the ID lists
             info[INFO_KEY] = {k: v for k, v in info[INFO_KEY].items() if k != "incomplete_ids"}
         self.top_ = self._build_top()
-        self.top_updater_ = _Updater(self.top_, p.optim._asdict(), page=p.estimator == "page")
+        self.top_updater_ = _Updater(self.top_, p.optim, page=p.estimator == "page")
         complete = view.observed & ~ctx.incomplete
         usable = view.labeled & complete.any(axis=1)
         if not p.use_unaligned:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,13 +17,31 @@ from partialvfl.data.within_block import (
 from partialvfl.federation.messages import Reply, Request
 from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
 from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
+from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, setting
+from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
+from partialvfl.methods.x_vfl.spec import ENCODERS, XVFL_PARAMS
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch
 from partialvfl.utils.devices import to_numpy
 from partialvfl.utils.seeding import torch_seeded
 
-__all__ = ["XVFLParty"]
+__all__ = ["XVFLParty", "XVFLSetup"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class XVFLSetup(FeatureSetup):
+    """The set-up config of ``x-vfl/party`` (the coordinator builds it from the method's parameters)."""
+
+    embed_dim: int = setting(low=1, doc="width of its embedding E_k (sent per row)")
+    encoder: str = setting(choices=ENCODERS, doc="bottom model family (auto: mlp for a vector, cnn otherwise)")
+    encoder_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of an MLP bottom model")
+    resnet_width: int = setting(low=1, doc="base width of a resnet18 bottom model")
+    xcom: str = setting(choices=XVFL_PARAMS.param("xcom").choices, doc="completer family (auto: mlp for a vector, "
+                        "deconv otherwise)")
+    xcom_hidden: tuple[int, ...] = setting(low=1, doc="hidden widths of an MLP completer")
+    optimizer: OptimiserSetup = setting(doc="the optimiser of its bottom model and completer")
+    estimator: str = setting(choices=XVFL_PARAMS.param("estimator").choices, doc="sgd, or page (PAGE's estimator "
+                             "keeps the previous parameters)")
 
 
 @register_program
@@ -37,6 +55,8 @@ class XVFLParty(PartyProgram):
     """
 
     program_name = "x-vfl/party"
+    setup_config = XVFLSetup
+    config: XVFLSetup
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
                                       TensorSpec("partial", "bool", ("B",), optional=True)],
@@ -67,30 +87,27 @@ class XVFLParty(PartyProgram):
     }
 
     @classmethod
-    def describe_setup(cls, config: Mapping[str, Any]) -> SetupShape:
+    def describe_setup(cls, config: XVFLSetup) -> SetupShape:
         """The bottom model (sends ``embed_dim`` per row) and the completer, which works on averaged embeddings and
         whose output is re-encoded by the bottom model (nothing of its own is sent)."""
-        shape = feature_shape_of(config)
-        e = int(config["embed_dim"])
-        nets = (Network("bottom", encoder_arch(str(config["encoder"]), shape), widths(config["encoder_hidden"]),
-                        shape, e, e, resnet_width=int(config["resnet_width"])),
-                Network("xcom", decoder_arch(str(config["xcom"]), shape), widths(config["xcom_hidden"]), (e,),
-                        math.prod(shape)))
-        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config["optimizer"]))
+        shape, e = config.feature_shape, config.embed_dim
+        nets = (Network("bottom", encoder_arch(config.encoder, shape), config.encoder_hidden, shape, e, e,
+                        resnet_width=config.resnet_width),
+                Network("xcom", decoder_arch(config.xcom, shape), config.xcom_hidden, (e,), math.prod(shape)))
+        return SetupShape(nets, feature_shape=shape, **optimiser_settings(optimizer=config.optimizer))
 
-    def __init__(self, runtime: PartyRuntime, config: dict[str, Any], seed: int) -> None:
+    def __init__(self, runtime: PartyRuntime, config: XVFLSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
-        self.feature_shape = tuple(int(s) for s in config["feature_shape"])
-        self.feature_dim = int(config["feature_dim"])
-        self.embed_dim = int(config["embed_dim"])
+        self.feature_shape = config.feature_shape
+        self.feature_dim = config.feature_dim
+        self.embed_dim = config.embed_dim
         with torch_seeded(seed, "x-vfl", runtime.index, "bottom"):
-            bottom = build_encoder(self.feature_shape, self.embed_dim, config["encoder"],
-                                   hidden=tuple(config["encoder_hidden"]), width=int(config["resnet_width"]))
+            bottom = build_encoder(self.feature_shape, self.embed_dim, config.encoder, hidden=config.encoder_hidden,
+                                   width=config.resnet_width)
         with torch_seeded(seed, "x-vfl", runtime.index, "xcom"):
-            xcom = build_decoder(self.embed_dim, self.feature_shape, config["xcom"],
-                                 hidden=tuple(config["xcom_hidden"]))
+            xcom = build_decoder(self.embed_dim, self.feature_shape, config.xcom, hidden=config.xcom_hidden)
         self.net = nn.ModuleDict({"bottom": bottom, "xcom": xcom}).to(self.device)
-        self.updater = _Updater(self.net, config["optimizer"], page=config["estimator"] == "page")
+        self.updater = _Updater(self.net, config.optimizer, page=config.estimator == "page")
         self.top: nn.Module | None = None
         self.top_hidden: list[int] = []
         self.label_prior: torch.Tensor | None = None

@@ -21,10 +21,12 @@ class _Updater:
     been accumulated in the copy ``prev`` that holds theta_{t-1} (X-VFL Eq. 10).
     """
 
-    def __init__(self, module: nn.Module, opt_cfg: dict[str, Any], page: bool) -> None:
+    def __init__(self, module: nn.Module, optimiser: Any, page: bool) -> None:
+        """``optimiser``: its ``name``, ``lr``, ``weight_decay`` and ``momentum`` as typed attributes (a party's
+        :class:`~partialvfl.federation.setup_config.OptimiserSetup`, the coordinator's settings group)."""
         self.module = module
-        self.optimizer = make_optimizer(module.parameters(), opt_cfg["name"], float(opt_cfg["lr"]),
-                                        float(opt_cfg["weight_decay"]), float(opt_cfg["momentum"]))
+        self.optimizer = make_optimizer(module.parameters(), optimiser.name, optimiser.lr, optimiser.weight_decay,
+                                        optimiser.momentum)
         self.prev = copy.deepcopy(module) if page else None
         self.g_prev: list[torch.Tensor] | None = None
 
