@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from partialvfl.data.builders import from_tables
 from partialvfl.data.dataset import Task
 from partialvfl.methods import VFLMethod, get_method
-from partialvfl.methods.base import IndexInfo, method_names
+from partialvfl.methods.base import method_names
+from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.params import Param, ParamSpace, inferred_space
 from partialvfl.methods.settings import ParamsDict, settings_class
 

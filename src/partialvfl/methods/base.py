@@ -34,89 +34,52 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
 from partialvfl.data.conform import arrange
-from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDataset
+from partialvfl.data.dataset import UNLABELED, CoordinatorView, VerticalDataset
 from partialvfl.data.ids import id_seeds
 from partialvfl.federation.coordinator import Federation, LocalFederation
 from partialvfl.federation.messages import MessageLog
 from partialvfl.federation.party import StateFileError
+from partialvfl.methods import lifecycle
 from partialvfl.methods.label_dp import rr_keep_probability
-from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
+from partialvfl.methods.model_files import (
+    IndexInfo,
+    ModelFileError,
+    read_coordinator_state,
+    read_model_meta,
+    write_model_dir,
+)
 from partialvfl.methods.params import ParamSpace, inferred_space, parse_bool, with_common
 from partialvfl.methods.private_fit import (
     PrivacyHooks,
     check_dp_options,
-    label_dp_view,
-    label_prior,
     plans_for,
-    privacy_report,
     private_parties,
     restore_privacy,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
-from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
+from partialvfl.methods.schedule import SchedulePlan, resolve_min_steps
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
-from partialvfl.methods.widths import fit_widths
-from partialvfl.utils.jsonable import json_default
-from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
+from partialvfl.utils.progress import PROGRESS_MODES
 
 if TYPE_CHECKING:
     from torch import nn
 
     from partialvfl.federation.checkpoint import Checkpointer
 
-__all__ = ["IndexInfo", "METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
+__all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
            "register_method"]
 
 FORMAT_VERSION = 2  # 2: feature names, preprocessing, digests (format 1 models still load)
-
-
-@dataclass(frozen=True)
-class IndexInfo:
-    """What a fitted model remembers of its training data: task (with the class labels), party names in order,
-    feature widths, shapes and names per party (``None`` in models saved before names were kept), the label holder."""
-
-    task: Task
-    party_names: tuple[str, ...]
-    feature_dims: tuple[int, ...]
-    feature_shapes: tuple[tuple[int, ...], ...]
-    active_party: int
-    feature_names: tuple[tuple[str, ...], ...] | None = None
-
-    @property
-    def n_parties(self) -> int:
-        return len(self.party_names)
-
-    @classmethod
-    def of(cls, view: CoordinatorView) -> IndexInfo:
-        """What a model keeps of the data it was fitted on (no values): task, parties, shapes, feature names."""
-        feature_names = view.feature_names
-        names = None if feature_names is None else tuple(tuple(str(c) for c in f) for f in feature_names)
-        return cls(view.task, tuple(view.party_names), tuple(view.feature_dims),
-                   tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["task"] = self.task.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
-        names = d.get("feature_names")
-        return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
-                   tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),
-                   None if names is None else tuple(tuple(f) for f in names))
 
 
 class VFLMethod(PrivacyHooks, TypedParams, ABC):
@@ -341,19 +304,6 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
         return autocast(self.device_, self.precision)
 
-    def _recorder(self, on_epoch: EpochCallback | None) -> EpochCallback:
-        """The loop's epoch report: a history row, a progress line (with ``progress``), then ``on_epoch``."""
-
-        def record(stage: str, epoch: int, metrics: dict[str, float]) -> None:
-            row = {"stage": stage, "epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
-            self.history_.append(row)
-            parts = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-            report_line(f"[{self.name}] {stage} epoch {epoch}: {parts}", progress_mode(self.progress)[1])
-            if on_epoch is not None:
-                on_epoch(stage, epoch, dict(metrics))
-
-        return record
-
     # ------------------------------------------------------------------ estimator API
     def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
             checkpointer: Checkpointer | None = None, on_epoch: EpochCallback | None = None,
@@ -365,17 +315,8 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         own differential-privacy budgets (``[policy] dp_epsilon, dp_delta`` of a deployed party).
         Without ``federation`` the parties run in this process on the model's ``device`` and ``precision``.
         """
-        if federation is not None and party_dp:
-            raise ValueError("party_dp sets the budgets of the in-process parties; a given federation's parties "
-                             "keep their own (LocalFederation.for_dataset(..., party_dp=...))")
-        fed = federation or LocalFederation.for_dataset(train, log=log, party_dp=party_dp, device=self.device_,
-                                                        precision=self.precision, compile=self.compile)
-        handle = fed.attach(train, "train")
-        dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
-        self.fit_federated(fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
-                           checkpointer=checkpointer, on_epoch=on_epoch)
-        fed.release(handle)
-        return self
+        return lifecycle.fit(self, train, federation=federation, log=log, checkpointer=checkpointer,
+                             on_epoch=on_epoch, party_dp=party_dp)
 
     def fit_federated(self, federation: Federation, view: CoordinatorView, handle: str, *,
                       dataset: str | None = None, data_info: dict[str, Any] | None = None,
@@ -386,104 +327,14 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         (the resumed fit ends in the same parameters as an uninterrupted one); ``on_epoch(stage, epoch, metrics)``:
         called after every epoch.
         """
-        if view.n_parties != federation.n_parties:
-            raise ValueError(f"the data has {view.n_parties} parties, the federation {federation.n_parties}")
-        if not view.labeled.any():
-            raise ValueError(f"{self.name}: the training data has no labelled sample")
-        self.federation_ = federation
-        federation.transport.device = self.device_  # replies arrive on the coordinator's device
-        self.index_ = IndexInfo.of(view)
-        self.params_ = self.resolve_params(dataset)
-        self._plan(federation)
-        self.data_info_ = dict(data_info or {})
-        private = private_parties(self, federation)  # refuses a method without differential privacy, naming it
-        # the labels the coordinator trains with (randomized under label DP; RRWithPrior: a first fit gives priors)
-        view = label_dp_view(self, view, federation, handle, dataset)
-        prior = label_prior(self, view)
-        self.label_prior_ = _label_prior(view) if prior is None else prior
-        self.history_ = []
-        schedule = self.schedule_ = plan_schedule(self.settings_, view, self.seed) if self._has_schedule() else None
-        self.width_choice_ = fit_widths(self, federation)  # within every party's announced width caps
-        if self.width_choice_ is not None:
-            report_line(self.width_choice_)
-        federation.setup(self.party_program, [self._party_config(k) for k in range(view.n_parties)], self.seed,
-                         plans=plans_for(self, private, "fit"))
-        self.preprocessing_ = self._preprocess(federation, handle)
-        if checkpointer is not None:
-            checkpointer.bind(federation)
-        train_view = view
-        stopping = None
-        if schedule is not None and schedule.early_stopping:
-            train_view = dataclasses.replace(view, labeled=view.labeled & ~np.isin(np.arange(view.n_samples),
-                                                                                  schedule.rows))
-            stopping = self._early_stopping(schedule, train_view, view, handle, checkpointer)
-        loop = TrainingLoop(
-            federation.transport, name=self.name, history=self.history_, report=self._recorder(on_epoch),
-            save_coordinator=self._coordinator_state, load_coordinator=self._load_coordinator_in_place,
-            checkpointer=checkpointer, fingerprint=self._fingerprint(view),
-            show_progress=progress_mode(self.progress)[0], stopping=stopping,
-        )
-        t0 = time.perf_counter()
-        try:
-            with self._computing():
-                self._fit(train_view, handle, loop)
-        finally:
-            if stopping is not None:
-                stopping.close()
-        loop.finish()
-        if schedule is not None and loop.stopping_result is not None:
-            schedule.result = loop.stopping_result
-        self.fit_seconds_ = time.perf_counter() - t0
-        self.resumed_step_ = loop.resumed_step
-        self.privacy_ = privacy_report(self, federation, private)
-        return self
-
-    def _has_schedule(self) -> bool:
-        """Whether the method declares the schedule parameters (every built-in method does; plugins may not)."""
-        return "min_steps" in self.param_space().names
-
-    def _early_stopping(self, schedule: SchedulePlan, train_view: CoordinatorView, view: CoordinatorView,
-                        handle: str, checkpointer: Checkpointer | None) -> EarlyStopping:
-        """Early stopping on the held-out rows: scored with the model's own prediction on the training data
-        (their labels were hidden from training); parties keep their best state beside the checkpoints, if any."""
-        rows, y = schedule.rows, view.y[schedule.rows]
-        classification = view.task is None or view.task.is_classification
-
-        def validate() -> tuple[float, float]:
-            self._validating = True  # the training's own draws (see _row_seeds)
-            try:
-                return validation_score(self._predict(train_view, handle, rows), y, classification)
-            finally:
-                self._validating = False
-
-        where = checkpointer.directory / "early-stopping" if checkpointer is not None else None
-        return EarlyStopping(validate, schedule.patience, self.federation_, where)
+        return lifecycle.fit_federated(self, federation, view, handle, dataset=dataset, data_info=data_info,
+                                       checkpointer=checkpointer, on_epoch=on_epoch)
 
     def _supervised_epochs(self, stage: str, epochs: int, steps_per_epoch: int) -> int:
         """The epochs the supervised stage runs: ``epochs`` raised to the schedule's ``min_steps`` (recorded in
         ``schedule_``); methods without a schedule run ``epochs``."""
         schedule = getattr(self, "schedule_", None)
         return epochs if schedule is None else schedule.stage(stage, epochs, steps_per_epoch)
-
-    def _preprocess(self, federation: Federation, handle: str) -> dict[str, Any]:
-        """Have every party fit its own standardisation on its training rows (unless ``standardize=false``, or the
-        data is already standardised by the paper's protocol); returns what was done, for ``model.json``."""
-        already = self.data_info_.get("standardized")
-        on = self.settings_.standardize and not already
-        federation.preprocess(handle, standardize=on)
-        how = ("each party, on its own training rows" if on else
-               f"none here: the data was standardised already ({already})" if already else "none (standardize=false)")
-        return {"standardize": on, "how": how}
-
-    def _fingerprint(self, view: CoordinatorView) -> dict[str, Any]:
-        """What must match for a checkpoint to be resumed: method, seed, parameters and a digest of the data index."""
-        digest = hashlib.sha256()
-        for arr in (view.observed, view.labeled, np.where(view.labeled, view.y, 0)):
-            digest.update(np.ascontiguousarray(arr).tobytes())
-        digest.update("\x1f".join(str(i) for i in view.ids).encode())
-        params = json.loads(json.dumps(self.params_, default=json_default))
-        return {"method": self.name, "seed": self.seed, "params": params, "data": digest.hexdigest()[:16],
-                "n_samples": view.n_samples}
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "federation_"):
@@ -668,10 +519,3 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
         return obj
 
-
-def _label_prior(view: CoordinatorView) -> np.ndarray:
-    y = view.y[view.labeled]
-    if view.task.is_classification:
-        counts = np.bincount(y.astype(np.int64), minlength=view.task.n_classes).astype(np.float64)
-        return counts / counts.sum()
-    return np.array([float(np.mean(y))])

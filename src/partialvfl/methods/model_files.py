@@ -25,19 +25,58 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from partialvfl.data.dataset import CoordinatorView, Task
 from partialvfl.utils.jsonable import json_default
 
-__all__ = ["MODEL_FILES", "ModelFileError", "read_coordinator_state", "read_model_meta", "write_model_dir"]
+__all__ = ["MODEL_FILES", "IndexInfo", "ModelFileError", "read_coordinator_state", "read_model_meta", "write_model_dir"]
 
 log = logging.getLogger("partialvfl.model")
 MODEL_FILES = ("model.json", "coordinator.pt", "party_states.json")
 _PARTY_FILE = re.compile(r"party-\d+\.pt")
 _REQUIRED = ("method", "preset", "seed", "params", "index", "label_prior")
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """What a fitted model remembers of its training data: task (with the class labels), party names in order,
+    feature widths, shapes and names per party (``None`` in models saved before names were kept), the label holder."""
+
+    task: Task
+    party_names: tuple[str, ...]
+    feature_dims: tuple[int, ...]
+    feature_shapes: tuple[tuple[int, ...], ...]
+    active_party: int
+    feature_names: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def n_parties(self) -> int:
+        return len(self.party_names)
+
+    @classmethod
+    def of(cls, view: CoordinatorView) -> IndexInfo:
+        """What a model keeps of the data it was fitted on (no values): task, parties, shapes, feature names."""
+        feature_names = view.feature_names
+        names = None if feature_names is None else tuple(tuple(str(c) for c in f) for f in feature_names)
+        return cls(view.task, tuple(view.party_names), tuple(view.feature_dims),
+                   tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["task"] = self.task.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
+        names = d.get("feature_names")
+        return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
+                   tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),
+                   None if names is None else tuple(tuple(f) for f in names))
 
 
 class ModelFileError(ValueError):
