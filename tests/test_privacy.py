@@ -253,7 +253,7 @@ def test_every_supported_method_fits_within_a_partys_budget_and_reports_it(metho
 
 def test_predictions_beyond_the_plans_reserve_are_refused_by_the_party() -> None:
     data = tiny(n=40)
-    model = get_method("vanilla-vfl")("fast", seed=0, epochs=2, dp_options={"predictions": 1}).fit(
+    model = get_method("vanilla-vfl")("fast", seed=0, epochs=2, dp_predictions=1).fit(
         data, party_dp={1: (2.0, 1e-5)})
     model.predict_proba(data)
     with pytest.raises(PolicyViolation, match=r"party 1 \('shop'\): its differential-privacy budget \(epsilon 2, "

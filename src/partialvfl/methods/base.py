@@ -45,31 +45,27 @@ import numpy as np
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, VerticalDataset
 from partialvfl.data.ids import id_seeds
-from partialvfl.federation.coordinator import Federation, LocalFederation
+from partialvfl.federation.coordinator import Federation
 from partialvfl.federation.messages import MessageLog
-from partialvfl.federation.party import StateFileError
 from partialvfl.methods import lifecycle
-from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import (
-    IndexInfo,
     ModelFileError,
-    read_coordinator_state,
+    load_model,
+    model_meta,
     read_model_meta,
     write_model_dir,
 )
-from partialvfl.methods.params import ParamSpace, inferred_space, parse_bool, with_common
+from partialvfl.methods.params import ParamSpace, inferred_space, with_common
 from partialvfl.methods.private_fit import (
+    DP_OPTIONS,
+    PRIVACY_PARAMS,
     PrivacyHooks,
-    check_dp_options,
-    plans_for,
-    private_parties,
-    restore_privacy,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
-from partialvfl.methods.schedule import SchedulePlan, resolve_min_steps
+from partialvfl.methods.run_options import RunOptions
+from partialvfl.methods.schedule import resolve_min_steps
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
-from partialvfl.utils.progress import PROGRESS_MODES
 
 if TYPE_CHECKING:
     from torch import nn
@@ -79,7 +75,6 @@ if TYPE_CHECKING:
 __all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
            "register_method"]
 
-FORMAT_VERSION = 2  # 2: feature names, preprocessing, digests (format 1 models still load)
 
 
 class VFLMethod(PrivacyHooks, TypedParams, ABC):
@@ -104,38 +99,35 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
                  precision: str = "fp32", compile: bool = False,  # noqa: A002 - torch's word
-                 label_dp: float | None = None, label_dp_seed: int | None = None, label_dp_prior: bool = False,
-                 dp_options: Mapping[str, Any] | None = None, **params: Any) -> None:
-        """``progress``: ``True`` shows a bar over the epochs when stderr is a terminal (nothing per epoch when it is
-        not), ``"epochs"`` one line per epoch (its metrics), ``False`` nothing."""
-        from partialvfl.utils.devices import check_precision, resolve_device
-
+                 **params: Any) -> None:
+        """``progress``, ``device``, ``precision``, ``compile``: how the fit runs (:class:`~partialvfl.methods.
+        run_options.RunOptions`); ``params``: declared parameters by name, the method's (:meth:`param_space`) and
+        label DP's and party DP's (:data:`~partialvfl.methods.private_fit.PRIVACY_PARAMS`), each checked here."""
         # what get_params returns: the arguments as given (scikit-learn's clone checks they are the same objects)
-        self._run_options: dict[str, Any] = {
-            "preset": preset, "seed": seed, "progress": progress, "device": device, "precision": precision,
-            "compile": compile, "label_dp": label_dp, "label_dp_seed": label_dp_seed, "label_dp_prior": label_dp_prior,
-            "dp_options": dp_options}
+        self._run_given: dict[str, Any] = {"preset": preset, "seed": seed, "progress": progress, "device": device,
+                                           "precision": precision, "compile": compile}
         self._given_params = dict(params)
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
-        if not (isinstance(progress, bool) or progress in PROGRESS_MODES):
-            raise ValueError(f"{self.name}: progress must be True, False or 'epochs', got {progress!r}")
         self.preset = preset
         self.seed = int(seed)
-        self.progress = progress
-        # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
-        self.device = device
-        self.device_ = resolve_device(device, what="device")
-        self.precision = check_precision(precision, what="precision")
-        self.compile = parse_bool(compile, f"{self.name}: compile")
-        self.overrides = self.param_space().validate(params, owner=self.name)
+        try:  # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
+            self.run_options = RunOptions(progress, device, precision, compile)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
+        checked = self._given_space().validate(params, owner=self.name)  # the one check of each value given
+        self.overrides = {k: v for k, v in checked.items() if k not in PRIVACY_PARAMS.names}
+        dp = {**PRIVACY_PARAMS.defaults(), **{k: v for k, v in checked.items() if k in PRIVACY_PARAMS.names}}
+        self.label_dp, self.label_dp_seed, self.label_dp_prior = (dp[k] for k in ("label_dp", "label_dp_seed",
+                                                                                  "label_dp_prior"))
+        self.dp_options_ = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
         self.history_: list[dict[str, Any]] = []
-        if label_dp is not None:
-            rr_keep_probability(label_dp, 2)  # a positive, finite epsilon, or an error naming it
-        self.label_dp = None if label_dp is None else float(label_dp)
-        self.label_dp_seed = None if label_dp_seed is None else int(label_dp_seed)
-        self.label_dp_prior = parse_bool(label_dp_prior, f"{self.name}: label_dp_prior")
-        self.dp_options_ = check_dp_options(dp_options)
+
+    progress = property(lambda self: self.run_options.progress, doc="RunOptions.progress")
+    device = property(lambda self: self.run_options.device, doc="RunOptions.device, as given")
+    device_ = property(lambda self: self.run_options.torch_device, doc="the torch device the coordinator computes on")
+    precision = property(lambda self: self.run_options.precision, doc="RunOptions.precision")
+    compile = property(lambda self: self.run_options.compile, doc="RunOptions.compile")
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -167,22 +159,22 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         return [k for k in cls.default_params() if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
 
     def resolve_params(self, dataset: str | None) -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (validated); a
+        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (checked when given); a
         schedule's ``min_steps = null`` resolved (:func:`~partialvfl.methods.schedule.resolve_min_steps`)."""
-        return resolve_min_steps(self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name),
-                                 self.overrides)
+        resolved = self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name, checked=True)
+        return resolve_min_steps(resolved, self.overrides)
 
-    #: the keyword options of ``__init__`` that are not declared parameters (how a fit runs, label DP, party DP)
-    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("preset", "seed", "progress", "device", "precision", "compile",
-                                              "label_dp", "label_dp_seed", "label_dp_prior", "dp_options")
+    #: the keywords of ``__init__`` that are not declared parameters: the preset, the seed and the run options
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("preset", "seed", *RunOptions.names())
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """scikit-learn's ``get_params``: every run option (``RUN_OPTIONS``) and every declared parameter this model
+        """scikit-learn's ``get_params``: the preset, the seed, every run option (``RUN_OPTIONS``), every privacy
+        parameter (:data:`~partialvfl.methods.private_fit.PRIVACY_PARAMS`) and every declared parameter this model
         was given, as given (``type(self)(**model.get_params())`` is the same unfitted model, so
-        ``sklearn.base.clone`` works).  A declared parameter not given is absent: it follows the preset, which is
-        resolved per dataset at ``fit`` (``param_space().names`` lists every name ``set_params`` accepts).
+        ``sklearn.base.clone`` works).  A method's declared parameter not given is absent: it follows the preset,
+        which is resolved per dataset at ``fit`` (``param_space().names`` lists every name ``set_params`` accepts).
         ``deep`` is accepted for scikit-learn; a method holds no nested estimator."""
-        return {**self._run_options, **self._given_params}
+        return {**self._run_given, **PRIVACY_PARAMS.defaults(), **self._given_params}
 
     def set_params(self, **params: Any) -> Self:
         """scikit-learn's ``set_params``: change run options and declared parameters (by name or alias), validated
@@ -191,13 +183,18 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         options = {k: v for k, v in params.items() if k in self.RUN_OPTIONS}
         declared = {k: v for k, v in params.items() if k not in self.RUN_OPTIONS}
         given = dict(self._given_params)
-        space = self.param_space()
+        space = self._given_space()
         for name in declared:  # a new value for a parameter given under another name (an alias) replaces it
             canonical = space.canonical(name, owner=self.name)
             given = {k: v for k, v in given.items() if space.canonical(k, owner=self.name) != canonical}
-        fresh = type(self)(**{**self._run_options, **options}, **given, **declared)  # validated, or raises
+        fresh = type(self)(**{**self._run_given, **options}, **given, **declared)  # validated, or raises
         vars(self).update({k: v for k, v in vars(fresh).items() if k != "history_"})  # fitted state kept
         return self
+
+    @classmethod
+    def _given_space(cls) -> ParamSpace:
+        """Every declared parameter ``__init__`` takes: the method's and the privacy parameters."""
+        return cls.param_space().extend(*PRIVACY_PARAMS.params)
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
@@ -425,32 +422,12 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         return res["accuracy"] if self.index_.task.is_classification else res["rmse"]
 
     # ------------------------------------------------------------------ persistence
-    def _meta(self) -> dict[str, Any]:
-        """What ``model.json`` says about the model."""
-        return {
-            "format": FORMAT_VERSION,
-            "method": self.name,
-            "preset": self.preset,
-            "seed": self.seed,
-            "overrides": self.overrides,
-            "params": self.params_,
-            "index": self.index_.to_dict(),
-            "label_prior": [float(v) for v in self.label_prior_],
-            "preprocessing": getattr(self, "preprocessing_", None),
-            "data_info": self.data_info_,
-            "fit_seconds": getattr(self, "fit_seconds_", None),
-            "schedule": schedule.to_dict() if (schedule := getattr(self, "schedule_", None)) is not None else None,
-            "history": self.history_,
-            **({"privacy": {**self.privacy_, "dp_options": self.dp_options_}}
-               if getattr(self, "privacy_", None) else {}),
-        }
-
     def save(self, directory: str | Path) -> Path:
         """Write ``model.json``, ``coordinator.pt`` and every party's state (``party-<k>.pt`` here in one process, on
         the party's own disk in a deployment) all at once: see :mod:`partialvfl.methods.model_files`."""
         self._check_fitted()
         fed = self.federation_
-        return write_model_dir(Path(directory), self._meta(), self._coordinator_state(),
+        return write_model_dir(Path(directory), model_meta(self), self._coordinator_state(),
                                save_parties=lambda d, digest: fed.save(d, model=digest), forget_parties=fed.forget)
 
     @classmethod
@@ -465,57 +442,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         Raises :class:`~partialvfl.methods.model_files.ModelFileError` (one line naming the file) for a missing,
         corrupted, truncated or foreign file, and when a party's file belongs to another model.
         """
-        from partialvfl.utils.devices import check_precision, resolve_device
-
-        resolve_device(device, what="device")  # a bad device is the caller's error, not the file's
-        check_precision(precision, what="precision")
+        run = RunOptions(False, device, precision, compile)  # a bad option is the caller's error, not the file's
         d = Path(directory)
         meta = read_model_meta(d)
         klass = get_method(meta["method"]) if cls is VFLMethod or not cls.name else cls
         if klass.name != meta["method"]:
             raise ModelFileError(f"{d} holds a {meta['method']!r} model, not {klass.name!r}")
-        obj = klass._from_meta(meta, d, device=device, precision=precision, compile=compile)
-        state = read_coordinator_state(d, meta)
-        fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log,
-                                            device=obj.device_, precision=obj.precision, compile=obj.compile)
-        fed.transport.device = obj.device_
-        obj.federation_ = fed
-        fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed,
-                  plans=plans_for(obj, private_parties(obj, fed), "predict"))
-        try:
-            fed.load(d, model=meta.get("digest"))
-        except StateFileError as e:
-            raise ModelFileError(str(e)) from None
-        try:
-            obj._load_coordinator_state(state)
-        except (KeyError, RuntimeError, TypeError, ValueError) as e:
-            raise ModelFileError(f"{d / 'coordinator.pt'} does not fit the model model.json describes "
-                                 f"({type(e).__name__}: {str(e)[:200]})") from None
-        return obj
-
-    @classmethod
-    def _from_meta(cls, meta: dict[str, Any], d: Path, **run: Any) -> VFLMethod:
-        """The estimator ``model.json`` describes, before any state is loaded (``run``: device, precision,
-        compile)."""
-        space = cls.param_space()
-        try:
-            obj = cls(meta["preset"], seed=meta["seed"], **run, **space.renamed(meta["overrides"]))
-            obj.index_ = IndexInfo.from_dict(meta["index"])
-            saved = space.renamed(meta["params"])
-            # models saved before party standardisation existed were trained on features as they are
-            values = {**space.defaults(), "standardize": False, **saved}
-            declared = set(space.names)
-            obj._set_params({k: v for k, v in values.items() if k in declared},
-                            {k: v for k, v in values.items() if k not in declared})
-            obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
-                                 f"({type(e).__name__}: {e})") from None
-        restore_privacy(obj, meta)
-        obj.preprocessing_ = meta.get("preprocessing")
-        obj.data_info_ = meta.get("data_info", {})
-        obj.history_ = meta.get("history", [])
-        obj.fit_seconds_ = meta.get("fit_seconds")
-        obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
-        return obj
-
+        return load_model(klass, d, meta, run, federation=federation, log=log)

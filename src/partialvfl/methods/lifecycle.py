@@ -52,8 +52,9 @@ def fit(method: VFLMethod, train: VerticalDataset, *, federation: Federation | N
     if federation is not None and party_dp:
         raise ValueError("party_dp sets the budgets of the in-process parties; a given federation's parties "
                          "keep their own (LocalFederation.for_dataset(..., party_dp=...))")
-    fed = federation or LocalFederation.for_dataset(train, log=log, party_dp=party_dp, device=method.device_,
-                                                    precision=method.precision, compile=method.compile)
+    run = method.run_options
+    fed = federation or LocalFederation.for_dataset(train, log=log, party_dp=party_dp, device=run.torch_device,
+                                                    precision=run.precision, compile=run.compile)
     handle = fed.attach(train, "train")
     dataset_name = train.info.get("dataset") or train.info.get("protocol", {}).get("dataset") or train.name or None
     fit_federated(method, fed, train.coordinator_view(), handle, dataset=dataset_name, data_info=train.info,
@@ -74,7 +75,8 @@ def fit_federated(method: VFLMethod, federation: Federation, view: CoordinatorVi
     method.federation_ = federation
     federation.transport.device = method.device_  # replies arrive on the coordinator's device
     method.index_ = IndexInfo.of(view)
-    method.params_ = method.resolve_params(dataset)
+    resolved = method.resolve_params(dataset)  # checked: the defaults, presets and overrides each were
+    method._set_params(resolved, trusted=list(resolved))
     method._plan(federation)
     method.data_info_ = dict(data_info or {})
     private = private_parties(method, federation)  # refuses a method without differential privacy, naming it

@@ -36,8 +36,9 @@ _FALSE = {"false", "no", "off", "0"}
 class Param:
     """One tunable: its default, kind, help text and constraints.
 
-    ``low``/``high`` bound numbers (inclusive); ``optional`` admits ``None`` (meaning "derive it", said in the
-    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
+    ``low``/``high`` bound numbers (inclusive; ``low`` excluded with ``open_low``, e.g. an epsilon > 0);
+    ``optional`` admits ``None`` (meaning "derive it", said in the help); ``aliases`` are former names still
+    accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
     ``width`` marks a width of what a party sends, which a fit narrows (unless it was given) to fit every party's
     announced width caps (:mod:`partialvfl.methods.widths`).
     """
@@ -53,6 +54,7 @@ class Param:
     aliases: tuple[str, ...] = ()
     epochs: bool = False
     width: bool = False
+    open_low: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -69,7 +71,7 @@ class Param:
             if self.low is not None or self.high is not None:
                 lo = "-inf" if self.low is None else f"{self.low:g}"
                 hi = "inf" if self.high is None else f"{self.high:g}"
-                what += f" in [{lo}, {hi}]"
+                what += f" in {'(' if self.open_low else '['}{lo}, {hi}]"
         return what + (" or null" if self.optional else "")
 
     def check(self, value: Any, where: str = "") -> Any:
@@ -89,7 +91,8 @@ class Param:
                              f"{value!r}{hint}")
         numbers = out if self.kind in ("ints", "range") else [out] if self.kind in ("int", "float") else []
         for v in numbers:
-            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+            below = self.low is not None and (v <= self.low if self.open_low else v < self.low)
+            if below or (self.high is not None and v > self.high):
                 raise ValueError(f"parameter {self.name} must be {self.describe()}, got {value!r}")
         return out
 
@@ -258,11 +261,13 @@ class ParamSpace:
         return self.validate(self.presets[preset](dataset_key(dataset)), owner)
 
     def resolve(self, preset: str, dataset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                owner: str = "") -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then ``overrides``: every parameter, validated."""
+                owner: str = "", *, checked: bool = False) -> dict[str, Any]:
+        """Defaults, then the preset's values for ``dataset``, then ``overrides``: every parameter, validated
+        (``checked``: ``overrides`` are :meth:`validate`'s output, e.g. a method's, checked when it was given, and
+        are not checked again)."""
         out = self.defaults()
         out.update(self.preset(preset, dataset, owner))
-        out.update(self.validate(overrides or {}, owner))
+        out.update(dict(overrides or {}) if checked else self.validate(overrides or {}, owner))
         return out
 
 
