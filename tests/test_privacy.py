@@ -118,7 +118,8 @@ def test_rr_with_prior_is_epsilon_dp_for_every_label_and_uses_the_prior() -> Non
 
 
 def test_label_dp_is_refused_for_regression_and_non_positive_epsilon() -> None:
-    with pytest.raises(ValueError, match="epsilon must be a positive number"):
+    with pytest.raises(ValueError, match=r"laser-vfl: parameter label_dp must be number in \(0, inf\] or null, "
+                                         r"got 0.0"):
         get_method("laser-vfl")("fast", label_dp=0.0)
     data = tiny(task=Task.regression())
     with pytest.raises(ValueError, match="label DP .* is for classification"):
