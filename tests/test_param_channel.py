@@ -5,6 +5,7 @@ outside ``VFLMethod`` and ``method.fit`` is a thin call into it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from partialvfl.cli import build_parser
 from partialvfl.cli.params import method_from_args
 from partialvfl.methods import get_method, method_names
 from partialvfl.methods import params as params_module
-from partialvfl.methods.private_fit import PRIVACY_PARAMS
+from partialvfl.methods.params import PRIVACY_PARAMS
 from partialvfl.methods.run_options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,15 @@ def test_label_dp_and_party_dp_options_are_declared_typed_parameters() -> None:
             get_method("laser-vfl")("fast", **bad)
     with pytest.raises(ValueError, match="unknown parameter 'dp_options'"):  # the untyped dict is gone
         get_method("laser-vfl")("fast", dp_options={"predictions": 1})
+
+
+def test_methods_lists_the_privacy_parameters(capsys: pytest.CaptureFixture) -> None:
+    from partialvfl.cli import main
+
+    assert main(["methods", "--method", "local"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  dp_predictions +2 +integer in \[1, inf\]: party DP", out, re.M)
+    assert re.search(r"^  label_dp +null +number in \(0, inf\] or null: label DP", out, re.M)
 
 
 @pytest.mark.parametrize(("text", "expected"), [("no", False), ("off", False), ("false", False), ("yes", True)])

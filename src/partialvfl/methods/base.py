@@ -3,7 +3,9 @@
 A method is an estimator (``fit``, ``predict_proba``, ``predict``, ``score``, ``save``/``load``) whose work is split
 between coordinator code (this class: the active party's label-side role) and a :class:`PartyProgram` that runs at
 every party.  The two talk only through the :class:`~partialvfl.federation.coordinator.Federation`'s transport, so
-the same method runs in one process (the default, :class:`LocalFederation`) or across hosts (gRPC).
+the same method runs in one process (the default, :class:`LocalFederation`) or across hosts (gRPC).  This class is
+the contract and the hooks; what a fit does around the hooks is :mod:`partialvfl.methods.lifecycle`, what a saved
+model holds :mod:`partialvfl.methods.model_files`, how a fit runs :mod:`partialvfl.methods.run_options`.
 
 What subclasses implement:
 
@@ -55,10 +57,9 @@ from partialvfl.methods.model_files import (
     read_model_meta,
     write_model_dir,
 )
-from partialvfl.methods.params import ParamSpace, inferred_space, with_common
+from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, inferred_space, with_common
 from partialvfl.methods.private_fit import (
     DP_OPTIONS,
-    PRIVACY_PARAMS,
     PrivacyHooks,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
@@ -102,7 +103,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
                  **params: Any) -> None:
         """``progress``, ``device``, ``precision``, ``compile``: how the fit runs (:class:`~partialvfl.methods.
         run_options.RunOptions`); ``params``: declared parameters by name, the method's (:meth:`param_space`) and
-        label DP's and party DP's (:data:`~partialvfl.methods.private_fit.PRIVACY_PARAMS`), each checked here."""
+        label DP's and party DP's (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`), each checked here."""
         # what get_params returns: the arguments as given (scikit-learn's clone checks they are the same objects)
         self._run_given: dict[str, Any] = {"preset": preset, "seed": seed, "progress": progress, "device": device,
                                            "precision": precision, "compile": compile}
@@ -169,7 +170,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """scikit-learn's ``get_params``: the preset, the seed, every run option (``RUN_OPTIONS``), every privacy
-        parameter (:data:`~partialvfl.methods.private_fit.PRIVACY_PARAMS`) and every declared parameter this model
+        parameter (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`) and every declared parameter this model
         was given, as given (``type(self)(**model.get_params())`` is the same unfitted model, so
         ``sklearn.base.clone`` works).  A method's declared parameter not given is absent: it follows the preset,
         which is resolved per dataset at ``fit`` (``param_space().names`` lists every name ``set_params`` accepts).

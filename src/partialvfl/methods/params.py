@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["COMMON_PARAMS", "KINDS", "Param", "ParamSpace", "PresetFn", "dataset_key", "inferred_space",
-           "with_common"]
+__all__ = ["COMMON_PARAMS", "KINDS", "PRIVACY_PARAMS", "Param", "ParamSpace", "PresetFn", "dataset_key",
+           "inferred_space", "with_common"]
 
 #: Value kinds: ``int``, ``float``, ``bool``, ``str`` (with ``choices``), ``ints`` (a list of positive ints, e.g.
 #: hidden widths), ``range`` (a pair ``[low, high]`` of floats with low < high) and ``any`` (taken as given: for
@@ -300,3 +300,21 @@ def with_common(space: ParamSpace) -> ParamSpace:
     """``space`` with :data:`COMMON_PARAMS` (those it does not declare itself) added."""
     missing = [p for p in COMMON_PARAMS if p.name not in space.names]
     return space.extend(*missing) if missing else space
+
+
+#: The privacy knobs every method takes as declared, typed parameters (``label_dp=1.0``, ``dp_predictions=1`` in
+#: Python; a method without differential privacy refuses them at ``fit``); checked once, when given.  They describe
+#: how the fit protects data, not what the model is: a model keeps them in ``model.json``'s ``privacy``, not in
+#: ``params_``.
+PRIVACY_PARAMS = ParamSpace((
+    Param("label_dp", None, "float", "label DP: randomized response at this epsilon on every training label "
+          "(null: no label DP; fit --label-dp)", low=0, open_low=True, optional=True),
+    Param("label_dp_seed", None, "int", "the seed of label DP's randomization (null: derived from the seed)",
+          optional=True),
+    Param("label_dp_prior", False, "bool", "label DP with a prior (RRWithPrior, two stages); needs label_dp"),
+    Param("dp_clip", 1.0, "float", "party DP: a factor on the method's clip norms of released values", low=0,
+          open_low=True),
+    Param("dp_grad_clip", 1.0, "float", "party DP: the per-row gradient clip of the parties' DP-SGD", low=0,
+          open_low=True),
+    Param("dp_predictions", 2, "int", "party DP: predictions per row to keep budget for after a fit", low=1),
+))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_with_prior
-from partialvfl.methods.params import Param, ParamSpace
+from partialvfl.methods.params import PRIVACY_PARAMS
 from partialvfl.utils.seeding import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
@@ -29,31 +29,15 @@ if TYPE_CHECKING:
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 
-__all__ = ["DP_OPTIONS", "PRIVACY_PARAMS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy",
+__all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy",
            "label_dp_view", "label_prior", "plans_for", "privacy_report", "private_parties", "restore_privacy"]
 
 #: Options of the plans a method sends (``dp_options_``, as ``model.json`` keeps them): a factor on the method's clip
 #: norms of released values, the per-row gradient clip of the parties' DP-SGD, and how many predictions per row to
-#: keep budget for after a fit; set by the declared parameters ``dp_clip``, ``dp_grad_clip``, ``dp_predictions``.
-DP_OPTIONS: dict[str, float] = {"clip": 1.0, "grad_clip": 1.0, "predictions": 2}
-
-#: The privacy knobs every method takes as declared, typed parameters (``label_dp=1.0``, ``dp_predictions=1`` in
-#: Python; a method without differential privacy refuses them at ``fit``); checked once, when given.  They describe
-#: how the fit protects data, not what the model is: a model keeps them in ``model.json``'s ``privacy``, not in
-#: ``params_``.
-PRIVACY_PARAMS = ParamSpace((
-    Param("label_dp", None, "float", "label DP: randomized response at this epsilon on every training label "
-          "(null: no label DP; fit --label-dp)", low=0, open_low=True, optional=True),
-    Param("label_dp_seed", None, "int", "the seed of label DP's randomization (null: derived from the seed)",
-          optional=True),
-    Param("label_dp_prior", False, "bool", "label DP with a prior (RRWithPrior, two stages); needs label_dp"),
-    Param("dp_clip", DP_OPTIONS["clip"], "float", "party DP: a factor on the method's clip norms of released values",
-          low=0, open_low=True),
-    Param("dp_grad_clip", DP_OPTIONS["grad_clip"], "float", "party DP: the per-row gradient clip of the parties' "
-          "DP-SGD", low=0, open_low=True),
-    Param("dp_predictions", DP_OPTIONS["predictions"], "int", "party DP: predictions per row to keep budget for "
-          "after a fit", low=1),
-))
+#: keep budget for after a fit; set by the declared parameters ``dp_clip``, ``dp_grad_clip``, ``dp_predictions``
+#: (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`).
+DP_OPTIONS: dict[str, float] = {k: PRIVACY_PARAMS.param(f"dp_{k}").default
+                                for k in ("clip", "grad_clip", "predictions")}
 
 #: The methods that support differential privacy, in words (for error messages).
 PRIVATE_METHODS = ("the split-network family (vanilla-vfl, plug-vfl, laser-vfl, local, ensemble, combinatorial) and "

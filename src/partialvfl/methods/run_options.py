@@ -2,7 +2,7 @@
 
 A method's knobs come through two channels and no other: its declared parameters (:mod:`partialvfl.methods.params`;
 the command line's ``--param NAME=VALUE``, a grid's values, label DP and the party-DP options of
-:data:`~partialvfl.methods.private_fit.PRIVACY_PARAMS`), and these run options, each with its own type and its own
+:data:`~partialvfl.methods.params.PRIVACY_PARAMS`), and these run options, each with its own type and its own
 command-line flag (``--device``, ``--precision``, ``--compile``, ``--quiet`` / ``--log-epochs``).  A model fitted
 on a GPU in bf16 is the same model as one fitted on the CPU: run options are not parameters, are not saved with the
 model, and ``--param`` does not reach them (:func:`refuse_run_option` says which flag does).
