@@ -67,6 +67,7 @@ from partialvfl.methods.run_options import RunOptions
 from partialvfl.methods.schedule import resolve_min_steps
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
+from partialvfl.utils.devices import DeviceError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -114,6 +115,8 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         self.seed = int(seed)
         try:  # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
             self.run_options = RunOptions(progress, device, precision, compile)
+        except DeviceError:
+            raise  # names the device or precision as the command line's errors do
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
         checked = self._given_space().validate(params, owner=self.name)  # the one check of each value given
