@@ -180,8 +180,7 @@ def run_decode(cell: dict[str, Any], train: Any, party: int) -> dict[str, Any]:
     eps = cell["epsilon"]
     fed = LocalFederation.for_dataset(train, party_dp=None if eps is None else {party: (eps, DELTA)})
     h = fed.attach(train, "train")
-    model = get_method("false-vfl-1")("fast", seed=cell["seed"], pretrain_epochs=0, epochs=0,
-                                      dp_options={"predictions": 1})
+    model = get_method("false-vfl-1")("fast", seed=cell["seed"], pretrain_epochs=0, epochs=0, dp_predictions=1)
     model.fit_federated(fed, train.coordinator_view(), h)
     view = train.party(party)
     ll, answered = decode_oracle(fed, party, h, view.rows, samples=8, repeats=3)

@@ -24,7 +24,7 @@ from partialvfl.federation.grpc_party import load_party_config
 from partialvfl.federation.policy import InferenceGuard, PartyPolicy, PolicyViolation
 from partialvfl.federation.schema import INFERS, kinds_with_role
 from partialvfl.methods import get_method, load_all, method_names
-from partialvfl.methods.base import IndexInfo
+from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.splitnn.party import SplitParty
 
 D = 16  # the party's feature count in these tests

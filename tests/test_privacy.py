@@ -118,7 +118,8 @@ def test_rr_with_prior_is_epsilon_dp_for_every_label_and_uses_the_prior() -> Non
 
 
 def test_label_dp_is_refused_for_regression_and_non_positive_epsilon() -> None:
-    with pytest.raises(ValueError, match="epsilon must be a positive number"):
+    with pytest.raises(ValueError, match=r"laser-vfl: parameter label_dp must be number in \(0, inf\] or null, "
+                                         r"got 0.0"):
         get_method("laser-vfl")("fast", label_dp=0.0)
     data = tiny(task=Task.regression())
     with pytest.raises(ValueError, match="label DP .* is for classification"):
@@ -253,7 +254,7 @@ def test_every_supported_method_fits_within_a_partys_budget_and_reports_it(metho
 
 def test_predictions_beyond_the_plans_reserve_are_refused_by_the_party() -> None:
     data = tiny(n=40)
-    model = get_method("vanilla-vfl")("fast", seed=0, epochs=2, dp_options={"predictions": 1}).fit(
+    model = get_method("vanilla-vfl")("fast", seed=0, epochs=2, dp_predictions=1).fit(
         data, party_dp={1: (2.0, 1e-5)})
     model.predict_proba(data)
     with pytest.raises(PolicyViolation, match=r"party 1 \('shop'\): its differential-privacy budget \(epsilon 2, "

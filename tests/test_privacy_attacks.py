@@ -104,7 +104,7 @@ def test_a_partys_budget_bounds_the_decode_oracle(train, budget) -> None:  # noq
     torch.set_num_threads(1)
     fed = LocalFederation.for_dataset(train, party_dp=None if budget is None else {"shop": budget})
     h = fed.attach(train, "train")
-    model = get_method("false-vfl-1")("fast", seed=0, pretrain_epochs=0, epochs=0, dp_options={"predictions": 1})
+    model = get_method("false-vfl-1")("fast", seed=0, pretrain_epochs=0, epochs=0, dp_predictions=1)
     model.fit_federated(fed, train.coordinator_view(), h)
     view = train.party(1)
     ll, answered = decode_oracle(fed, 1, h, view.rows, samples=8, repeats=3)

@@ -51,7 +51,7 @@ def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys,
     try:
         assert fed.private_parties() == {1: {"epsilon": 4.0, "delta": 1e-5}}  # said in its hello
         view, handle = fed.align(handle="train")
-        model = get_method("laser-vfl")("fast", seed=0, epochs=3, dp_options={"predictions": 1})
+        model = get_method("laser-vfl")("fast", seed=0, epochs=3, dp_predictions=1)
         model.fit_federated(fed, view, handle)
         spent = model.privacy_["parties"]["shop"]
         assert 0 < spent["epsilon_spent"] <= 4.0 and spent["rows_charged"] == int(view.labeled.sum())

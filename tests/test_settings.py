@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from partialvfl.data.builders import from_tables
 from partialvfl.data.dataset import Task
 from partialvfl.methods import VFLMethod, get_method
-from partialvfl.methods.base import IndexInfo, method_names
+from partialvfl.methods.base import method_names
+from partialvfl.methods.model_files import IndexInfo, method_from_meta
 from partialvfl.methods.params import Param, ParamSpace, inferred_space
 from partialvfl.methods.settings import ParamsDict, settings_class
 
@@ -239,7 +240,7 @@ def test_saved_models_give_back_the_same_params_and_settings(tmp_path: Path) -> 
     assert loaded.settings_ == fitted.settings_ and loaded.settings_.encoder_hidden == (8,)
     np.testing.assert_array_equal(loaded.predict_proba(data), fitted.predict_proba(data))
     # a parameter a later version no longer declares stays in params_ (model.json), but is no attribute
-    old = type(fitted)._from_meta({**meta, "params": {**meta["params"], "retired": 7}}, tmp_path / "m")
+    old = method_from_meta(type(fitted), {**meta, "params": {**meta["params"], "retired": 7}}, tmp_path / "m")
     assert old.params_["retired"] == 7 and old.settings_ == fitted.settings_
     with pytest.raises(AttributeError, match="vanilla-vfl: no parameter 'retired'"):
         _ = old.settings_.retired

@@ -18,7 +18,7 @@ from partialvfl import Task, VerticalDataset
 from partialvfl.data.dataset import DataValidationError
 from partialvfl.federation import MessageLog, find_raw_feature_leaks
 from partialvfl.methods import get_method
-from partialvfl.methods.base import IndexInfo
+from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.x_vfl import (
     XVFL,
     _TrainContext,

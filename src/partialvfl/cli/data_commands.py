@@ -82,7 +82,19 @@ def cmd_methods(args: argparse.Namespace) -> int:
     print(f"Presets: '{DEFAULT_PRESET}' is the default (fit --preset, grid entries without a preset); the others are "
           "chosen by name.\n")
     print("\n\n".join(_method_text(r, args.dataset) for r in rows))
+    print("\n" + _privacy_text())
     return 0
+
+
+def _privacy_text() -> str:
+    """The privacy parameters every method takes (the methods without differential privacy refuse them at fit)."""
+    from partialvfl.methods.params import PRIVACY_PARAMS
+
+    width = max(len(p.name) for p in PRIVACY_PARAMS.params)
+    lines = ["Privacy parameters, of every method that supports differential privacy (the others refuse them at fit; "
+             "--param NAME=VALUE, label_dp: --label-dp EPS):"]
+    lines += [f"  {p.name:<{width}}  {_show(p.default):<5}  {p.describe()}: {p.help}" for p in PRIVACY_PARAMS.params]
+    return "\n".join(lines)
 
 
 def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:

@@ -45,14 +45,16 @@ def epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:
 
 
 def method_from_args(args: argparse.Namespace) -> Any:
-    """The method ``fit`` trains: ``--method``, ``--preset``, ``--seed``, ``--param`` and ``--epochs`` (which wins
-    over a ``--param`` of the same name), on ``--device`` at ``--precision`` (``--compile``), with the progress
-    :func:`progress_setting` gives."""
+    """The method ``fit`` trains: ``--method``, ``--preset``, ``--seed``, ``--param`` (declared parameters only,
+    read by their declared types) and ``--epochs`` (which wins over a ``--param`` of the same name), on ``--device``
+    at ``--precision`` (``--compile``), with the progress :func:`progress_setting` gives."""
     from partialvfl.cli.common import device_options
     from partialvfl.methods import get_method
+    from partialvfl.methods.run_options import refuse_run_option
 
     method_cls = get_method(args.method)
     params = parse_params(args.param)
+    refuse_run_option(params)  # a run option, the preset, the seed, label DP's epsilon: each has its own flag
     if args.epochs is not None:
         params.update(epoch_params(method_cls, args.epochs))
     return method_cls(args.preset, seed=args.seed, progress=progress_setting(args), **device_options(args),

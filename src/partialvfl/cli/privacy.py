@@ -111,7 +111,7 @@ def federated_label_dp(args: argparse.Namespace, method: Any, from_file: float |
         seed = secrets.randbits(63)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{seed}\n")
-    method.label_dp, method.label_dp_seed = float(eps), seed
+    method.set_params(label_dp=float(eps), label_dp_seed=seed)
 
 
 def predict_federation(args: argparse.Namespace) -> Any | None:

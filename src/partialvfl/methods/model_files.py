@@ -25,19 +25,65 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
+from partialvfl.data.dataset import CoordinatorView, Task
+from partialvfl.methods.run_options import RunOptions
 from partialvfl.utils.jsonable import json_default
 
-__all__ = ["MODEL_FILES", "ModelFileError", "read_coordinator_state", "read_model_meta", "write_model_dir"]
+if TYPE_CHECKING:
+    from partialvfl.federation.coordinator import Federation
+    from partialvfl.federation.messages import MessageLog
+
+__all__ = ["FORMAT_VERSION", "MODEL_FILES", "IndexInfo", "ModelFileError", "load_model", "method_from_meta",
+           "model_meta", "read_coordinator_state", "read_model_meta", "write_model_dir"]
 
 log = logging.getLogger("partialvfl.model")
 MODEL_FILES = ("model.json", "coordinator.pt", "party_states.json")
 _PARTY_FILE = re.compile(r"party-\d+\.pt")
 _REQUIRED = ("method", "preset", "seed", "params", "index", "label_prior")
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """What a fitted model remembers of its training data: task (with the class labels), party names in order,
+    feature widths, shapes and names per party (``None`` in models saved before names were kept), the label holder."""
+
+    task: Task
+    party_names: tuple[str, ...]
+    feature_dims: tuple[int, ...]
+    feature_shapes: tuple[tuple[int, ...], ...]
+    active_party: int
+    feature_names: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def n_parties(self) -> int:
+        return len(self.party_names)
+
+    @classmethod
+    def of(cls, view: CoordinatorView) -> IndexInfo:
+        """What a model keeps of the data it was fitted on (no values): task, parties, shapes, feature names."""
+        feature_names = view.feature_names
+        names = None if feature_names is None else tuple(tuple(str(c) for c in f) for f in feature_names)
+        return cls(view.task, tuple(view.party_names), tuple(view.feature_dims),
+                   tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["task"] = self.task.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
+        names = d.get("feature_names")
+        return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
+                   tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),
+                   None if names is None else tuple(tuple(f) for f in names))
 
 
 class ModelFileError(ValueError):
@@ -132,3 +178,90 @@ def read_coordinator_state(directory: Path, meta: dict[str, Any]) -> dict[str, A
     if not isinstance(state, dict):
         raise ModelFileError(f"{path} is not a partialvfl coordinator state")
     return state
+
+
+# ---------------------------------------------------------------------- a method's model.json, and loading a model
+#: 2: feature names, preprocessing, digests (format 1 models still load)
+FORMAT_VERSION = 2
+
+
+def model_meta(method: Any) -> dict[str, Any]:
+    """What ``model.json`` says about a fitted ``method``."""
+    schedule = getattr(method, "schedule_", None)
+    privacy = getattr(method, "privacy_", None)
+    return {
+        "format": FORMAT_VERSION,
+        "method": method.name,
+        "preset": method.preset,
+        "seed": method.seed,
+        "overrides": method.overrides,
+        "params": method.params_,
+        "index": method.index_.to_dict(),
+        "label_prior": [float(v) for v in method.label_prior_],
+        "preprocessing": getattr(method, "preprocessing_", None),
+        "data_info": method.data_info_,
+        "fit_seconds": getattr(method, "fit_seconds_", None),
+        "schedule": schedule.to_dict() if schedule is not None else None,
+        "history": method.history_,
+        **({"privacy": {**privacy, "dp_options": method.dp_options_}} if privacy else {}),
+    }
+
+
+def method_from_meta(cls: Any, meta: dict[str, Any], d: Path, run: RunOptions | None = None) -> Any:
+    """The estimator of method class ``cls`` that ``model.json`` (``meta``, read from directory ``d``) describes,
+    running with ``run``, before any state is loaded."""
+    from partialvfl.methods.private_fit import restore_privacy
+    from partialvfl.methods.schedule import SchedulePlan
+
+    run = run or RunOptions()
+    space = cls.param_space()
+    try:
+        obj = cls(meta["preset"], seed=meta["seed"], device=run.device, precision=run.precision, compile=run.compile,
+                  **space.renamed(meta["overrides"]))
+        obj.index_ = IndexInfo.from_dict(meta["index"])
+        saved = space.renamed(meta["params"])
+        # models saved before party standardisation existed were trained on features as they are
+        values = {**space.defaults(), "standardize": False, **saved}
+        declared = set(space.names)
+        obj._set_params({k: v for k, v in values.items() if k in declared},
+                        {k: v for k, v in values.items() if k not in declared})
+        obj.label_prior_ = np.asarray(meta["label_prior"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{d / 'model.json'} does not describe a usable {cls.name!r} model "
+                             f"({type(e).__name__}: {e})") from None
+    restore_privacy(obj, meta)
+    obj.preprocessing_ = meta.get("preprocessing")
+    obj.data_info_ = meta.get("data_info", {})
+    obj.history_ = meta.get("history", [])
+    obj.fit_seconds_ = meta.get("fit_seconds")
+    obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
+    return obj
+
+
+def load_model(cls: Any, d: Path, meta: dict[str, Any], run: RunOptions, *, federation: Federation | None = None,
+               log: MessageLog | None = None) -> Any:
+    """The model saved in ``d`` (its ``model.json`` read as ``meta``; of method class ``cls``) with its parties'
+    states loaded, running with ``run``; without ``federation`` its parties run in this process (see
+    ``VFLMethod.load``)."""
+    from partialvfl.federation.coordinator import LocalFederation
+    from partialvfl.federation.party import StateFileError
+    from partialvfl.methods.private_fit import plans_for, private_parties
+
+    obj = method_from_meta(cls, meta, d, run)
+    state = read_coordinator_state(d, meta)
+    fed = federation or LocalFederation(obj.index_.party_names, obj.index_.active_party, log=log,
+                                        device=run.torch_device, precision=run.precision, compile=run.compile)
+    fed.transport.device = run.torch_device
+    obj.federation_ = fed
+    fed.setup(obj.party_program, [obj._party_config(k) for k in range(obj.index_.n_parties)], obj.seed,
+              plans=plans_for(obj, private_parties(obj, fed), "predict"))
+    try:
+        fed.load(d, model=meta.get("digest"))
+    except StateFileError as e:
+        raise ModelFileError(str(e)) from None
+    try:
+        obj._load_coordinator_state(state)
+    except (KeyError, RuntimeError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{d / 'coordinator.pt'} does not fit the model model.json describes "
+                             f"({type(e).__name__}: {str(e)[:200]})") from None
+    return obj

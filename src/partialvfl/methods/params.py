@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["COMMON_PARAMS", "KINDS", "Param", "ParamSpace", "PresetFn", "dataset_key", "inferred_space",
-           "with_common"]
+__all__ = ["COMMON_PARAMS", "KINDS", "PRIVACY_PARAMS", "Param", "ParamSpace", "PresetFn", "dataset_key",
+           "inferred_space", "with_common"]
 
 #: Value kinds: ``int``, ``float``, ``bool``, ``str`` (with ``choices``), ``ints`` (a list of positive ints, e.g.
 #: hidden widths), ``range`` (a pair ``[low, high]`` of floats with low < high) and ``any`` (taken as given: for
@@ -36,8 +36,9 @@ _FALSE = {"false", "no", "off", "0"}
 class Param:
     """One tunable: its default, kind, help text and constraints.
 
-    ``low``/``high`` bound numbers (inclusive); ``optional`` admits ``None`` (meaning "derive it", said in the
-    help); ``aliases`` are former names still accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
+    ``low``/``high`` bound numbers (inclusive; ``low`` excluded with ``open_low``, e.g. an epsilon > 0);
+    ``optional`` admits ``None`` (meaning "derive it", said in the help); ``aliases`` are former names still
+    accepted; ``epochs`` marks an epoch count that ``--epochs N`` sets;
     ``width`` marks a width of what a party sends, which a fit narrows (unless it was given) to fit every party's
     announced width caps (:mod:`partialvfl.methods.widths`).
     """
@@ -53,6 +54,7 @@ class Param:
     aliases: tuple[str, ...] = ()
     epochs: bool = False
     width: bool = False
+    open_low: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -69,7 +71,7 @@ class Param:
             if self.low is not None or self.high is not None:
                 lo = "-inf" if self.low is None else f"{self.low:g}"
                 hi = "inf" if self.high is None else f"{self.high:g}"
-                what += f" in [{lo}, {hi}]"
+                what += f" in {'(' if self.open_low else '['}{lo}, {hi}]"
         return what + (" or null" if self.optional else "")
 
     def check(self, value: Any, where: str = "") -> Any:
@@ -89,7 +91,8 @@ class Param:
                              f"{value!r}{hint}")
         numbers = out if self.kind in ("ints", "range") else [out] if self.kind in ("int", "float") else []
         for v in numbers:
-            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+            below = self.low is not None and (v <= self.low if self.open_low else v < self.low)
+            if below or (self.high is not None and v > self.high):
                 raise ValueError(f"parameter {self.name} must be {self.describe()}, got {value!r}")
         return out
 
@@ -258,11 +261,13 @@ class ParamSpace:
         return self.validate(self.presets[preset](dataset_key(dataset)), owner)
 
     def resolve(self, preset: str, dataset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                owner: str = "") -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then ``overrides``: every parameter, validated."""
+                owner: str = "", *, checked: bool = False) -> dict[str, Any]:
+        """Defaults, then the preset's values for ``dataset``, then ``overrides``: every parameter, validated
+        (``checked``: ``overrides`` are :meth:`validate`'s output, e.g. a method's, checked when it was given, and
+        are not checked again)."""
         out = self.defaults()
         out.update(self.preset(preset, dataset, owner))
-        out.update(self.validate(overrides or {}, owner))
+        out.update(dict(overrides or {}) if checked else self.validate(overrides or {}, owner))
         return out
 
 
@@ -295,3 +300,21 @@ def with_common(space: ParamSpace) -> ParamSpace:
     """``space`` with :data:`COMMON_PARAMS` (those it does not declare itself) added."""
     missing = [p for p in COMMON_PARAMS if p.name not in space.names]
     return space.extend(*missing) if missing else space
+
+
+#: The privacy knobs every method takes as declared, typed parameters (``label_dp=1.0``, ``dp_predictions=1`` in
+#: Python; a method without differential privacy refuses them at ``fit``); checked once, when given.  They describe
+#: how the fit protects data, not what the model is: a model keeps them in ``model.json``'s ``privacy``, not in
+#: ``params_``.
+PRIVACY_PARAMS = ParamSpace((
+    Param("label_dp", None, "float", "label DP: randomized response at this epsilon on every training label "
+          "(null: no label DP; fit --label-dp)", low=0, open_low=True, optional=True),
+    Param("label_dp_seed", None, "int", "the seed of label DP's randomization (null: derived from the seed)",
+          optional=True),
+    Param("label_dp_prior", False, "bool", "label DP with a prior (RRWithPrior, two stages); needs label_dp"),
+    Param("dp_clip", 1.0, "float", "party DP: a factor on the method's clip norms of released values", low=0,
+          open_low=True),
+    Param("dp_grad_clip", 1.0, "float", "party DP: the per-row gradient clip of the parties' DP-SGD", low=0,
+          open_low=True),
+    Param("dp_predictions", 2, "int", "party DP: predictions per row to keep budget for after a fit", low=1),
+))

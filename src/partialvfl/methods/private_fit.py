@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_with_prior
+from partialvfl.methods.params import PRIVACY_PARAMS
 from partialvfl.utils.seeding import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
@@ -28,12 +29,15 @@ if TYPE_CHECKING:
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 
-__all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy", "label_dp_view",
-           "label_prior", "plans_for", "privacy_report", "private_parties", "restore_privacy"]
+__all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy",
+           "label_dp_view", "label_prior", "plans_for", "privacy_report", "private_parties", "restore_privacy"]
 
-#: Options of the plans a method sends (``dp_options``): a factor on the method's clip norms of released values, the
-#: per-row gradient clip of the parties' DP-SGD, and how many predictions per row to keep budget for after a fit.
-DP_OPTIONS: dict[str, float] = {"clip": 1.0, "grad_clip": 1.0, "predictions": 2}
+#: Options of the plans a method sends (``dp_options_``, as ``model.json`` keeps them): a factor on the method's clip
+#: norms of released values, the per-row gradient clip of the parties' DP-SGD, and how many predictions per row to
+#: keep budget for after a fit; set by the declared parameters ``dp_clip``, ``dp_grad_clip``, ``dp_predictions``
+#: (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`).
+DP_OPTIONS: dict[str, float] = {k: PRIVACY_PARAMS.param(f"dp_{k}").default
+                                for k in ("clip", "grad_clip", "predictions")}
 
 #: The methods that support differential privacy, in words (for error messages).
 PRIVATE_METHODS = ("the split-network family (vanilla-vfl, plug-vfl, laser-vfl, local, ensemble, combinatorial) and "
@@ -74,7 +78,7 @@ def restore_privacy(method: VFLMethod, meta: Mapping[str, Any]) -> None:
 
 
 def check_dp_options(options: Mapping[str, Any] | None) -> dict[str, float]:
-    """``dp_options`` with defaults (an unknown key or a non-positive value is an error naming it)."""
+    """A model file's ``dp_options`` with defaults (an unknown key or a non-positive value is an error naming it)."""
     out = dict(DP_OPTIONS)
     for key, value in dict(options or {}).items():
         if key not in DP_OPTIONS:
@@ -139,8 +143,10 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
     first = view.labeled & ~second
     y1 = randomize_labels(np.where(first, view.y, 0), first, k, eps, numpy_rng(seed, "randomized response"))
     stage1 = dataclasses.replace(view, y=np.where(first, y1, view.y), labeled=first)
-    prior_model = type(method)(method.preset, seed=method.seed, dp_options=method.dp_options_, device=method.device,
-                               precision=method.precision, compile=method.compile, **method.overrides)
+    run = method.run_options
+    dp = {f"dp_{k}": v for k, v in method.dp_options_.items()}
+    prior_model = type(method)(method.preset, seed=method.seed, device=run.device, precision=run.precision,
+                               compile=run.compile, **dp, **method.overrides)
     prior_model.fit_federated(federation, stage1, handle, dataset=dataset)
     priors = prior_model.predict_output_federated(view, handle)[second]
     y = np.where(first, y1, view.y)

@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import difflib
 import keyword
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Literal, Self
 
 from partialvfl.methods.params import Param, ParamSpace
@@ -71,10 +71,12 @@ class Settings:
     _attrs: ClassVar[Mapping[str, str]] = {}  # parameter name -> attribute name
 
     @classmethod
-    def _of(cls, values: Mapping[str, Any]) -> Self:
+    def _of(cls, values: Mapping[str, Any], trusted: Collection[str] = ()) -> Self:
         """The object for ``values``: every parameter (current names or aliases), each checked and converted; a
-        missing, unknown or invalid one is refused with its name (``ValueError``)."""
-        checked = cls._space.validate(values, owner=cls._owner)
+        missing, unknown or invalid one is refused with its name (``ValueError``).  ``trusted``: current names whose
+        values were checked already (where they entered) and are taken as they are."""
+        fresh = cls._space.validate({k: v for k, v in values.items() if k not in trusted}, owner=cls._owner)
+        checked = {**{k: v for k, v in values.items() if k in trusted}, **fresh}
         missing = [n for n in cls._attrs if n not in checked]
         if missing:
             raise ValueError(f"{cls._owner}: missing parameter(s) {', '.join(missing)}")
@@ -210,10 +212,12 @@ class TypedParams:
 
     @params_.setter
     def params_(self, values: Mapping[str, Any]) -> None:
-        self._set_params(values)
+        held = self.__dict__.get("_params_view", {})  # values already held were checked when they entered
+        self._set_params(values, trusted=[k for k, v in values.items() if k in held and held[k] == v])
 
-    def _set_params(self, values: Mapping[str, Any], undeclared: Mapping[str, Any] | None = None) -> None:
+    def _set_params(self, values: Mapping[str, Any], undeclared: Mapping[str, Any] | None = None,
+                    trusted: Collection[str] = ()) -> None:
         """Set ``settings_`` and ``params_`` from ``values``; ``undeclared``: values a model file holds for names
-        no longer declared, kept in ``params_`` only."""
-        self.settings_ = self.settings_class()._of(values)
+        no longer declared, kept in ``params_`` only; ``trusted``: names whose values were checked already."""
+        self.settings_ = self.settings_class()._of(values, trusted)
         self._params_view = ParamsDict({**self.settings_._asdict(), **(undeclared or {})}, owner=self.name)
