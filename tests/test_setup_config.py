@@ -28,7 +28,7 @@ from partialvfl.federation.party import PROGRAMS, PartyProgram
 from partialvfl.federation.policy import PartyPolicy
 from partialvfl.federation.setup_config import SetupConfig, SetupConfigError
 from partialvfl.methods import get_method, load_all, method_names
-from partialvfl.methods.base import IndexInfo
+from partialvfl.methods.model_files import IndexInfo
 
 load_all()
 SRC = Path(__file__).resolve().parents[1] / "src"
