@@ -9,7 +9,7 @@ What subclasses implement:
 
 * ``name`` (registry key), ``party_program`` (the registered program name);
 * ``params``: the declared :class:`~partialvfl.methods.params.ParamSpace` (defaults, types, ranges, help, presets
-  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``); a fitted or
+  per dataset), in a torch-free ``spec`` module (a plugin may instead list ``default_params()``); a fitted or
   loaded model reads them typed as ``self.settings_.<name>`` (:mod:`partialvfl.methods.settings`), and keeps the
   plain dict ``params_`` for model files and reports;
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
@@ -63,7 +63,7 @@ from partialvfl.methods.private_fit import (
     private_parties,
     restore_privacy,
 )
-from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.registry import METHODS, get_method, load_all, method_names
 from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, resolve_min_steps, validation_score
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
@@ -76,8 +76,7 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.checkpoint import Checkpointer
 
-__all__ = ["IndexInfo", "METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
-           "register_method"]
+__all__ = ["IndexInfo", "METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names"]
 
 FORMAT_VERSION = 2  # 2: feature names, preprocessing, digests (format 1 models still load)
 
@@ -124,7 +123,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
     name: ClassVar[str] = ""
     party_program: ClassVar[str] = ""
-    #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
+    #: the declared parameters and presets (``methods/<family>/spec.py``); methods without one list ``default_params()``
     params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
     #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)
