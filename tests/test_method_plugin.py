@@ -121,6 +121,8 @@ def test_a_plugin_method_validates_its_parameters_fits_predicts_and_loads(plugin
     np.testing.assert_array_equal(again.predict_proba(test), proba)  # seeded: the same model
 
     model.save(tmp_path / "model")
+    saved = " ".join(p.read_text(errors="replace") for p in (tmp_path / "model").rglob("*.json"))
+    assert TOY in saved and "toy_family" not in saved  # a model file names its method, never a module path
     from partialvfl.methods.base import VFLMethod
 
     loaded = VFLMethod.load(tmp_path / "model")  # the model file names the method; the registry finds the plugin
