@@ -7,7 +7,7 @@ reproduce that grid on ``digits`` (bundled with scikit-learn).  Two configuratio
 
 * ``--config laser`` (default): LASER-VFL's own: every method with the ``laser-paper`` preset (its released code's
   hyperparameters: SGD, the code's learning rates and epochs, MLP 128-128-128 parties), LASER-VFL with one head per
-  party, and LASER-VFL's metric (:func:`~partialvfl.methods.laser_vfl.client_averaged_accuracy`: each observing
+  party, and LASER-VFL's metric (:func:`~partialvfl.methods.splitnn.laser_vfl.client_averaged_accuracy`: each observing
   party's head predicts from the mean over exactly the observed set, the heads' correctness averaged per sample;
   single-predictor methods reduce to plain accuracy);
 * ``--config ours``: the ``fast`` preset, one head at the active party, plain accuracy (the FALSE-VFL paper's
@@ -119,7 +119,7 @@ def _fit_one(spec: str, preset: str, seed: int, train: Any, laser: dict[str, Any
 def _score(model: Any, data: Any, metric: str) -> float:
     """LASER-VFL's client-averaged accuracy for a LASER-VFL model with per-party heads, else accuracy."""
     if metric == "client-averaged accuracy" and model.name == "laser-vfl":
-        from partialvfl.methods.laser_vfl import client_averaged_accuracy
+        from partialvfl.methods.splitnn.laser_vfl import client_averaged_accuracy
 
         return client_averaged_accuracy(model, data)
     return float(evaluate(model, data)["accuracy"])

@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import MessageLog
 from partialvfl.methods import VFLMethod, evaluate, get_method
-from partialvfl.methods.combinatorial import subset_name
-from partialvfl.methods.ensemble import majority_vote
-from partialvfl.methods.laser_vfl import (
+from partialvfl.methods.splitnn import fit_best_of_pretraining
+from partialvfl.methods.splitnn.combinatorial import subset_name
+from partialvfl.methods.splitnn.ensemble import majority_vote
+from partialvfl.methods.splitnn.laser_vfl import (
     client_averaged_accuracy,
     laser_estimate,
     laser_objective,
     laser_weight,
     sample_task_sets,
 )
-from partialvfl.methods.plug_vfl import plug_dropout
-from partialvfl.methods.splitnn import fit_best_of_pretraining
+from partialvfl.methods.splitnn.plug_vfl import plug_dropout
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer, image_augmenter, tabular_augmenter
 from partialvfl.nn import MLP
 

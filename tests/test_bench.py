@@ -49,7 +49,9 @@ DUMMY_MODULE = textwrap.dedent('''
     import torch
 
     from partialvfl.federation import MessageSpec, PartyProgram, Reply, TensorSpec, register_program
-    from partialvfl.methods.base import VFLMethod, register_method
+    from partialvfl.methods.base import VFLMethod
+    from partialvfl.methods.params import inferred_space
+    from partialvfl.methods.registry import MethodSpec, register_spec
     from partialvfl.methods.training import Stage
 
 
@@ -63,7 +65,6 @@ DUMMY_MODULE = textwrap.dedent('''
             return Reply({"x": request.tensors["x"] * 2})
 
 
-    @register_method
     class BenchDummy(VFLMethod):
         name = "bench-dummy"
         party_program = "test/bench-echo"
@@ -98,6 +99,10 @@ DUMMY_MODULE = textwrap.dedent('''
             right = rng.random(len(rows)) < self.params_["skill"]
             p[right, view.y[rows][right].astype(int)] += 10.0
             return p / p.sum(1, keepdims=True)
+
+
+    SPACE = inferred_space(BenchDummy.default_params(), {p: lambda ds: {} for p in ("fast", "paper")})
+    register_spec(MethodSpec("bench-dummy", "a test method", f"{__name__}:BenchDummy", SPACE))
 ''')
 
 

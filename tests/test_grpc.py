@@ -60,7 +60,9 @@ from partialvfl.federation.grpc_transport import (
 )
 from partialvfl.federation.psu import PSU_MESSAGES
 from partialvfl.federation.transport import PartyUnavailable
-from partialvfl.methods.base import METHODS, VFLMethod, register_method
+from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.params import inferred_space
+from partialvfl.methods.registry import MethodSpec, register_spec, unregister
 from partialvfl.methods.training import Stage
 
 HERE = Path(__file__).resolve().parent
@@ -753,9 +755,10 @@ def _coordinator_main(argv: list[str]) -> int:
 
 @pytest.fixture
 def toy_method():  # noqa: ANN201
-    register_method(ToySplitMethod)
+    space = inferred_space(ToySplitMethod.default_params(), {p: lambda ds: {} for p in ToySplitMethod.presets})
+    register_spec(MethodSpec(ToySplitMethod.name, "a toy split network", f"{__name__}:ToySplitMethod", space))
     yield ToySplitMethod
-    METHODS.pop(ToySplitMethod.name, None)
+    unregister(ToySplitMethod.name)
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from partialvfl.bench.aggregate import Aggregate, entry_key, is_validation, mean
 from partialvfl.bench.figures import label_styles, method_labels, new_figure, plot_band, save_figure
 from partialvfl.bench.naming import is_false_vfl, mech_key, mechanism_title, method_key
 from partialvfl.bench.tables import md_table, mean_std_text, tests_of
+from partialvfl.methods.registry import get_spec
 
 __all__ = ["Axis", "ablation_axes", "ablation_axis", "ablation_markdown", "axis_curves", "write_ablation_figures",
            "winners"]
@@ -137,11 +138,20 @@ def winners(aggs: Sequence[Aggregate], axis: Axis) -> list[dict[str, Any]]:
     return out
 
 
+def _batches_by_pattern(method: str | None) -> bool:
+    """Whether ``method`` declares LASER-VFL's ``batching`` parameter (pattern batching: its data statistics count
+    the observed patterns)."""
+    spec = get_spec(method or "")
+    if spec is None or "batching" not in spec.params.names:
+        return False
+    return "pattern" in (spec.params.param("batching").choices or ())
+
+
 def _pattern_table(rows: Sequence[dict[str, Any]], axis: Axis) -> str:
     stats: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         ds = r.get("data_stats") or {}
-        if (r.get("method") == "laser-vfl" and not is_validation(r) and r["dataset"] in axis.values
+        if (_batches_by_pattern(r.get("method")) and not is_validation(r) and r["dataset"] in axis.values
                 and (r.get("params") or {}).get("batching", "pattern") == "pattern" and "patterns" in ds):
             stats[r["dataset"]].append(ds)
     if not stats:

@@ -6,17 +6,13 @@ import re
 
 from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
+from partialvfl.methods.registry import UNORDERED, get_spec
 
 __all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "dataset_key", "is_false_vfl", "mech_key",
            "mechanism_title", "method_key", "method_title"]
 
 PAPER_NAME = {v: k for k, v in PAPER_METHODS.items()}
-#: Display names: the FALSE-VFL paper's, plus those of the methods it does not compare with.
-_DISPLAY_NAME = PAPER_NAME | {"x-vfl": "X-VFL", "local": "Local", "ensemble": "Ensemble",
-                               "combinatorial": "Combinatorial"}
 PAPER_DATASET_NAME = {v: k for k, v in PAPER_DATASETS.items()}
-_METHOD_ORDER = ["vanilla-vfl", "laser-vfl", "plug-vfl", "fedhssl", "x-vfl", "local", "ensemble", "combinatorial",
-                 "false-vfl-1", "false-vfl-2"]
 _MECH_ORDER = list(PAPER_TEST_MECHANISMS)
 LABELLED_ONLY = "labelled-only"
 
@@ -31,11 +27,14 @@ def mechanism_title(name: str) -> str:
 
 def method_title(label: str, method: str) -> str:
     """The paper's name for a method shown under its registry name (``false-vfl-1`` -> ``FALSE-VFL-I``)."""
-    return _DISPLAY_NAME.get(method, label) if label == method else label
+    spec = get_spec(method)
+    return (spec.title if spec is not None else label) if label == method else label
 
 
 def is_false_vfl(method: str) -> bool:
-    return method.startswith("false-vfl")
+    """Whether ``method`` is a FALSE-VFL variant (its declaration says ``proposed``: the side reports compare)."""
+    spec = get_spec(method)
+    return spec is not None and spec.proposed
 
 
 def dataset_key(name: str) -> tuple[tuple[int, float, str], ...]:
@@ -50,6 +49,7 @@ def mech_key(name: str) -> tuple[int, str]:
 
 
 def method_key(method: str, label: str) -> tuple[float, str]:
-    """The paper's row order: baselines, then methods it does not know, then FALSE-VFL."""
-    i = _METHOD_ORDER.index(method) if method in _METHOD_ORDER else _METHOD_ORDER.index("false-vfl-1") - 0.5
-    return (float(i), label)
+    """The paper's row order (each method's declared ``report_order``): baselines, then methods it does not know,
+    then FALSE-VFL."""
+    spec = get_spec(method)
+    return (float(spec.report_order if spec is not None else UNORDERED), label)

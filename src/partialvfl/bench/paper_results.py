@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
+from partialvfl.methods.registry import load_specs
 
 __all__ = [
     "PAPER_DATASETS",
@@ -33,14 +34,8 @@ __all__ = [
 PAPER_TRAIN_MECHANISMS = ("mcar2", "mcar5", "mar1", "mar2", "mnar7", "mnar9")
 _TABLE_TRAIN = {"12": "mcar2", "13": "mcar5", "14": "mar1", "15": "mar2", "16": "mnar7", "17": "mnar9"}
 PAPER_DATASETS = {"Isolet": "isolet", "HAPT": "hapt", "FashionMNIST": "fashion-mnist", "ModelNet10": "modelnet10"}
-PAPER_METHODS = {
-    "Vanilla VFL": "vanilla-vfl",
-    "LASER-VFL": "laser-vfl",
-    "PlugVFL": "plug-vfl",
-    "FedHSSL": "fedhssl",
-    "FALSE-VFL-I": "false-vfl-1",
-    "FALSE-VFL-II": "false-vfl-2",
-}
+#: the tables' method names -> registry names (each method's declaration says its ``paper_name``)
+PAPER_METHODS = {spec.paper_name: spec.name for spec in load_specs().values() if spec.paper_name}
 
 
 @dataclass(frozen=True)
@@ -274,7 +269,9 @@ def _parse() -> tuple[dict[tuple[str, str, str, str], PaperCell], dict[tuple[str
         if line in PAPER_DATASETS:
             dataset = PAPER_DATASETS[line]
             continue
-        label = next(m for m in sorted(PAPER_METHODS, key=len, reverse=True) if line.startswith(m + " "))
+        label = next((m for m in sorted(PAPER_METHODS, key=len, reverse=True) if line.startswith(m + " ")), None)
+        if label is None:
+            raise AssertionError(f"Table {table} {dataset}: no declared method has the paper name of {line!r}")
         rest = line[len(label):]
         method = PAPER_METHODS[label]
         if table == "18":

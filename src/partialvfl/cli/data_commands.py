@@ -100,7 +100,8 @@ def _privacy_text() -> str:
 def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:
     space = spec.params
     return {
-        "name": spec.name, "summary": spec.summary,
+        "name": spec.name, "summary": spec.summary, "title": spec.title, "paper_name": spec.paper_name,
+        "docs": spec.docs or None, "private": spec.private, "aligned_only": spec.aligned_only,
         "presets": {p: space.resolve(p, dataset, owner=spec.name) for p in space.preset_names},
         "dataset_presets": list(space.dataset_presets),
         "default_preset": DEFAULT_PRESET if DEFAULT_PRESET in space.preset_names else None,
@@ -117,7 +118,11 @@ def _method_text(row: dict[str, Any], dataset: str | None) -> str:
     values = [[_show(row["presets"][p][q["name"]]) for p in presets] for q in row["params"]]
     name_w = max(len("parameter"), *(len(q["name"]) for q in row["params"]))
     widths = [max(len(h), *(len(v[i]) for v in values)) for i, h in enumerate(heads)]
-    lines = [f"{row['name']}: {row['summary']}",
+    facts = [f"docs: {row['docs']}"] if row["docs"] else []
+    facts.append("differential privacy: yes" if row["private"] else "differential privacy: no")
+    if row["aligned_only"]:
+        facts.append("trains on aligned rows only")
+    lines = [f"{row['name']}: {row['summary']}", "  " + "; ".join(facts),
              "  " + "  ".join([f"{'parameter':<{name_w}}", *(f"{h:<{w}}" for h, w in zip(heads, widths)),
                                "accepted: help"])]
     for q, v in zip(row["params"], values):

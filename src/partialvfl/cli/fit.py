@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from partialvfl.cli.common import (
+    DEFAULT_METHOD,
     DEFAULT_PRESET,
     add_device_options,
     add_protocol_options,
@@ -41,7 +42,8 @@ def add_commands(sub: Any) -> None:
                                    "or across a federation's party processes (--federation FILE).")
     add_protocol_options(p, test=False)
     add_table_options(p, fit=True)
-    p.add_argument("--method", default="false-vfl-1", help="method name (see `partialvfl methods`)")
+    p.add_argument("--method", default=DEFAULT_METHOD, help="method name (see `partialvfl methods`); default: "
+                   "%(default)s")
     p.add_argument("--preset", default=DEFAULT_PRESET, help="fast (CPU) or paper; default: %(default)s")
     p.add_argument("--epochs", type=int, default=None,
                    help="set every epoch count of the method (pretraining included)")

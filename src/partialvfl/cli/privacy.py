@@ -68,13 +68,13 @@ def party_dp(args: argparse.Namespace) -> dict[str, tuple[float, float]] | None:
 def check_privacy(args: argparse.Namespace, method: Any, data: Any) -> dict[str, tuple[float, float]] | None:
     """``--label-dp``, ``--party-dp`` and ``--param label_dp_prior`` checked against the method and the data before an
     in-process fit, with errors that name the flags; returns the budgets by party name (``None`` without any)."""
-    from partialvfl.methods.private_fit import PRIVATE_METHODS
+    from partialvfl.methods.private_fit import private_methods_text
 
     budgets = party_dp(args)
     flags = [f for f, on in (("--label-dp", args.label_dp is not None), ("--party-dp", bool(budgets))) if on]
     if flags and not method.supports_privacy:
         raise ValueError(f"{' and '.join(flags)}: {method.name} does not support differential privacy; the methods "
-                         f"that do: {PRIVATE_METHODS}")
+                         f"that do: {private_methods_text()}")
     unknown = [name for name in budgets or {} if name not in data.party_names]
     if unknown:
         raise ValueError(f"--party-dp: no party {unknown[0]!r}; the parties are {list(data.party_names)}")
@@ -89,7 +89,7 @@ def check_privacy(args: argparse.Namespace, method: Any, data: Any) -> dict[str,
 def federated_label_dp(args: argparse.Namespace, method: Any, from_file: float | None) -> None:
     """A federated fit's label DP: ``--label-dp`` or ``[labels] label_dp`` (they must agree), with a seed the parties
     cannot know (drawn from :mod:`secrets`, kept in ``OUT/checkpoints`` so that ``--resume`` randomizes alike)."""
-    from partialvfl.methods.private_fit import PRIVATE_METHODS
+    from partialvfl.methods.private_fit import private_methods_text
 
     eps = args.label_dp if args.label_dp is not None else from_file
     source = "--label-dp" if args.label_dp is not None else f"[labels] label_dp in {args.federation}"
@@ -103,7 +103,7 @@ def federated_label_dp(args: argparse.Namespace, method: Any, from_file: float |
         return
     if not method.supports_privacy:
         raise ValueError(f"{source}: {method.name} does not support differential privacy; the methods that do: "
-                         f"{PRIVATE_METHODS}")
+                         f"{private_methods_text()}")
     path = Path(args.out) / "checkpoints" / "label-dp-seed"
     if path.exists():
         seed = int(path.read_text().strip())

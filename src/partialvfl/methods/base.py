@@ -11,7 +11,7 @@ What subclasses implement:
 
 * ``name`` (registry key), ``party_program`` (the registered program name);
 * ``params``: the declared :class:`~partialvfl.methods.params.ParamSpace` (defaults, types, ranges, help, presets
-  per dataset), in a torch-free ``*_spec`` module (a plugin may instead list ``default_params()``); a fitted or
+  per dataset), in a torch-free ``spec`` module (a plugin may instead list ``default_params()``); a fitted or
   loaded model reads them typed as ``self.settings_.<name>`` (:mod:`partialvfl.methods.settings`), and keeps the
   plain dict ``params_`` for model files and reports;
 * ``_party_config(k)``: the JSON-able config sent to party ``k`` at setup (must include what the program needs to
@@ -62,7 +62,7 @@ from partialvfl.methods.private_fit import (
     DP_OPTIONS,
     PrivacyHooks,
 )
-from partialvfl.methods.registry import METHODS, get_method, load_all, method_names, register_method
+from partialvfl.methods.registry import METHODS, get_method, load_all, method_names
 from partialvfl.methods.run_options import RunOptions
 from partialvfl.methods.schedule import resolve_min_steps
 from partialvfl.methods.settings import TypedParams
@@ -74,8 +74,7 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.checkpoint import Checkpointer
 
-__all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
-           "register_method"]
+__all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names"]
 
 
 
@@ -84,7 +83,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
     name: ClassVar[str] = ""
     party_program: ClassVar[str] = ""
-    #: the declared parameters and presets (``methods/*_spec.py``); methods without one list ``default_params()``
+    #: the declared parameters and presets (``methods/<family>/spec.py``); methods without one list ``default_params()``
     params: ClassVar[ParamSpace | None] = None
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
     #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)

@@ -8,7 +8,8 @@ to parties that keep their own budget, and the privacy report printed with the f
   a plan (:class:`~partialvfl.federation.dp.PrivacyPlan`) at ``setup``: how many mechanisms per row the method will
   use, the clip norms.  The party calibrates its noise to it and enforces its budget itself; the coordinator cannot
   turn it off, only decline to send a plan (the party then refuses the setup).
-* Methods declare ``supports_privacy``; any other method refuses both settings, naming itself.
+* A method's declaration says whether it supports both (``MethodSpec.private``: ``supports_privacy``); any other
+  method refuses both settings, naming itself.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_with_prior
 from partialvfl.methods.params import PRIVACY_PARAMS
+from partialvfl.methods.registry import get_spec, private_methods
 from partialvfl.utils.seeding import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 
-__all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", "describe_privacy",
-           "label_dp_view", "label_prior", "plans_for", "privacy_report", "private_parties", "restore_privacy"]
+__all__ = ["DP_OPTIONS", "PrivacyHooks", "check_dp_options", "describe_privacy", "label_dp_view",
+           "label_prior", "plans_for", "privacy_report", "private_methods_text", "private_parties", "restore_privacy"]
 
 #: Options of the plans a method sends (``dp_options_``, as ``model.json`` keeps them): a factor on the method's clip
 #: norms of released values, the per-row gradient clip of the parties' DP-SGD, and how many predictions per row to
@@ -39,16 +41,22 @@ __all__ = ["DP_OPTIONS", "PRIVATE_METHODS", "PrivacyHooks", "check_dp_options", 
 DP_OPTIONS: dict[str, float] = {k: PRIVACY_PARAMS.param(f"dp_{k}").default
                                 for k in ("clip", "grad_clip", "predictions")}
 
-#: The methods that support differential privacy, in words (for error messages).
-PRIVATE_METHODS = ("the split-network family (vanilla-vfl, plug-vfl, laser-vfl, local, ensemble, combinatorial) and "
-                   "false-vfl-1")
+
+def private_methods_text() -> str:
+    """The methods that support differential privacy, in words (for error messages), read from their declarations."""
+    return ", ".join(private_methods()) or "none"
 
 
 class PrivacyHooks:
     """What a method says about differential privacy (:class:`~partialvfl.methods.base.VFLMethod` inherits it)."""
 
-    #: whether the method runs with label DP and at parties that keep a differential-privacy budget
-    supports_privacy: ClassVar[bool] = False
+    @property
+    def supports_privacy(self) -> bool:
+        """Whether the method runs with label DP and at parties that keep a differential-privacy budget (what its
+        declaration says: ``MethodSpec.private``)."""
+        spec = get_spec(self.name)
+        return spec is not None and spec.private
+
     #: what the passive parties' messages in a fit reveal about the labels without label DP: ``"labels"`` (gradients
     #: of a supervised loss: their rows' labels, and which rows are labelled), ``"labelled rows"`` (only which rows
     #: are labelled) or ``"nothing"`` (they are sent nothing); the fit's first line says it (docs/privacy.md)
@@ -98,7 +106,7 @@ def private_parties(method: VFLMethod, federation: Federation) -> dict[int, dict
              if on]
     if asked and not method.supports_privacy:
         raise ValueError(f"{method.name} does not support differential privacy ({'; '.join(asked)}); the methods "
-                         f"that do: {PRIVATE_METHODS}")
+                         f"that do: {private_methods_text()}")
     if parties:
         why = method._privacy_refusal()
         if why:

@@ -295,9 +295,9 @@ def schedule_rows(method: str, preset: str, n_labels: int, aligned_share: float 
     es = p["early_stopping"] == "on" or (p["early_stopping"] == "auto" and min_steps > 0
                                         and n_val >= MIN_VALIDATION_ROWS)
     train = n_labels - (n_val if es else 0)
-    aligned_only = method in ("vanilla-vfl", "fedhssl")
+    aligned_only = spec.aligned_only
     rows = int(round(train * aligned_share)) if aligned_only else train
-    bs = p.get("batch_size") or (100 if method == "x-vfl" else 64)
+    bs = p.get("batch_size") or spec.unset_batch_size
     spe = max(1, math.ceil(rows / int(bs))) if rows else 0
     run = supervised_epochs(int(p["epochs"]), spe, min_steps)
     return {"method": method, "labels": n_labels, "rows": rows, "rows_are": "aligned" if aligned_only else "labelled",

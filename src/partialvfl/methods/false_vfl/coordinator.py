@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.false_vfl.formulas import effective_sample_size, predictive_log_probs, predictive_mean
 from partialvfl.methods.false_vfl.party import FalseVFLParty, FalseVFLSetup
 from partialvfl.methods.false_vfl.rounds import Pass, Rounds
@@ -349,16 +349,13 @@ class _FalseVFL(VFLMethod):
         return ess
 
 
-@register_method
 class FalseVFL1(_FalseVFL):
     """FALSE-VFL-I: missingness assumed MAR, so the mask model cancels (Appendix A.1)."""
 
     name = "false-vfl-1"
     variant = 1
-    supports_privacy = True
 
 
-@register_method
 class FalseVFL2(_FalseVFL):
     """FALSE-VFL-II: a per-party missing-indicator network psi_k models MNAR alignment gaps (Appendix A.2)."""
 

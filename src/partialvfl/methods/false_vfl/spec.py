@@ -117,6 +117,8 @@ PARAMS = ParamSpace(
 
 register_spec(MethodSpec("false-vfl-1", "FALSE-VFL I (MAR): deep latent variable model, two-stage training, "
                          "prediction from any subset of parties",
-                         "partialvfl.methods.false_vfl.coordinator:FalseVFL1", PARAMS))
+                         "partialvfl.methods.false_vfl.coordinator:FalseVFL1", PARAMS, paper_name="FALSE-VFL-I",
+                         report_order=90, private=True, proposed=True, docs="docs/false-vfl.md"))
 register_spec(MethodSpec("false-vfl-2", "FALSE-VFL II (MNAR): FALSE-VFL I plus per-party missing-indicator "
-                         "networks", "partialvfl.methods.false_vfl.coordinator:FalseVFL2", PARAMS))
+                         "networks", "partialvfl.methods.false_vfl.coordinator:FalseVFL2", PARAMS,
+                         paper_name="FALSE-VFL-II", report_order=91, proposed=True, docs="docs/false-vfl.md"))

@@ -44,7 +44,7 @@ from torch import nn
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.federation.messages import Request
 from partialvfl.federation.setup_config import OptimiserSetup
-from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.fedhssl.networks import average_state_dicts
 from partialvfl.methods.fedhssl.party import FedHSSLSetup, SimSiamHeads
 from partialvfl.methods.fedhssl.spec import FEDHSSL_PARAMS
@@ -57,7 +57,6 @@ from partialvfl.utils.seeding import numpy_rng, torch_seeded
 __all__ = ["FedHSSL"]
 
 
-@register_method
 class FedHSSL(VFLMethod):
     """FedHSSL at the active party: drives pretraining (cross-party SSL, local SSL, PMA) and fine-tuning."""
 

@@ -94,4 +94,5 @@ FEDHSSL_PARAMS = ParamSpace((
 
 register_spec(MethodSpec("fedhssl", "FedHSSL: cross-party and local SimSiam, aggregation of local top encoders, "
                          "fine-tuning on aligned labels", "partialvfl.methods.fedhssl.coordinator:FedHSSL",
-                         FEDHSSL_PARAMS))
+                         FEDHSSL_PARAMS, paper_name="FedHSSL", report_order=40, aligned_only=True,
+                         docs="docs/x-vfl.md"))

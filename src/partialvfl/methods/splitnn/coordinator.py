@@ -56,7 +56,6 @@ class SplitNNMethod(VFLMethod):
     parallel_inference: ClassVar[bool] = True  # one inference round (IDs in, representations out), nothing kept
 
     party_program = "splitnn/party"
-    supports_privacy = True
 
     # ------------------------------------------------------------------ hooks
     def _model_names(self, party: int) -> list[str]:

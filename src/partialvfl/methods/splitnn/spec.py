@@ -1,6 +1,5 @@
 """The split-network methods (LASER-VFL, Vanilla VFL, PlugVFL, Local, Ensemble, Combinatorial): declared
-parameters and presets (torch-free; the shared machinery is this package, each method a module of
-:mod:`partialvfl.methods`).
+parameters and presets (torch-free; the shared machinery and each method's module are this package).
 
 ``pretrain_*`` parameters are the optional SimSiam pretraining of the party encoders on all their rows (the
 FALSE-VFL paper's protocol); unprefixed ones the supervised split learning; ``predict_*`` prediction.
@@ -189,8 +188,18 @@ _SPECS = [
                        "predictors)", low=1),
                  laser_paper={"fusion": "mean"})),
 ]
+#: what reports and schedules need to know of each (every one runs with differential privacy: private.py)
+_FACTS: dict[str, dict[str, Any]] = {
+    "vanilla-vfl": {"paper_name": "Vanilla VFL", "report_order": 10, "aligned_only": True},
+    "laser-vfl": {"paper_name": "LASER-VFL", "report_order": 20},
+    "plug-vfl": {"paper_name": "PlugVFL", "report_order": 30},
+    "local": {"title": "Local", "report_order": 60},
+    "ensemble": {"title": "Ensemble", "report_order": 70},
+    "combinatorial": {"title": "Combinatorial", "report_order": 80},
+}
 #: each split-network method's declared parameters, by registry name
 SPACES: dict[str, ParamSpace] = {}
 for _name, _summary, _impl, _space in _SPECS:
     SPACES[_name] = _space
-    register_spec(MethodSpec(_name, _summary, f"partialvfl.methods.{_impl}", _space))
+    register_spec(MethodSpec(_name, _summary, f"partialvfl.methods.splitnn.{_impl}", _space, private=True,
+                             docs="docs/baselines.md", **_FACTS[_name]))

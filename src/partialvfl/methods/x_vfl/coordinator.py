@@ -77,7 +77,7 @@ from partialvfl.data.within_block import (
 )
 from partialvfl.federation.messages import Request
 from partialvfl.federation.setup_config import OptimiserSetup
-from partialvfl.methods.base import VFLMethod, register_method
+from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 
 __all__ = ["XVFL"]
@@ -100,7 +100,6 @@ class _TrainContext:
     labels: torch.Tensor
 
 
-@register_method
 class XVFL(VFLMethod):
     """X-VFL at the active party: top model h, the per-sample loss terms, DS-Align, SGD- or PAGE-type training."""
 

@@ -80,4 +80,5 @@ XVFL_PARAMS = ParamSpace((
 })
 
 register_spec(MethodSpec("x-vfl", "X-VFL: cross completion of missing blocks, decision-subspace alignment, "
-                         "locally independent inference", "partialvfl.methods.x_vfl.coordinator:XVFL", XVFL_PARAMS))
+                         "locally independent inference", "partialvfl.methods.x_vfl.coordinator:XVFL", XVFL_PARAMS,
+                         title="X-VFL", report_order=50, unset_batch_size=100, docs="docs/x-vfl.md"))

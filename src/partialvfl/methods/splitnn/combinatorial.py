@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
@@ -32,7 +31,6 @@ def subset_name(subset: tuple[int, ...]) -> str:
     return "S" + "-".join(str(k) for k in subset)
 
 
-@register_method
 class Combinatorial(SplitNNMethod):
     """2^K - 1 independent split networks, the exact-observed-set one used at inference."""
 

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
@@ -24,7 +23,6 @@ from partialvfl.utils.devices import to_numpy
 __all__ = ["Local"]
 
 
-@register_method
 class Local(SplitNNMethod):
     """The active party's own predictor; other samples fall back to the label prior."""
 

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
@@ -37,7 +36,6 @@ def majority_vote(votes: np.ndarray, tie_break: np.random.Generator | np.ndarray
     return np.where(top, noise, -1.0).argmax(axis=1)
 
 
-@register_method
 class Ensemble(SplitNNMethod):
     """Per-party local predictors (heads at the active party), majority vote with seeded random tie-break."""
 

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
@@ -29,7 +28,6 @@ from partialvfl.utils.devices import to_numpy
 __all__ = ["VanillaVFL"]
 
 
-@register_method
 class VanillaVFL(SplitNNMethod):
     """Standard split-network VFL on the fully aligned labelled samples."""
 

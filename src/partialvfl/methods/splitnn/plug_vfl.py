@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
@@ -47,7 +46,6 @@ def plug_dropout(observed: np.ndarray, active: int, p_drop: float, rng: np.rando
     return obs & keep
 
 
-@register_method
 class PlugVFL(SplitNNMethod):
     """Concatenation fusion, zero representations for absent parties, passive-party dropout in training."""
 

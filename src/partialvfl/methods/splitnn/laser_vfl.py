@@ -48,7 +48,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.methods.base import register_method
 from partialvfl.methods.splitnn import SplitNNMethod
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_device, to_numpy
@@ -183,7 +182,6 @@ def laser_objective(emb: torch.Tensor, y: torch.Tensor, observed: np.ndarray,
     return total / max(b, 1)
 
 
-@register_method
 class LaserVFL(SplitNNMethod):
     """LASER-VFL: one f_k per party, mean aggregation, task-sampled training, exact-observed-set inference."""
 
