@@ -28,7 +28,7 @@ from partialvfl.methods.params import ParamSpace, with_common
 VFLMethod = Any
 
 __all__ = ["ENTRY_POINT_GROUP", "METHODS", "SPECS", "MethodSpec", "get_method", "get_spec", "load_all",
-           "load_specs", "method_names", "private_methods", "register_spec", "unregister"]
+           "load_specs", "method_names", "package_methods", "private_methods", "register_spec", "unregister"]
 
 #: the entry point group a plugin package lists its families' ``spec`` modules under (``pyproject.toml``:
 #: ``[project.entry-points."partialvfl.methods"] toy = "toy_family.spec"``)
@@ -154,6 +154,11 @@ def _implementation(spec: MethodSpec) -> type[VFLMethod]:
 
 def method_names() -> list[str]:
     return sorted(load_specs())
+
+
+def package_methods() -> list[str]:
+    """The methods this package ships (its docs and tables list these; plugins and test toys are left out)."""
+    return sorted(n for n, s in load_specs().items() if s.implementation.startswith(f"{__package__}."))
 
 
 def get_spec(name: str) -> MethodSpec | None:
