@@ -26,7 +26,7 @@ import pytest
 from example_tables import write_example
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import VFLMethod
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

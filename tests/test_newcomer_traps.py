@@ -20,7 +20,7 @@ import pytest
 from sklearn.base import clone
 
 from partialvfl.cli import main
-from partialvfl.federation import grpc_party
+from partialvfl.federation.grpc import party as grpc_party
 from partialvfl.methods import get_method, method_names
 from partialvfl.methods.training import NonFiniteError, check_finite_output
 from partialvfl.orchestration.predict import PriorOnlyRows
@@ -172,7 +172,7 @@ def test_the_grace_a_stopping_party_gives_its_calls_is_short() -> None:
 
 @pytest.mark.slow
 def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigterm(tmp_path: Path) -> None:
-    from partialvfl.federation.grpc_federation import GrpcFederation
+    from partialvfl.federation.grpc.federation import GrpcFederation
 
     pki = tmp_path / "pki"
     parties = ["bank", "shop"]

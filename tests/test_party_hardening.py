@@ -22,11 +22,11 @@ from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.certs import issue_certificate
-from partialvfl.federation.grpc_federation import load_federation_config
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, decode_reply, encode_request
+from partialvfl.federation.grpc.certs import issue_certificate
+from partialvfl.federation.grpc.federation import load_federation_config
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import CALL_METHOD, PartyError, decode_reply, encode_request
+from partialvfl.federation.trust.access_log import read_access_log
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,7 +22,7 @@ import torch
 
 from example_tables import write_example
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.coordinator import LocalFederation
+from partialvfl.federation.runtime.coordinator import LocalFederation
 from partialvfl.methods import get_method
 from partialvfl.privacy import (
     Recorder,

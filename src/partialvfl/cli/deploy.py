@@ -49,7 +49,7 @@ def run_party_serve(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from partialvfl.federation.grpc_party import load_party_config, run
+    from partialvfl.federation.grpc.party import load_party_config, run
     from partialvfl.methods import load_all
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -63,10 +63,10 @@ def run_party_serve(args: argparse.Namespace) -> int:
 
 
 def run_certs_init(args: argparse.Namespace) -> int:
-    from partialvfl.federation.alignment import write_key
-    from partialvfl.federation.certs import init_dev_pki
-    from partialvfl.federation.psu import write_alignment_key
-    from partialvfl.federation.templates import free_loopback_ports, write_templates
+    from partialvfl.federation.grpc.certs import init_dev_pki
+    from partialvfl.federation.grpc.templates import free_loopback_ports, write_templates
+    from partialvfl.federation.trust.alignment import write_key
+    from partialvfl.federation.trust.psu import write_alignment_key
 
     active = args.parties[-1] if args.active is None else args.active
     if active not in args.parties:

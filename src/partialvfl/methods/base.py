@@ -2,7 +2,8 @@
 
 A method is an estimator (``fit``, ``predict_proba``, ``predict``, ``score``, ``save``/``load``) whose work is split
 between coordinator code (this class: the active party's label-side role) and a :class:`PartyProgram` that runs at
-every party.  The two talk only through the :class:`~partialvfl.federation.coordinator.Federation`'s transport, so
+every party.  The two talk only through the :class:`~partialvfl.federation.runtime.coordinator.Federation`'s
+transport, so
 the same method runs in one process (the default, :class:`LocalFederation`) or across hosts (gRPC).
 
 What subclasses implement:
@@ -47,9 +48,9 @@ import numpy as np
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, Task, VerticalDataset
 from partialvfl.data.ids import id_seeds
-from partialvfl.federation.coordinator import Federation, LocalFederation
-from partialvfl.federation.messages import MessageLog
-from partialvfl.federation.party import StateFileError
+from partialvfl.federation.runtime.coordinator import Federation, LocalFederation
+from partialvfl.federation.wire.messages import MessageLog
+from partialvfl.federation.wire.program import StateFileError
 from partialvfl.methods.label_dp import rr_keep_probability
 from partialvfl.methods.model_files import ModelFileError, read_coordinator_state, read_model_meta, write_model_dir
 from partialvfl.methods.params import ParamSpace, inferred_space, parse_bool, with_common
@@ -74,7 +75,7 @@ from partialvfl.utils.progress import PROGRESS_MODES, progress_mode, report_line
 if TYPE_CHECKING:
     from torch import nn
 
-    from partialvfl.federation.checkpoint import Checkpointer
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
 
 __all__ = ["IndexInfo", "METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names",
            "register_method"]

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.federation.messages import Request
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.fedhssl.networks import average_state_dicts
 from partialvfl.methods.fedhssl.spec import FEDHSSL_PARAMS

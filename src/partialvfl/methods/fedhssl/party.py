@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import PartyProgram, register_program
+from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.wire.setup_shape import Network, SetupShape, feature_shape_of, optimiser_settings, widths
 from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss
 from partialvfl.nn.blocks import build_encoder, encoder_arch

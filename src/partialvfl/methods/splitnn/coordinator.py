@@ -31,7 +31,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 from partialvfl.data.holdout import hold_out_labels
-from partialvfl.federation.messages import Request
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop

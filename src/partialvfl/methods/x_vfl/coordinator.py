@@ -75,7 +75,7 @@ from partialvfl.data.within_block import (
     setting_of,
     wire_setting,
 )
-from partialvfl.federation.messages import Request
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods.base import VFLMethod, register_method
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 

@@ -3,7 +3,8 @@
 The coordinator is the active party's label-side role.  It reaches every party's server (the active party's own
 feature block included: it runs its own party process) through one :class:`GrpcTransport`, and aligns samples
 without a central table: the parties' IDs become per-session tokens of a private set union
-(:mod:`partialvfl.federation.psu_session`; the coordinator's own IDs join through the same protocol, and it can test
+(:mod:`partialvfl.federation.grpc.psu_session`; the coordinator's own IDs join through the same protocol, and it can
+test
 no guessed ID offline) or, with the explicit ``alignment = "hmac"``, HMAC hashes; the coordinator builds the
 observed matrix from them and tells each party where its own rows sit in the shared order (``attach``).  Three ways
 to fix that order:
@@ -14,7 +15,7 @@ to fix that order:
 * :meth:`GrpcFederation.attach_ids` (``partialvfl predict --federation --ids``): the given IDs, in that order, from
   the parties' training tables or from a *table set*: the prediction tables of that name the parties serve beside
   their training tables (new users; their rows are only predicted, never trained on);
-* :meth:`GrpcFederation.attach` (the :class:`~partialvfl.federation.coordinator.Federation` contract, used by
+* :meth:`GrpcFederation.attach` (the :class:`~partialvfl.federation.runtime.coordinator.Federation` contract, used by
   ``method.fit(data, federation=...)`` in tests and benchmarks): the order and observed matrix of a
   :class:`VerticalDataset` the coordinator holds for simulation; every party must hold the rows the dataset says it
   observes (it reads them from its own file) and no feature leaves the coordinator.
@@ -43,16 +44,16 @@ from partialvfl.data.dataset import UNLABELED, CoordinatorView, DataValidationEr
 from partialvfl.data.ids import normalize_ids, show_id
 from partialvfl.data.labels import encode_labels
 from partialvfl.data.tables import columns_hint, read_table, table_ids
-from partialvfl.federation.alignment import hex_ids, load_key, observed_from_hashes, positions_in
-from partialvfl.federation.checkpoint import LATEST
-from partialvfl.federation.coordinator import Federation, model_tag
-from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
-from partialvfl.federation.messages import MessageLog, Request
-from partialvfl.federation.party_config import TRAINING_TABLE
-from partialvfl.federation.pins import require_pins
-from partialvfl.federation.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
-from partialvfl.federation.sessions import AlignmentTickets, SessionSecrets
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.grpc.party_config import TRAINING_TABLE
+from partialvfl.federation.grpc.psu_session import ALIGNMENT_MODES, AlignmentError, make_alignment
+from partialvfl.federation.grpc.sessions import AlignmentTickets, SessionSecrets
+from partialvfl.federation.grpc.transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
+from partialvfl.federation.runtime.checkpoint import LATEST
+from partialvfl.federation.runtime.coordinator import Federation, model_tag
+from partialvfl.federation.trust.alignment import hex_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.trust.pins import require_pins
+from partialvfl.federation.wire.messages import MessageLog, Request
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.utils.tomlfile import check_keys, read_toml
 
 __all__ = ["FederationConfig", "GrpcFederation", "LabelSource", "load_federation_config", "read_labels"]

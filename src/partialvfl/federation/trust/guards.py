@@ -1,7 +1,7 @@
 """What a party enforces on each program request beyond its declaration: gradient bounds and no rewinds.
 
-Two guards of :class:`~partialvfl.federation.party.PartyRuntime`, both read from the party's policy
-(:class:`~partialvfl.federation.policy.PartyPolicy`) and the program's declarations (never a method's name):
+Two guards of :class:`~partialvfl.federation.runtime.party.PartyRuntime`, both read from the party's policy
+(:class:`~partialvfl.federation.trust.policy.PartyPolicy`) and the program's declarations (never a method's name):
 
 * :func:`clip_gradient_rows`: every request tensor a message declares as ``gradients`` is clipped, row by row, to
   an L2 norm of at most ``max_grad_norm`` (a row's norm over all the tensor's other dimensions); a non-finite
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 
 import torch
 
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.schema import MessageSpec
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import MessageSpec
 
 __all__ = ["RewindGuard", "clip_gradient_rows"]
 

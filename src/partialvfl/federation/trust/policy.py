@@ -3,7 +3,7 @@
 The coordinator *asks* a party to build a program (``setup``: program name, config, seed); the party decides.  Its
 :class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/deployment.md``) is checked on
 every ``setup`` and on the requests that change how a program learns, in process and behind the gRPC server alike
-(:class:`~partialvfl.federation.party.PartyRuntime` calls it).  A request outside the policy raises
+(:class:`~partialvfl.federation.runtime.party.PartyRuntime` calls it).  A request outside the policy raises
 :class:`PolicyViolation` (``PERMISSION_DENIED`` on the wire), naming every rule it breaks, the values, and the
 ``[policy]`` values of the party's ``party.toml`` that would accept it.
 
@@ -13,8 +13,8 @@ itself from :mod:`secrets`) and :meth:`PartyPolicy.research` (the in-process sim
 coordinator, so that benchmarks reproduce).
 
 The policy knows no method.  It reads what each party program declares: what a setup would build
-(:meth:`~partialvfl.federation.party.PartyProgram.describe_setup`, a :class:`SetupShape`) and each message's role
-(:class:`~partialvfl.federation.schema.MessageSpec`: trains, infers, shares weights; the metadata holding learning
+(:meth:`~partialvfl.federation.wire.program.PartyProgram.describe_setup`, a :class:`SetupShape`) and each message's role
+(:class:`~partialvfl.federation.wire.schema.MessageSpec`: trains, infers, shares weights; the metadata holding learning
 rates).  A program without a description is refused unless listed in ``unchecked_programs`` (then the party runs it
 without architecture checks, its own decision).  The default allowlist, ``programs = ["builtin"]``, is every
 registered program whose class is defined in the ``partialvfl`` package (where a class is defined is not inherited:
@@ -31,58 +31,20 @@ from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
-from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, kinds_with_role, meta_path
-from partialvfl.federation.setup_shape import Network, SetupShape
+from partialvfl.federation.wire.program import PACKAGE_PROGRAMS
+from partialvfl.federation.wire.refusals import PolicyViolation, toml_value
+from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, kinds_with_role, meta_path
+from partialvfl.federation.wire.setup_shape import Network, SetupShape
 
 __all__ = ["LOOKUP_FLOOR", "LOOKUP_RULES", "PACKAGE_PROGRAMS", "InferenceGuard", "Network", "PartyPolicy",
            "PolicyViolation", "SetupShape", "toml_value"]
 
-#: In ``programs``: every registered program whose class is defined in the ``partialvfl`` package (the default).
-PACKAGE_PROGRAMS = "builtin"
 SEED_MODES = ("secret", "coordinator")
-#: the lookup budget's rules (:mod:`partialvfl.federation.lookups`), and the fewest lookups a share ("N%") allows, so
+#: the lookup budget's rules (:mod:`partialvfl.federation.trust.lookups`), and the fewest lookups a share ("N%")
+#: allows, so
 #: that a small party is not refused its federation's first fits (one fit evaluates the label side's IDs once)
 LOOKUP_RULES = ("max_lookups_per_hour", "max_lookups_per_day", "max_lookups_total")
 LOOKUP_FLOOR = 10_000
-
-
-def toml_value(value: Any) -> str:
-    """A ``[policy]`` value as a party file writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if "e" in f"{value:g}" else f"{value:g}"
-    if isinstance(value, str | int):
-        return json.dumps(value)
-    return json.dumps(list(value))
-
-
-class PolicyViolation(PermissionError):
-    """A request the party's policy refuses; ``rule`` is the policy key, ``value`` what the request asked for.
-
-    ``accept``: the ``[policy]`` values of the party's ``party.toml`` that would accept the request (empty where no
-    policy value would, e.g. a config that disagrees with the party's own table); ``also``: further rules the same
-    setup breaks (all are named, so that one attempt shows everything there is to change).
-    """
-
-    def __init__(self, rule: str, message: str, value: Any = None, accept: Mapping[str, Any] | None = None, *,
-                 also: Sequence[PolicyViolation] = ()) -> None:
-        self.rule = rule
-        self.value = value
-        self.detail = message
-        self.also = tuple(also)
-        self.accept = dict(accept or {})
-        for v in self.also:
-            self.accept.update(v.accept)
-        parts = [f"policy rule {rule!r}: {message}", *(f"policy rule {v.rule!r}: {v.detail}" for v in self.also)]
-        hint = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.accept.items())
-        super().__init__("; ".join(parts) + (f" (this party would accept it with [policy] {hint} in its party.toml)"
-                                             if hint else ""))
-
-    @property
-    def rules(self) -> tuple[str, ...]:
-        """Every rule the request breaks, the first one first."""
-        return (self.rule, *(v.rule for v in self.also))
 
 
 def _joined(found: Sequence[PolicyViolation | None]) -> PolicyViolation | None:
@@ -133,7 +95,7 @@ class PartyPolicy:
     min_latent_scale: float | None = 0.3
     max_lookups: int | None = 2_000_000  # IDs this party evaluates in one coordinator session (a resume continues it)
     # ---- the lookup budget (issue 35): IDs this party evaluates (psu_eval) for one coordinator identity, counted in a
-    # ledger in its state (partialvfl.federation.lookups); a number, or "N%" of its training rows (at least
+    # ledger in its state (partialvfl.federation.trust.lookups); a number, or "N%" of its training rows (at least
     # LOOKUP_FLOOR); None: no bound
     max_lookups_per_hour: int | str | None = None
     max_lookups_per_day: int | str | None = "100%"
@@ -149,7 +111,7 @@ class PartyPolicy:
     # epsilon at most this (a setup that does not say it is such a fit may predict, never train); None: no requirement
     require_label_dp: float | None = None
     # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
-    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
+    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp.gaussian).
     dp_epsilon: float | None = None
     dp_delta: float | None = None
 

@@ -10,9 +10,9 @@ at most :data:`CHUNK_BYTES` (the first holds the whole header, so the party know
 allocates anything and reads the rest into one buffer whose tensors it uses in place, :func:`frame_length`,
 :func:`decode_request`): a party's memory per request is about the request's size, and gRPC refuses any single
 message larger than a chunk.  :class:`GrpcTransport` is a drop-in
-:class:`~partialvfl.federation.transport.Transport`: it keeps one mutually-authenticated TLS channel per party,
+:class:`~partialvfl.federation.wire.transport.Transport`: it keeps one mutually-authenticated TLS channel per party,
 puts a deadline on every call, issues the requests of ``call_many`` concurrently, and turns a party that is down,
-too slow or crashed into :class:`~partialvfl.federation.transport.PartyUnavailable` (so ``tolerate=True`` callers
+too slow or crashed into :class:`~partialvfl.federation.wire.transport.PartyUnavailable` (so ``tolerate=True`` callers
 treat it as missing).  A party that *refuses* a request (bad input, wrong peer, replay) raises :class:`PartyError`.
 """
 
@@ -39,8 +39,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
-from partialvfl.federation.transport import PartyUnavailable, Transport
+from partialvfl.federation.wire.messages import MessageLog, Reply, Request, TensorDict
+from partialvfl.federation.wire.transport import PartyUnavailable, Transport
 from partialvfl.utils.devices import host
 from partialvfl.utils.jsonable import json_default
 

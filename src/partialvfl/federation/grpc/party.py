@@ -1,38 +1,38 @@
 """The party process: one long-lived gRPC server per institution (``partialvfl party serve --config FILE``).
 
 It reads the party's own tables (CSV or Parquet with an ID column: its training table and, separately, tables of
-users to predict) and nothing else, keeps one :class:`~partialvfl.federation.party.PartyRuntime` (so a program's
+users to predict) and nothing else, keeps one :class:`~partialvfl.federation.runtime.party.PartyRuntime` (so a program's
 forward state lives between the calls of a step), and answers the coordinator over mutual TLS.  Before a request
 reaches the runtime the server checks, in order:
 
 1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``, and its
    certificate is the one the party pins for that name (``[peers.NAME]``: key fingerprint or CA,
-   :mod:`partialvfl.federation.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
+   :mod:`partialvfl.federation.trust.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
    the request body is read;
-2. the peer's bounds (:mod:`partialvfl.federation.grpc_limits`): calls in flight, the request's length (its header
+2. the peer's bounds (:mod:`partialvfl.federation.grpc.limits`): calls in flight, the request's length (its header
    states it; gRPC refuses any wire message over a chunk), request bytes held -> else ``RESOURCE_EXHAUSTED``; the
    request is read into one buffer its tensors use in place, and it is a well-formed frame of allowed dtypes -> else
    ``INVALID_ARGUMENT``;
-3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.sessions`: a ``hello``
+3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.grpc.sessions`: a ``hello``
    while another session is live is refused, ``ABORTED``, unless it carries that session's secret), its sequence
    number is new, its step is not older than the last one and its ``(step, round, kind)`` was not served yet ->
    else ``FAILED_PRECONDITION`` (stale), ``ABORTED`` (another session's) or ``ALREADY_EXISTS`` (replay); a ``hello``
    changes the session only once it passed every check;
-4. the party's policy (:mod:`partialvfl.federation.policy`) admits it: the program and its architecture at
+4. the party's policy (:mod:`partialvfl.federation.trust.policy`) admits it: the program and its architecture at
    ``setup``, learning rates, weight sharing, the number of data sets held, and that rows of a prediction table
    are only predicted -> else ``PERMISSION_DENIED`` naming the rule;
 5. the kind is declared (a built-in or one of the program's ``messages``) -> else ``UNIMPLEMENTED``
    (``FAILED_PRECONDITION`` before any setup), and its tensors and metadata match the declaration -> else
-   ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.schema`).
+   ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.wire.schema`).
 
 A handler that raises on bad input (``ValueError``, ``KeyError``, shape errors...) becomes ``INVALID_ARGUMENT``
 with the party's message; a reply that does not match its declaration (the program's own bug) ``INTERNAL``; a reply
 that would carry one of the party's own parameters or optimiser-state tensors is not sent (``PERMISSION_DENIED``)
 unless the policy allows weight sharing.  Every request, served or refused, is written to the party's access log
-(:mod:`partialvfl.federation.access_log`), and the server keeps serving.
+(:mod:`partialvfl.federation.trust.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`,
+(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.trust.psu`,
 the default) or, with ``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows
 of a table, named by their alignment tokens, at the given positions of the shared order under a handle),
 ``release``.  ``save``/``load`` directories are resolved inside the party's own state directory: a party's model
@@ -61,11 +61,10 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.tables import feature_values, read_table, select_features, table_ids
-from partialvfl.federation.access_log import AccessLog, AccessLogConfig, tensor_summary
-from partialvfl.federation.alignment import hash_ids, load_key
-from partialvfl.federation.audit import disclosed_state
-from partialvfl.federation.grpc_limits import PeerLimits, Refused, read_request
-from partialvfl.federation.grpc_transport import (
+from partialvfl.federation.grpc.limits import PeerLimits, Refused, read_request
+from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
+from partialvfl.federation.grpc.sessions import SessionGuard
+from partialvfl.federation.grpc.transport import (
     ATTACH_PREFIX,
     CALL_METHOD,
     MAX_WIRE_MESSAGE,
@@ -76,15 +75,18 @@ from partialvfl.federation.grpc_transport import (
     decode_request,
     encode_reply,
 )
-from partialvfl.federation.lookups import LOOKUP_LEDGER, SPANS, LookupLedger
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import NotSetUp, PartyRuntime
-from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
-from partialvfl.federation.pins import spki_sha256
-from partialvfl.federation.policy import InferenceGuard, PolicyViolation
-from partialvfl.federation.psu import PartyAligner, read_alignment_key
-from partialvfl.federation.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
-from partialvfl.federation.sessions import SessionGuard
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.trust.access_log import AccessLog, AccessLogConfig, tensor_summary
+from partialvfl.federation.trust.alignment import hash_ids, load_key
+from partialvfl.federation.trust.audit import disclosed_state
+from partialvfl.federation.trust.lookups import LOOKUP_LEDGER, SPANS, LookupLedger
+from partialvfl.federation.trust.pins import spki_sha256
+from partialvfl.federation.trust.policy import InferenceGuard
+from partialvfl.federation.trust.psu import PartyAligner, read_alignment_key
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import NotSetUp
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
 
 __all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused", "SessionGuard", "TRAINING_TABLE",
            "import_plugins", "load_party_config", "run", "serve"]
@@ -427,7 +429,7 @@ class PartyServer:
     # -- the gRPC entry point
     def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         """One call: the peer is checked when the call starts, the body is read only for an allowed peer, within
-        the peer's bounds (:mod:`partialvfl.federation.grpc_limits`)."""
+        the peer's bounds (:mod:`partialvfl.federation.grpc.limits`)."""
         entry: dict[str, Any] = {"peer": None, "address": context.peer(), "kind": "?"}
         try:
             peer, caller = self._check_peer(context, entry)
@@ -612,7 +614,7 @@ def import_plugins(cfg: PartyConfig) -> None:
 def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
     """Start the party's server (not blocking); returns the server, its bound port and the handler.
 
-    The party runs the programs registered in :data:`~partialvfl.federation.party.PROGRAMS` when a ``setup``
+    The party runs the programs registered in :data:`~partialvfl.federation.wire.program.PROGRAMS` when a ``setup``
     arrives (and its policy agrees): those its caller registered before (``partialvfl party serve`` registers every
     method's) and those of the plugin modules in ``cfg.plugins``, imported here.  An address already in use is an
     error (:class:`OSError`): the port is never shared with another process (``SO_REUSEPORT`` off).
