@@ -339,7 +339,7 @@ def test_session_order_reproduces_the_federations_order_for_whoever_holds_every_
 
 def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(psu_dep: LocalDeployment,
                                                                               tmp_path: Path) -> None:
-    from partialvfl.federation.grpc.federation import load_federation_config
+    from partialvfl.federation.grpc.federation_file import load_federation_config
     from partialvfl.federation.grpc.party_config import load_party_config
 
     assert "key_file" not in psu_dep.federation_file.read_text()  # the coordinator holds no key

@@ -299,7 +299,7 @@ def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path
 
 
 def test_a_party_picks_its_own_device_in_its_party_file(tmp_path) -> None:  # noqa: ANN001
-    from partialvfl.federation.grpc.party import load_party_config
+    from partialvfl.federation.grpc.party_config import load_party_config
 
     def party_file(extra: str) -> object:
         (tmp_path / "p.toml").write_text(

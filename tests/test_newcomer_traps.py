@@ -20,7 +20,7 @@ import pytest
 from sklearn.base import clone
 
 from partialvfl.cli import main
-from partialvfl.federation.grpc import party as grpc_party
+from partialvfl.federation.grpc import party_process
 from partialvfl.methods import get_method, method_names
 from partialvfl.methods.training import NonFiniteError, check_finite_output
 from partialvfl.orchestration.predict import PriorOnlyRows
@@ -167,7 +167,7 @@ def _tables(pki: Path, parties: list[str], n: int = 40) -> None:
 def test_the_grace_a_stopping_party_gives_its_calls_is_short() -> None:
     """In-flight calls get at most half a second after SIGTERM.  (Not the whole story: measured, a party still
     exits about 1.2 s after SIGTERM, the wait coming after its 'stopping' line; issue 37 item 6 stays open.)"""
-    assert grpc_party.STOP_GRACE_SECONDS <= 0.5
+    assert party_process.STOP_GRACE_SECONDS <= 0.5
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigter
         assert 'preset = "default"' in text
     assert "example.org" not in federation and "0.0.0.0" not in "".join(texts.values())
     _tables(pki, parties)
-    env = {**os.environ, grpc_party.EXIT_WITH_PARENT_ENV: "1"}
+    env = {**os.environ, party_process.EXIT_WITH_PARENT_ENV: "1"}
     procs = {name: subprocess.Popen([sys.executable, "-m", "partialvfl", "party", "serve", "--config",
                                      str(pki / f"{name}.party.toml")], env=env, stdout=subprocess.DEVNULL,
                                     stderr=open(tmp_path / f"{name}.log", "wb"))  # noqa: SIM115

@@ -23,9 +23,10 @@ from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
 from partialvfl.federation.grpc.certs import issue_certificate
-from partialvfl.federation.grpc.federation import load_federation_config
+from partialvfl.federation.grpc.federation_file import load_federation_config
+from partialvfl.federation.grpc.frames import CALL_METHOD, decode_reply, encode_request
 from partialvfl.federation.grpc.local import LocalDeployment
-from partialvfl.federation.grpc.transport import CALL_METHOD, PartyError, decode_reply, encode_request
+from partialvfl.federation.grpc.transport import PartyError
 from partialvfl.federation.trust.access_log import read_access_log
 
 HERE = Path(__file__).resolve().parent

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import LocalFederation, MessageLog, PartyRuntime, Request
-from partialvfl.federation.grpc.party import load_party_config
+from partialvfl.federation.grpc.party_config import load_party_config
 from partialvfl.federation.trust.access_log import AccessLog, AccessLogConfig, read_access_log
 from partialvfl.federation.trust.audit import PartyStateRecorder, disclosed_state, find_party_state_leaks
-from partialvfl.federation.trust.policy import InferenceGuard, PartyPolicy
+from partialvfl.federation.trust.guards import InferenceGuard
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import INFERS, kinds_with_role
 from partialvfl.methods import get_method, load_all, method_names

@@ -17,7 +17,8 @@ import torch
 
 from partialvfl.federation import MessageSpec, PartyProgram, PartyRuntime, Reply, Request, TensorSpec
 from partialvfl.federation.runtime import party as party_module
-from partialvfl.federation.trust.policy import InferenceGuard, PartyPolicy
+from partialvfl.federation.trust.guards import InferenceGuard
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.wire.program import register_program
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, TRAINS, Messages, kinds_with_role

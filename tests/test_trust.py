@@ -19,10 +19,13 @@ import torch
 from helpers import PATIENCE, make_data
 from partialvfl.cli import main
 from partialvfl.federation.grpc.certs import issue_certificate, make_ca
-from partialvfl.federation.grpc.federation import GrpcFederation, load_federation_config
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.federation_file import load_federation_config
+from partialvfl.federation.grpc.frames import CALL_METHOD, chunks, decode_reply, encode_request
 from partialvfl.federation.grpc.local import LocalDeployment
-from partialvfl.federation.grpc.party import load_party_config, serve
-from partialvfl.federation.grpc.transport import CALL_METHOD, PartyError, chunks, decode_reply, encode_request
+from partialvfl.federation.grpc.party_config import load_party_config
+from partialvfl.federation.grpc.party_process import serve
+from partialvfl.federation.grpc.transport import PartyError
 from partialvfl.federation.trust.access_log import read_access_log
 from partialvfl.federation.trust.pins import spki_sha256
 from partialvfl.federation.wire.messages import Request

@@ -49,7 +49,8 @@ def run_party_serve(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from partialvfl.federation.grpc.party import load_party_config, run
+    from partialvfl.federation.grpc.party_config import load_party_config
+    from partialvfl.federation.grpc.party_process import run
     from partialvfl.methods import load_all
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

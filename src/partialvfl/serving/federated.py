@@ -44,7 +44,7 @@ import grpc
 import numpy as np
 
 from partialvfl.federation.grpc.federation import GrpcFederation
-from partialvfl.federation.grpc.transport import MAX_LANES
+from partialvfl.federation.grpc.frames import MAX_LANES
 from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
 from partialvfl.orchestration.predict import predict_reporting_parties

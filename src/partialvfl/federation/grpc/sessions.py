@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 
+from partialvfl.federation.grpc.frames import WireRequest
 from partialvfl.federation.grpc.limits import Refused
-from partialvfl.federation.grpc.transport import WireRequest
 from partialvfl.utils.private_files import write_private_json
 
 __all__ = ["DEFAULT_IDLE_SECONDS", "AlignmentTickets", "SessionGuard", "SessionSecrets"]
