@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -157,6 +158,8 @@ class PartyServer(TableBuiltins):
         self.prediction_handles: set[str] = set()
         self.refusals = 0
         self.access = AccessLog(cfg.access_log or AccessLogConfig(self.state_dir / "access.log"))
+        #: the threads its calls are answered on (the gRPC server's pool): :meth:`close` waits for them
+        self.workers = futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs, thread_name_prefix="party-call")
 
     @property
     def session(self) -> str | None:
@@ -374,6 +377,9 @@ class PartyServer(TableBuiltins):
         context.abort(code, reason)
 
     def close(self) -> None:
+        """After the server stopped: a call still being answered (its reply may no longer be sendable) finishes what
+        it writes (the program's state, the lookup and privacy ledgers, its access-log line), then the log closes."""
+        self.workers.shutdown(wait=True)
         self.access.close()
 
 
