@@ -8,19 +8,18 @@ behind a gRPC server.
 
 Built-in message kinds handled by the runtime itself (:data:`RUNTIME_MESSAGES`): ``setup`` (build the program
 named in ``meta['program']`` with ``meta['config']``, if the party's
-:class:`~partialvfl.federation.trust.policy.PartyPolicy`
-agrees, seeded as the policy says: in a deployment by a seed the party draws itself), ``preprocess`` (fit the
-party's own standardisation on a dataset it holds), ``save``/``load``/``forget`` (the program's state, the seed it
-was built with and the party's preprocessing in ``meta['dir']``, ``party-<k>.pt``, written atomically and tagged
-with the model's digest), ``ping``.  A server adds its own built-ins.
+:class:`~partialvfl.federation.trust.policy.PartyPolicy` agrees, seeded as the policy says: in a deployment by a seed
+the party draws itself), ``preprocess`` (fit the party's own standardisation on a dataset it holds),
+``save``/``load``/``forget`` (the program's state, the seed it was built with and the party's preprocessing in
+``meta['dir']``, ``party-<k>.pt``, written atomically and tagged with the model's digest), ``ping``.  A server adds its
+own built-ins.
 
 Preprocessing belongs to the party: :meth:`PartyRuntime.data` hands programs the party's rows already standardised
 with the statistics the party fitted on its own training rows (:class:`~partialvfl.data.preprocessing.ColumnScaler`);
 they never leave the party.
 
 Every message is checked against its declaration (:mod:`partialvfl.federation.wire.schema`) in
-:meth:`PartyRuntime.handle`,
-the one path of both transports: the request before the handler runs, the reply after.
+:meth:`PartyRuntime.handle`, the one path of both transports: the request before the handler runs, the reply after.
 """
 
 from __future__ import annotations

@@ -101,10 +101,10 @@ def state_file(directory: str | Path, party: int) -> Path:
 class PartyProgram:
     """The party-local half of a method.  Subclasses define ``on_<kind>(request) -> Reply`` handlers.
 
-    ``self.runtime`` (the :class:`~partialvfl.federation.runtime.party.PartyRuntime` hosting it: typed loosely, the
-    wire core does not import the runtime) gives the party's index, name and data views; ``self.config`` is the
-    JSON-able configuration
-    the coordinator sent (it includes this party's ``feature_dim``/``feature_shape``); ``self.seed`` the seed.
+    ``self.runtime`` (the :class:`~partialvfl.federation.runtime.party.PartyRuntime` hosting it: typed loosely, the wire
+    core does not import the runtime) gives the party's index, name and data views; ``self.config`` is the JSON-able
+    configuration the coordinator sent (it includes this party's ``feature_dim``/``feature_shape``); ``self.seed`` the
+    seed.
     """
 
     program_name: ClassVar[str] = ""

@@ -3,11 +3,9 @@
 A party program says, from the config the coordinator sent, which networks it would build (their families and
 widths, what leaves the party per row), the learning rates it sets and whether it shares weights:
 :meth:`~partialvfl.federation.wire.program.PartyProgram.describe_setup` returns a :class:`SetupShape`.  The policy
-checks
-that description (:meth:`~partialvfl.federation.trust.policy.PartyPolicy.check_setup`), never a method's config keys;
-the
-program reads its own config.  :func:`widths` and :func:`feature_shape_of` read the values every description needs,
-raising on a malformed config (which the policy refuses, naming the program).
+checks that description (:meth:`~partialvfl.federation.trust.policy.PartyPolicy.check_setup`), never a method's config
+keys; the program reads its own config.  :func:`widths` and :func:`feature_shape_of` read the values every description
+needs, raising on a malformed config (which the policy refuses, naming the program).
 """
 
 from __future__ import annotations

@@ -197,13 +197,12 @@ def _detached(tensors: TensorDict) -> TensorDict:
 class LocalTransport(Transport):
     """In-process delivery to :class:`~partialvfl.federation.runtime.party.PartyRuntime` objects: zero-copy, detached.
 
-    ``batched=True`` (the default): when several parties of one round run the same program and the program can
-    answer a round jointly (:meth:`~partialvfl.federation.wire.program.PartyProgram.handle_batch`, e.g. stacked
-    weights and
-    one batched matmul per layer), their requests are answered in one computation.  Everything else is as on the
-    per-party path: each request and reply is checked against its declaration and logged per party with the same
-    names, shapes and bytes, each party's weights and optimiser stay its own, and a party marked down fails alone.
-    ``batched=False`` answers every request by itself (for tests and comparisons).
+    ``batched=True`` (the default): when several parties of one round run the same program and the program can answer a
+    round jointly (:meth:`~partialvfl.federation.wire.program.PartyProgram.handle_batch`, e.g. stacked weights and one
+    batched matmul per layer), their requests are answered in one computation.  Everything else is as on the per-party
+    path: each request and reply is checked against its declaration and logged per party with the same names, shapes and
+    bytes, each party's weights and optimiser stay its own, and a party marked down fails alone. ``batched=False``
+    answers every request by itself (for tests and comparisons).
     """
 
     def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None, *,
