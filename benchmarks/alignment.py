@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.dataset import Task, VerticalDataset
-from partialvfl.federation import psu
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.trust import psu
 
 
 def make_data(parties: int, ids: int, overlap: float, labels: float, seed: int, prefix: str = "C",

@@ -27,7 +27,7 @@ import torch
 from partialvfl import Task, VerticalDataset
 from partialvfl.bench.attacks import run_attacks
 from partialvfl.data.sources import load_source
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 
 
 def party_block(dataset: str, columns: str, max_rows: int | None) -> np.ndarray:

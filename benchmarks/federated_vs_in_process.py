@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.coordinator import LocalFederation
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.coordinator import LocalFederation
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

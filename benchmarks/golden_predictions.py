@@ -105,7 +105,7 @@ def write(out: Path, methods: list[str], grpc: bool) -> int:
         order_key.write_text(ORDER_KEY + "\n")  # fixed: the same sample order in every run, in process and federated
         deployment = None
         if grpc:
-            from partialvfl.federation.grpc_local import LocalDeployment
+            from partialvfl.federation.grpc.local import LocalDeployment
 
             deployment = LocalDeployment(Path(tmp) / "fed", raw, deadline=600.0, start_timeout=600.0,
                                          policy=POLICY, alignment="hmac")

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.messages import MessageLog
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods.base import get_method
 from partialvfl.utils.progress import progress
 

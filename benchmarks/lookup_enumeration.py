@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.privacy.enumeration import CANDIDATES, enumerate_memberships, issue_federation, outsiders
 
 

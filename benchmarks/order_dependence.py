@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-import partialvfl.federation.party as party_module
+import partialvfl.federation.runtime.party as party_module
 from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
 from partialvfl.federation import LocalFederation, guards
-from partialvfl.federation.policy import PartyPolicy
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.methods import get_method, method_names
 
 #: what a fast preset must narrow to fit the default policy at 16 features (tests/test_policy.py)

@@ -131,7 +131,7 @@ def _features_by_row(train: Any, party: int) -> dict[int, np.ndarray]:
 
 def run_fit(cell: dict[str, Any], train: Any, test: Any, party: int) -> dict[str, Any]:
     """One fit, recorded at ``party``, and every attack on what was recorded."""
-    from partialvfl.federation.coordinator import LocalFederation
+    from partialvfl.federation.runtime.coordinator import LocalFederation
     from partialvfl.methods import get_method
     from partialvfl.methods.evaluation import evaluate
     from partialvfl.privacy import (
@@ -173,7 +173,7 @@ def run_fit(cell: dict[str, Any], train: Any, test: Any, party: int) -> dict[str
 def run_decode(cell: dict[str, Any], train: Any, party: int) -> dict[str, Any]:
     """The decode oracle against ``party`` (FALSE-VFL-I set up, untrained: the oracle needs no training), its whole
     budget spent on it."""
-    from partialvfl.federation.coordinator import LocalFederation
+    from partialvfl.federation.runtime.coordinator import LocalFederation
     from partialvfl.methods import get_method
     from partialvfl.privacy import decode_oracle, relative_rmse, ridge
 

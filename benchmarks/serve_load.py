@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.delay_proxy import DelayProxy
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.delay_proxy import DelayProxy
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from partialvfl.federation.grpc_party import SERVER_MESSAGES
-from partialvfl.federation.party import PROGRAMS, RUNTIME_MESSAGES
-from partialvfl.federation.psu import PSU_MESSAGES
-from partialvfl.federation.schema import messages_markdown
-from partialvfl.federation.setup_config import setup_config_markdown
+from partialvfl.federation.grpc.party import SERVER_MESSAGES
+from partialvfl.federation.trust.psu import PSU_MESSAGES
+from partialvfl.federation.wire.program import PROGRAMS, RUNTIME_MESSAGES
+from partialvfl.federation.wire.schema import messages_markdown
+from partialvfl.federation.wire.setup_config import setup_config_markdown
 from partialvfl.methods.registry import METHODS, load_all
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "messages.md"
@@ -36,11 +36,11 @@ def render() -> str:
                 "outside its type or range is refused, naming the key and the value.", "",
                 "| key | accepts | default | meaning |", "|---|---|---|---|", *setup_config_markdown(cls.setup_config)])
         sections.append((f"`{name}`", about, cls.messages, True))
-    sections.append(("Built-in kinds of every party", "`partialvfl.federation.party.RUNTIME_MESSAGES`, answered by "
-                     "the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES, False))
-    sections.append(("Built-in kinds of the gRPC party server", "`partialvfl.federation.grpc_party.SERVER_MESSAGES`.",
+    sections.append(("Built-in kinds of every party", "`partialvfl.federation.wire.program.RUNTIME_MESSAGES`, "
+                     "answered by the runtime in process and behind the gRPC server.", RUNTIME_MESSAGES, False))
+    sections.append(("Built-in kinds of the gRPC party server", "`partialvfl.federation.grpc.party.SERVER_MESSAGES`.",
                      SERVER_MESSAGES, False))
-    sections.append(("Alignment kinds of the gRPC party server", "`partialvfl.federation.psu.PSU_MESSAGES` (the "
+    sections.append(("Alignment kinds of the gRPC party server", "`partialvfl.federation.trust.psu.PSU_MESSAGES` (the "
                      "keyless alignment, the default; docs/deployment.md, \"Alignment\").", PSU_MESSAGES, False))
     return messages_markdown(sections)
 

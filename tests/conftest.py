@@ -48,7 +48,7 @@ def tiny_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ``--dist loadfile`` a worker that runs both starts one deployment, not two).  Each fit is a session of its own
     and keeps its state under its own model directory; no test stops or restarts these parties."""
     from helpers import PATIENCE, tiny_test, tiny_train
-    from partialvfl.federation.grpc_local import LocalDeployment
+    from partialvfl.federation.grpc.local import LocalDeployment
 
     with LocalDeployment(tmp_path_factory.mktemp("tiny"), tiny_train(), extra=(tiny_test(),), deadline=PATIENCE,
                          start_timeout=600.0) as dep:

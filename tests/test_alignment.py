@@ -22,15 +22,15 @@ import torch
 
 from helpers import PATIENCE
 from partialvfl.data.dataset import Task, VerticalDataset
-from partialvfl.federation import psu
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.alignment import load_key
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import PartyError
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.psu import AlignmentError, PartyAligner, hash_to_group, points_array, points_list
-from partialvfl.federation.psu_session import PsuAlignment
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.psu_session import PsuAlignment
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.trust import psu
+from partialvfl.federation.trust.access_log import read_access_log
+from partialvfl.federation.trust.alignment import load_key
+from partialvfl.federation.trust.psu import AlignmentError, PartyAligner, hash_to_group, points_array, points_list
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.refusals import PolicyViolation
 
 SECRET = b"s" * 32
 
@@ -85,7 +85,7 @@ def test_sessions_are_unlinkable_unless_the_party_resumes_them_by_its_own_ticket
     1,497), so what several sessions learned combined.  Now a party reuses a session's nonce only for the ticket it
     handed that coordinator for that session (kept in its own state), never for a name or salt the coordinator
     picks."""
-    from partialvfl.federation.sessions import AlignmentTickets
+    from partialvfl.federation.grpc.sessions import AlignmentTickets
 
     def session(alignment_id: str | None, tickets: Any = None, caller: str = "coordinator", **kw: Any) -> set[bytes]:
         parties = three(tmp_path, **kw)
@@ -340,8 +340,8 @@ def test_session_order_reproduces_the_federations_order_for_whoever_holds_every_
 @pytest.mark.slow
 def test_files_name_the_alignment_and_the_templates_give_the_label_side_no_key(psu_dep: LocalDeployment,
                                                                               tmp_path: Path) -> None:
-    from partialvfl.federation.grpc_federation import load_federation_config
-    from partialvfl.federation.party_config import load_party_config
+    from partialvfl.federation.grpc.federation_file import load_federation_config
+    from partialvfl.federation.grpc.party_config import load_party_config
 
     assert "key_file" not in psu_dep.federation_file.read_text()  # the coordinator holds no key
     cfgs = [load_party_config(psu_dep.party_config_file(k)) for k in range(3)]
@@ -363,7 +363,7 @@ def test_a_resumed_fit_gets_its_tokens_back_by_the_parties_tickets_and_a_repeate
     each keyed party under a ticket the coordinator keeps with its checkpoints; a coordinator restarted with them
     aligns with the same tokens (``fit --resume``), a new fit of the same seed (the same ``alignment_id``) without
     them gets fresh ones."""
-    from partialvfl.federation.grpc_federation import TICKETS_FILE
+    from partialvfl.federation.grpc.federation import TICKETS_FILE
 
     def align(dep: LocalDeployment, checkpoints: Path | None) -> tuple[list[str], set[bytes]]:
         fed = dep.federation(connect=False)

@@ -18,7 +18,7 @@ import pytest
 
 from partialvfl.cli import main
 from partialvfl.data.tables import check_table_file
-from partialvfl.federation.certs import init_dev_pki
+from partialvfl.federation.grpc.certs import init_dev_pki
 
 
 def fit_tables(tmp_path: Path, bad: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:

@@ -18,7 +18,7 @@ from partialvfl.cli import build_parser, main
 from partialvfl.cli.common import MECHANISMS, SPLITTERS
 from partialvfl.data.mechanisms import parse_mechanism
 from partialvfl.data.splitters import parse_splitter
-from partialvfl.federation.grpc_federation import LabelSource, load_federation_config, read_labels
+from partialvfl.federation.grpc.federation_file import LabelSource, load_federation_config, read_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_federation_file_unknown_keys_are_errors(tmp_path: Path) -> None:
 
 
 def test_party_file_unknown_keys_are_errors(tmp_path: Path) -> None:
-    from partialvfl.federation.grpc_party import load_party_config
+    from partialvfl.federation.grpc.party_config import load_party_config
 
     text = ('[party]\nname = "a"\nindex = 0\nhmac_key_file = "h"\n[data]\npath = "t.csv"\nid_column = "id"\n'
             'exclude_colums = ["label"]\n[tls]\nca = "c"\ncert = "c"\nkey = "k"\n')

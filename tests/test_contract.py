@@ -25,12 +25,12 @@ import torch
 from helpers import PATIENCE, tiny_test, tiny_train
 from partialvfl import VerticalDataset
 from partialvfl.federation import MessageLog, TensorSpec, find_raw_feature_leaks, tensor_names
-from partialvfl.federation.checkpoint import Checkpointer
-from partialvfl.federation.grpc_federation import GrpcFederation
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_party import SERVER_MESSAGES
-from partialvfl.federation.party import PROGRAMS
-from partialvfl.federation.psu import PSU_MESSAGES
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.party import SERVER_MESSAGES
+from partialvfl.federation.runtime.checkpoint import Checkpointer
+from partialvfl.federation.trust.psu import PSU_MESSAGES
+from partialvfl.federation.wire.program import PROGRAMS
 from partialvfl.methods.base import VFLMethod, get_method
 from partialvfl.methods.params import Param
 from partialvfl.methods.registry import method_names

@@ -17,7 +17,8 @@ import torch
 
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import LocalFederation, PartyRuntime, Request
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.methods import get_method, load_all
 from partialvfl.methods.false_vfl.formulas import bound_noise
 from partialvfl.methods.false_vfl.party import FalseVFLParty
@@ -134,7 +135,7 @@ def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(
     """Over gRPC: the parties announce their policy in their hello; wire = auto picks the bound wire at the largest
     floor they ask for, and the fit and its predictions go through every party's checks."""
     from helpers import make_data
-    from partialvfl.federation.grpc_local import LocalDeployment
+    from partialvfl.federation.grpc.local import LocalDeployment
     from test_contract import TINY
 
     train = make_data(48, seed=0, prefix="tr")

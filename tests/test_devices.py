@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-import partialvfl.federation.party as party_module
+import partialvfl.federation.runtime.party as party_module
 from helpers import make_data
 from partialvfl.federation import LocalFederation
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyRuntime
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.methods.base import VFLMethod, get_method
 from partialvfl.methods.registry import method_names
 from partialvfl.utils.devices import (
@@ -308,7 +308,7 @@ def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path
 
 
 def test_a_party_picks_its_own_device_in_its_party_file(tmp_path) -> None:  # noqa: ANN001
-    from partialvfl.federation.grpc_party import load_party_config
+    from partialvfl.federation.grpc.party_config import load_party_config
 
     def party_file(extra: str) -> object:
         (tmp_path / "p.toml").write_text(

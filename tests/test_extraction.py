@@ -25,7 +25,7 @@ import torch
 from partialvfl import Task, VerticalDataset
 from partialvfl.bench.attacks import run_attacks
 from partialvfl.data.sources import load_source
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 
 ROWS = 600
 IDS = [f"u{i:04d}" for i in range(ROWS)]

@@ -27,7 +27,7 @@ from example_tables import PARTIES, table_paths, write_example
 from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import VFLMethod
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

@@ -25,7 +25,7 @@ import torch
 from example_tables import table_paths, write_example
 from helpers import PATIENCE
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

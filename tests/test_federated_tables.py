@@ -16,7 +16,7 @@ from example_tables import table_paths, write_example
 from helpers import PATIENCE
 from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,27 +39,26 @@ from partialvfl.federation import (
     register_program,
     tensor_names,
 )
-from partialvfl.federation.alignment import hash_ids, load_key, observed_from_hashes, positions_in
-from partialvfl.federation.audit import find_raw_feature_leaks
-from partialvfl.federation.certs import init_dev_pki, issue_certificate
-from partialvfl.federation.checkpoint import Checkpointer, rng_state, set_rng_state
-from partialvfl.federation.coordinator import Federation
-from partialvfl.federation.grpc_federation import GrpcFederation, load_federation_config
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_party import SERVER_MESSAGES
-from partialvfl.federation.grpc_transport import (
+from partialvfl.federation.grpc.certs import init_dev_pki, issue_certificate
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.federation_file import load_federation_config
+from partialvfl.federation.grpc.frames import (
     CALL_METHOD,
-    GrpcTransport,
-    PartyError,
-    TlsFiles,
     WireError,
     chunks,
     decode_reply,
     decode_request,
     encode_request,
 )
-from partialvfl.federation.psu import PSU_MESSAGES
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.party import SERVER_MESSAGES
+from partialvfl.federation.grpc.transport import GrpcTransport, PartyError, TlsFiles
+from partialvfl.federation.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
+from partialvfl.federation.runtime.coordinator import Federation
+from partialvfl.federation.trust.alignment import hash_ids, load_key, observed_from_hashes, positions_in
+from partialvfl.federation.trust.audit import find_raw_feature_leaks
+from partialvfl.federation.trust.psu import PSU_MESSAGES
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.params import inferred_space
 from partialvfl.methods.registry import MethodSpec, register_spec, unregister
@@ -861,7 +860,8 @@ def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN
 
 
 def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:  # noqa: ANN001
-    from partialvfl.federation.grpc_party import PartyConfig, PartyTable
+    from partialvfl.federation.grpc.party_config import PartyConfig
+    from partialvfl.federation.grpc.party_tables import PartyTable
 
     def table(text: str, **kw: Any) -> PartyTable:
         (tmp_path / "t.csv").write_text(text)

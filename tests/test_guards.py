@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from partialvfl.federation import PartyRuntime, Request
-from partialvfl.federation.guards import clip_gradient_rows
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
+from partialvfl.federation.trust.guards import clip_gradient_rows
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.methods import load_all
 from partialvfl.methods.false_vfl.party import FalseVFLParty
 from partialvfl.methods.splitnn.party import SplitParty

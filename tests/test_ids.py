@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from partialvfl import DataValidationError
 from partialvfl.data.builders import from_tables
 from partialvfl.data.ids import DEFAULT_ORDER_KEY, id_seeds, normalize_id, normalize_ids, sample_order
-from partialvfl.federation.alignment import canonical_id, hash_ids, observed_from_hashes
-from partialvfl.federation.grpc_party import PartyConfig, PartyTable
-from partialvfl.federation.grpc_transport import TlsFiles
+from partialvfl.federation.grpc.party_config import PartyConfig
+from partialvfl.federation.grpc.party_tables import PartyTable
+from partialvfl.federation.grpc.transport import TlsFiles
+from partialvfl.federation.trust.alignment import canonical_id, hash_ids, observed_from_hashes
 
 KEY = b"k" * 32
 
@@ -129,7 +130,7 @@ def test_every_table_reader_follows_one_suffix_rule(tmp_path: Path) -> None:
     as from_tables does: compressed CSV is CSV, an unknown suffix is refused (it was read as CSV by the servers)."""
     from partialvfl.cli.federated import read_id_list
     from partialvfl.data.tables import table_format
-    from partialvfl.federation.grpc_federation import LabelSource, read_labels
+    from partialvfl.federation.grpc.federation_file import LabelSource, read_labels
 
     assert [table_format(n) for n in ("a.csv", "A.CSV.GZ", "a.parquet", "a.PQ", "a.txt", "a.tsv", "a.csv.bak")] == \
         ["csv", "csv", "parquet", "parquet", None, None, None]

@@ -20,15 +20,15 @@ import torch
 
 from helpers import make_data
 from partialvfl.cli import main
-from partialvfl.federation.checkpoint import LATEST
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.checkpoint import LATEST
 from test_contract import TINY, assert_same, running_parties, saved_states
 
 #: a coordinator that dies by SIGKILL right after the checkpoint of step argv[1], then ``partialvfl argv[2:]``
 KILLED_AFTER = """
 import os, signal, sys
 from partialvfl.cli import main
-from partialvfl.federation.checkpoint import Checkpointer
+from partialvfl.federation.runtime.checkpoint import Checkpointer
 
 kill_after = int(sys.argv[1])
 save = Checkpointer.maybe_save

@@ -19,9 +19,10 @@ from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import PartyRuntime, Request
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.trust.access_log import read_access_log
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.methods import get_method, method_names
 from partialvfl.orchestration import FitOptions, run_fit
 

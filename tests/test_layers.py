@@ -32,6 +32,9 @@ PACKAGE = "partialvfl"
 # ``serving`` (the prediction service) sits beside ``bench``: both use the library below, neither the other
 LAYERS = {"utils": 0, "data": 1, "nn": 1, "": 2, "federation": 3, "methods": 4, "orchestration": 5, "privacy": 5,
           "bench": 6, "serving": 6, "cli": 7}
+# ``federation``'s sub-packages by job, low to high (README.md's second Layout table): the wire core imports no
+# privacy, trust or deployment code; the gRPC deployment sits on everything else
+FEDERATION_LAYERS = {"wire": 0, "dp": 1, "trust": 2, "runtime": 3, "grpc": 4}
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def test_the_walker_sees_the_package() -> None:
     modules = module_files()
     assert {"partialvfl", "partialvfl.cli", "partialvfl.methods.base", "partialvfl.bench.runner"} <= set(modules)
     edges = all_edges()
-    assert any(e.source == "partialvfl.methods.base" and e.target == "partialvfl.federation.coordinator"
+    assert any(e.source == "partialvfl.methods.base" and e.target == "partialvfl.federation.runtime.coordinator"
                for e in edges)
 
 
@@ -243,6 +246,44 @@ def test_every_layer_exists(layer: str) -> None:
     assert (SRC / PACKAGE / layer).is_dir(), f"layer {layer!r} has no package"
 
 
+def federation_layer_of(module: str) -> str | None:
+    """The sub-package of a module under ``partialvfl.federation`` (``None``: not under federation, or its face)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "federation" else None
+
+
+def federation_upward_imports(edges: list[Edge]) -> list[str]:
+    bad = []
+    for e in edges:
+        src, dst = federation_layer_of(e.source), federation_layer_of(e.target)
+        if src is None or dst is None:
+            continue
+        if src not in FEDERATION_LAYERS or dst not in FEDERATION_LAYERS:
+            bad.append(f"{e.where()}: {e.source} -> {e.target}: module outside federation's sub-packages "
+                       f"{sorted(FEDERATION_LAYERS)}")
+        elif src != dst and FEDERATION_LAYERS[dst] > FEDERATION_LAYERS[src]:
+            bad.append(f"{e.where()}: {e.source} (federation.{src}) imports {e.target}, a higher sub-package "
+                       f"(federation.{dst})")
+    return bad
+
+
+def test_federation_sub_packages_import_only_lower_ones() -> None:
+    modules = module_files()
+    loose = sorted(m for m, path in modules.items() if path.parent.name == "federation" and path.name != "__init__.py")
+    assert not loose, f"modules of federation outside its sub-packages {sorted(FEDERATION_LAYERS)}: {loose}"
+    assert {m.split(".")[2] for m in modules if federation_layer_of(m)} == set(FEDERATION_LAYERS)
+    bad = federation_upward_imports(all_edges())
+    assert not bad, "imports against federation's sub-package order:\n" + "\n".join(bad)
+
+
+def test_the_federation_check_names_an_upward_import() -> None:
+    e = Edge("partialvfl.federation.wire.x", "partialvfl.federation.trust.policy",
+             SRC / "partialvfl" / "federation" / "wire" / "x.py", 4)
+    (msg,) = federation_upward_imports([e])
+    assert "federation/wire/x.py:4" in msg and "higher sub-package (federation.trust)" in msg
+    assert not federation_upward_imports([Edge(e.target, e.source, e.file, 4)])
+
+
 def readme_layers() -> dict[str, int]:
     """README.md's Layout table as ``{layer: level}`` (the package face as ``""``), read from its level and package
     columns."""
@@ -260,3 +301,11 @@ def readme_layers() -> dict[str, int]:
 
 def test_the_readme_table_lists_these_layers() -> None:
     assert readme_layers() == LAYERS, "README.md's Layout table and LAYERS above disagree: update one to the other"
+
+
+def test_the_readme_lists_federations_sub_packages() -> None:
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("### federation's sub-packages"):].split("\n\n")[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    listed = {package.strip("`").removeprefix(f"{PACKAGE}.federation."): int(level) for level, package, *_ in rows}
+    assert listed == FEDERATION_LAYERS, "README.md's federation table and FEDERATION_LAYERS disagree"

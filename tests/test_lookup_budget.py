@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 
 from helpers import PATIENCE
 from partialvfl.data.dataset import VerticalDataset
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import PartyError
-from partialvfl.federation.lookups import LOOKUP_LEDGER, LookupLedger
-from partialvfl.federation.policy import LOOKUP_FLOOR, PartyPolicy, PolicyViolation
-from partialvfl.federation.psu import PartyAligner, hash_to_group, points_array
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.trust.access_log import read_access_log
+from partialvfl.federation.trust.lookups import LOOKUP_LEDGER, LookupLedger
+from partialvfl.federation.trust.policy import LOOKUP_FLOOR, PartyPolicy
+from partialvfl.federation.trust.psu import PartyAligner, hash_to_group, points_array
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.privacy.enumeration import CANDIDATES, Enumeration, enumerate_memberships, issue_federation, outsiders
 
 HOUR, DAY = 3600.0, 86400.0

@@ -21,7 +21,7 @@ from sklearn.base import clone
 
 from helpers import PATIENCE
 from partialvfl.cli import main
-from partialvfl.federation import grpc_party
+from partialvfl.federation.grpc import party_process
 from partialvfl.methods import get_method, method_names
 from partialvfl.methods.training import NonFiniteError, check_finite_output
 from partialvfl.orchestration.predict import PriorOnlyRows
@@ -165,14 +165,70 @@ def _tables(pki: Path, parties: list[str], n: int = 40) -> None:
 
 
 def test_the_grace_a_stopping_party_gives_its_calls_is_short() -> None:
-    """In-flight calls get at most half a second after SIGTERM.  (Not the whole story: measured, a party still
-    exits about 1.2 s after SIGTERM, the wait coming after its 'stopping' line; issue 37 item 6 stays open.)"""
-    assert grpc_party.STOP_GRACE_SECONDS <= 0.5
+    """In-flight calls get at most half a second after SIGTERM to answer (then a handler still computing finishes
+    its writes, :func:`test_a_stopping_party_server_lets_a_call_in_flight_finish_its_writes`, and the process ends
+    without the interpreter's teardown: measured in ``benchmarks/party_exit.py``)."""
+    assert party_process.STOP_GRACE_SECONDS <= 0.5
+
+
+def test_a_stopping_party_server_lets_a_call_in_flight_finish_its_writes(tmp_path: Path) -> None:
+    """A party stopping on SIGTERM ends its process at once after :meth:`PartyServer.close` (no interpreter
+    teardown), so ``close`` must first wait for the call threads: a handler still computing (a state save, a ledger
+    charge) finishes before the access log closes and the process ends."""
+    from partialvfl.federation.grpc.party import PartyServer
+    from partialvfl.federation.grpc.party_config import load_party_config
+
+    (tmp_path / "shop.csv").write_text("id,a\nc1,2\nc2,3\n")
+    (tmp_path / "shop.toml").write_text('[party]\nname = "shop"\nindex = 0\nstate_dir = "state"\n[data]\n'
+                                        'path = "shop.csv"\nid_column = "id"\n[tls]\nca = "a"\ncert = "b"\nkey = "c"\n')
+    server = PartyServer(load_party_config(tmp_path / "shop.toml"))
+    written: list[str] = []
+
+    def call_in_flight() -> None:
+        time.sleep(0.3)  # still computing when the server is closed
+        server.access.write(kind="save", outcome="served")
+        written.append("ledger")
+
+    server.workers.submit(call_in_flight)
+    server.close()
+    assert written == ["ledger"]
+    assert '"kind": "save"' in (tmp_path / "state" / "access.log").read_text()
+
+
+@pytest.mark.slow
+def test_party_serve_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    """A real ``partialvfl party serve`` process: SIGTERM -> 'stopping', its calls and logs closed ('stopped'),
+    exit status 0, promptly (a generous bound here; the one-second target is measured in benchmarks/party_exit.py)."""
+    pki = tmp_path / "pki"
+    assert main(["certs", "init", str(pki), "--parties", "bank", "shop", "--local"]) == 0
+    _tables(pki, ["bank", "shop"])
+    log = tmp_path / "bank.log"
+    env = {**os.environ, party_process.EXIT_WITH_PARENT_ENV: "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "partialvfl", "party", "serve", "--config",
+                             str(pki / "bank.party.toml")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(log, "wb"))  # noqa: SIM115
+    try:
+        t0 = time.monotonic()
+        while not (pki / "bank.port").exists():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() - t0 < PATIENCE
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        t = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        waited = time.monotonic() - t
+        assert waited < 5.0, f"the party took {waited:.1f} s to exit after SIGTERM"
+        lines = log.read_text().strip().splitlines()
+        assert "(bank) stopping" in lines[-2] and "(bank) stopped" in lines[-1], lines[-3:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
 def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigterm(tmp_path: Path) -> None:
-    from partialvfl.federation.grpc_federation import GrpcFederation
+    from partialvfl.federation.grpc.federation import GrpcFederation
 
     pki = tmp_path / "pki"
     parties = ["bank", "shop"]
@@ -186,7 +242,7 @@ def test_certs_init_local_templates_start_as_written_and_stop_promptly_on_sigter
         assert 'preset = "default"' in text
     assert "example.org" not in federation and "0.0.0.0" not in "".join(texts.values())
     _tables(pki, parties)
-    env = {**os.environ, grpc_party.EXIT_WITH_PARENT_ENV: "1"}
+    env = {**os.environ, party_process.EXIT_WITH_PARENT_ENV: "1"}
     procs = {name: subprocess.Popen([sys.executable, "-m", "partialvfl", "party", "serve", "--config",
                                      str(pki / f"{name}.party.toml")], env=env, stdout=subprocess.DEVNULL,
                                     stderr=open(tmp_path / f"{name}.log", "wb"))  # noqa: SIM115

@@ -19,9 +19,9 @@ import torch
 
 from helpers import PATIENCE
 from partialvfl import VerticalDataset
-from partialvfl.federation.checkpoint import LATEST, FitInterrupted
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.checkpoint import LATEST, FitInterrupted
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods import VFLMethod, get_method
 from partialvfl.orchestration import (
     FitOptions,

@@ -193,7 +193,8 @@ def test_the_deployment_party_template_serves_its_new_users_table(tmp_path: Path
     ``[[data.predict]]`` table of new users, which has no label column) starts and serves both tables."""
     import pandas as pd
 
-    from partialvfl.federation.grpc_party import PartyServer, load_party_config
+    from partialvfl.federation.grpc.party import PartyServer
+    from partialvfl.federation.grpc.party_config import load_party_config
 
     text = (ROOT / "docs" / "deployment.md").read_text()
     section = text[text.index("## 2. A party"):]

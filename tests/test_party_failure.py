@@ -25,9 +25,9 @@ import torch
 from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
-from partialvfl.federation.checkpoint import Checkpointer, PartyLost
-from partialvfl.federation.grpc_federation import GrpcFederation
-from partialvfl.federation.grpc_local import LocalDeployment
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.checkpoint import Checkpointer, PartyLost
 
 FIT = {"latent_dim": 4, "encoder_hidden": [8], "epochs": 3, "batch_size": 8}  # 3 epochs x 5 steps
 
@@ -236,7 +236,7 @@ def test_a_checkpoint_a_party_could_not_save_is_removed_everywhere_once_the_part
 
 SIGNAL_WRAPPER = """
 import os, signal, sys
-from partialvfl.federation import checkpoint
+from partialvfl.federation.runtime import checkpoint
 original = checkpoint.Checkpointer.maybe_save
 def maybe_save(self, step, state):
     if step == int(os.environ["STOP_AT"]):

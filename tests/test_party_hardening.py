@@ -22,11 +22,12 @@ from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import MessageSpec, PartyProgram, Reply, Request, TensorSpec, register_program
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.certs import issue_certificate
-from partialvfl.federation.grpc_federation import load_federation_config
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, decode_reply, encode_request
+from partialvfl.federation.grpc.certs import issue_certificate
+from partialvfl.federation.grpc.federation_file import load_federation_config
+from partialvfl.federation.grpc.frames import CALL_METHOD, decode_reply, encode_request
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.trust.access_log import read_access_log
 
 HERE = Path(__file__).resolve().parent
 
@@ -383,7 +384,7 @@ def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, da
     """Issue 37: a party server reads a setup config by its program's declaration, on arrival: a value of the wrong
     type or an unknown key is refused in one line naming the party, the program, the key and the value, and the
     parties then take a good config."""
-    from partialvfl.federation.coordinator import SetupRefused
+    from partialvfl.federation.runtime.coordinator import SetupRefused
 
     fed = dep.federation()
     try:

@@ -18,7 +18,7 @@ from partialvfl.cli import main
 from partialvfl.data.builders import from_tables
 from partialvfl.data.preprocessing import ColumnScaler
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
-from partialvfl.federation.messages import MessageLog
+from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods import VFLMethod, get_method
 from partialvfl.methods.registry import load_specs
 

@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 
 from partialvfl import Task, VerticalDataset
 from partialvfl.federation import LocalFederation, MessageLog, PartyRuntime, Request
-from partialvfl.federation.access_log import AccessLog, AccessLogConfig, read_access_log
-from partialvfl.federation.audit import PartyStateRecorder, disclosed_state, find_party_state_leaks
-from partialvfl.federation.grpc_party import load_party_config
-from partialvfl.federation.policy import InferenceGuard, PartyPolicy, PolicyViolation
-from partialvfl.federation.schema import INFERS, kinds_with_role
+from partialvfl.federation.grpc.party_config import load_party_config
+from partialvfl.federation.trust.access_log import AccessLog, AccessLogConfig, read_access_log
+from partialvfl.federation.trust.audit import PartyStateRecorder, disclosed_state, find_party_state_leaks
+from partialvfl.federation.trust.guards import InferenceGuard
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, kinds_with_role
 from partialvfl.methods import get_method, load_all, method_names
 from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.splitnn.party import SplitParty
@@ -204,7 +206,7 @@ def test_the_access_log_lands_in_the_state_directory_whatever_the_config_path(tm
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 35: with a relative ``--config`` the default path was resolved against the file's folder twice
     (``pki/pki/state-shop/access.log`` instead of ``pki/state-shop/access.log``)."""
-    from partialvfl.federation.grpc_party import PartyServer
+    from partialvfl.federation.grpc.party import PartyServer
 
     pki = tmp_path / "pki"
     pki.mkdir()

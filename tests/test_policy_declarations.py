@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from partialvfl.federation import MessageSpec, PartyProgram, PartyRuntime, Reply, Request, TensorSpec
-from partialvfl.federation import party as party_module
-from partialvfl.federation.party import register_program
-from partialvfl.federation.policy import InferenceGuard, PartyPolicy, PolicyViolation
-from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, TRAINS, Messages, kinds_with_role
-from partialvfl.federation.setup_shape import Network, SetupShape
+from partialvfl.federation.runtime import party as party_module
+from partialvfl.federation.trust.guards import InferenceGuard
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.program import register_program
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, TRAINS, Messages, kinds_with_role
+from partialvfl.federation.wire.setup_shape import Network, SetupShape
 from partialvfl.methods import load_all
 
 D = 4  # the toy party's feature count

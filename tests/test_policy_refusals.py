@@ -20,9 +20,10 @@ from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import LocalFederation, MessageLog
-from partialvfl.federation.coordinator import SetupRefused
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.coordinator import SetupRefused
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.methods import get_method
 
 DIMS = (3, 2, 3)  # few columns per party: the default policy refuses every built-in preset's widths

@@ -14,8 +14,7 @@ import torch
 from scipy.stats import norm
 
 from partialvfl import Task, VerticalDataset
-from partialvfl.federation.coordinator import LocalFederation
-from partialvfl.federation.dp import (
+from partialvfl.federation.dp.gaussian import (
     DPBudget,
     PartyPrivacy,
     PrivacyLedger,
@@ -24,10 +23,12 @@ from partialvfl.federation.dp import (
     gaussian_epsilon,
     private_reply,
 )
-from partialvfl.federation.messages import Request
-from partialvfl.federation.party import PartyRuntime
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
-from partialvfl.federation.schema import MessageSpec, TensorSpec
+from partialvfl.federation.runtime.coordinator import LocalFederation
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import MessageSpec, TensorSpec
 from partialvfl.methods import get_method
 from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_keep_probability, rr_with_prior
 

@@ -21,7 +21,7 @@ import torch
 
 from example_tables import table_paths, write_example
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.coordinator import LocalFederation
+from partialvfl.federation.runtime.coordinator import LocalFederation
 from partialvfl.methods import get_method
 from partialvfl.privacy import (
     Recorder,

@@ -13,10 +13,10 @@ import torch
 
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.coordinator import SetupRefused
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import PartyError
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.runtime.coordinator import SetupRefused
+from partialvfl.federation.trust.access_log import read_access_log
 from partialvfl.methods import get_method
 
 BUDGET = {"preset": "research", "dp_epsilon": 4.0, "dp_delta": 1e-5}

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import tiny_test, tiny_train
 from partialvfl import Task, VerticalDataset
-from partialvfl.federation.checkpoint import Checkpointer
+from partialvfl.federation.runtime.checkpoint import Checkpointer
 from partialvfl.methods.base import get_method
 from partialvfl.methods.registry import method_names
 from partialvfl.methods.schedule import (

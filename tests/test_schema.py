@@ -26,8 +26,8 @@ from partialvfl.federation import (
     register_program,
     tensor_names,
 )
-from partialvfl.federation import party as party_module
-from partialvfl.federation.schema import check_reply, check_request
+from partialvfl.federation.runtime import party as party_module
+from partialvfl.federation.wire.schema import check_reply, check_request
 from partialvfl.methods.base import get_method
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -286,7 +286,7 @@ def test_https_with_client_certificates(example: Path, tmp_path: Path) -> None:
     import ssl
 
     from partialvfl.cli.serve import uvicorn_tls
-    from partialvfl.federation.certs import init_dev_pki
+    from partialvfl.federation.grpc.certs import init_dev_pki
 
     made = init_dev_pki(tmp_path / "pki", ["service", "client"])
     (cert, key), (client_cert, client_key) = made["service"], made["client"]

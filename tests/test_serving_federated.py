@@ -16,9 +16,9 @@ import pytest
 
 from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.delay_proxy import DelayProxy
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import RECONNECT_BACKOFF_MS, RECONNECT_OPTIONS
+from partialvfl.federation.grpc.delay_proxy import DelayProxy
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import RECONNECT_BACKOFF_MS, RECONNECT_OPTIONS
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import predict_reporting_parties
 

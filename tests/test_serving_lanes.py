@@ -20,13 +20,14 @@ import torch
 
 from example_tables import table_paths, write_example
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.delay_proxy import DelayProxy
-from partialvfl.federation.grpc_limits import Refused
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import PartyError, WireRequest
-from partialvfl.federation.lookups import LOOKUP_LEDGER
-from partialvfl.federation.messages import MessageLog, Request
-from partialvfl.federation.sessions import SessionGuard
+from partialvfl.federation.grpc.delay_proxy import DelayProxy
+from partialvfl.federation.grpc.frames import WireRequest
+from partialvfl.federation.grpc.limits import Refused
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.sessions import SessionGuard
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.trust.lookups import LOOKUP_LEDGER
+from partialvfl.federation.wire.messages import MessageLog, Request
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import run_predict
 

@@ -19,9 +19,9 @@ import pytest
 
 from example_tables import PARTIES, table_paths, write_example
 from partialvfl.data.builders import from_tables
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_transport import PartyError
-from partialvfl.federation.messages import Request
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import PredictOptions, run_predict
 

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from partialvfl import Task
 from partialvfl.federation import LocalFederation, PartyRuntime, Request
-from partialvfl.federation.coordinator import SetupRefused
-from partialvfl.federation.party import PROGRAMS, PartyProgram
-from partialvfl.federation.policy import PartyPolicy
-from partialvfl.federation.setup_config import SetupConfig, SetupConfigError
+from partialvfl.federation.runtime.coordinator import SetupRefused
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.program import PROGRAMS, PartyProgram
+from partialvfl.federation.wire.setup_config import SetupConfig, SetupConfigError
 from partialvfl.methods import get_method, load_all, method_names
 from partialvfl.methods.model_files import IndexInfo
 
@@ -218,7 +218,7 @@ def test_the_policy_describes_the_typed_config_the_party_read() -> None:
        shape=st.lists(st.integers(1, 9), min_size=1, max_size=3))
 def test_a_typed_config_travels_as_json_and_reads_back_equal(latent: int, hidden: list[int], lr: float,
                                                               momentum: float, name: str, shape: list[int]) -> None:
-    from partialvfl.federation.setup_config import OptimiserSetup
+    from partialvfl.federation.wire.setup_config import OptimiserSetup
     from partialvfl.methods.splitnn.party import SplitSetup
 
     typed = SplitSetup(feature_shape=shape, models=("f", "g"), latent_dim=latent, encoder_hidden=hidden,

@@ -18,14 +18,17 @@ import torch
 
 from helpers import PATIENCE, make_data
 from partialvfl.cli import main
-from partialvfl.federation.access_log import read_access_log
-from partialvfl.federation.certs import issue_certificate, make_ca
-from partialvfl.federation.grpc_federation import GrpcFederation, load_federation_config
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.grpc_party import load_party_config, serve
-from partialvfl.federation.grpc_transport import CALL_METHOD, PartyError, chunks, decode_reply, encode_request
-from partialvfl.federation.messages import Request
-from partialvfl.federation.pins import spki_sha256
+from partialvfl.federation.grpc.certs import issue_certificate, make_ca
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.federation_file import load_federation_config
+from partialvfl.federation.grpc.frames import CALL_METHOD, chunks, decode_reply, encode_request
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.grpc.party_config import load_party_config
+from partialvfl.federation.grpc.party_process import serve
+from partialvfl.federation.grpc.transport import PartyError
+from partialvfl.federation.trust.access_log import read_access_log
+from partialvfl.federation.trust.pins import spki_sha256
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods import get_method
 from test_contract import TINY
 
@@ -277,7 +280,7 @@ def test_sixteen_parallel_60_mb_requests_from_an_allowlisted_peer_raise_a_partys
 
 
 def test_a_request_is_refused_beyond_the_peers_budget_and_waits_for_it_otherwise() -> None:
-    from partialvfl.federation.grpc_limits import PeerLimits, Refused
+    from partialvfl.federation.grpc.limits import PeerLimits, Refused
 
     limits = PeerLimits(max_calls=2, max_bytes=100)
     with limits.call("c"), limits.call("c"):

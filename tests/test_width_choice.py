@@ -18,9 +18,9 @@ from helpers import PATIENCE
 from partialvfl import Task, VerticalDataset
 from partialvfl.cli import main
 from partialvfl.federation import LocalFederation, MessageLog
-from partialvfl.federation.coordinator import SetupRefused
-from partialvfl.federation.grpc_local import LocalDeployment
-from partialvfl.federation.policy import PartyPolicy
+from partialvfl.federation.grpc.local import LocalDeployment
+from partialvfl.federation.runtime.coordinator import SetupRefused
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.methods import get_method
 
 DIMS = (16, 6)  # the label holder's 16 columns and a party with 6

@@ -87,7 +87,7 @@ def _fit_and_evaluate(cell: Cell, grid_name: str, version: str, notify: Notify |
 
     from partialvfl.data.holdout import hold_out_labels
     from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
-    from partialvfl.federation.messages import MessageLog
+    from partialvfl.federation.wire.messages import MessageLog
     from partialvfl.methods.base import get_method
     from partialvfl.methods.evaluation import evaluate
 

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.federation.grpc_federation import GrpcFederation
-from partialvfl.federation.grpc_transport import PartyError
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.transport import PartyError
 from partialvfl.methods.splitnn.party import SplitSetup, build_party_model
 from partialvfl.privacy.reconstruction import relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng

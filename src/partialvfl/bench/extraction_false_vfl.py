@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from partialvfl.bench.extraction import AttackOutcome, Extractor
-from partialvfl.federation.grpc_transport import PartyError
+from partialvfl.federation.grpc.transport import PartyError
 from partialvfl.methods.false_vfl.formulas import bound_noise
 from partialvfl.privacy.reconstruction import ALPHAS, relative_rmse, ridge
 from partialvfl.utils.seeding import numpy_rng

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from partialvfl.bench.extraction import MODEL, AttackOutcome, Extractor, describe_config, relative_rmse, ridge
-from partialvfl.federation.grpc_transport import PartyError
+from partialvfl.federation.grpc.transport import PartyError
 from partialvfl.utils.seeding import numpy_rng
 
 __all__ = ["ATTACKS", "attack_gradient_scale", "attack_rewind", "attack_weight_decay", "attack_width"]

@@ -13,7 +13,7 @@ __all__ = ["fit_options", "report_checkpoints"]
 def fit_options(args: argparse.Namespace) -> Any:
     """The :class:`~partialvfl.orchestration.FitOptions` of a ``fit`` command (checkpoints in ``OUT/checkpoints``,
     written every ``--checkpoint-every`` steps and when stopped by a signal), its flags checked first."""
-    from partialvfl.federation.checkpoint import LATEST
+    from partialvfl.federation.runtime.checkpoint import LATEST
     from partialvfl.orchestration import FitOptions
 
     if args.checkpoint_every < 0:

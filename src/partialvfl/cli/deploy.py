@@ -42,31 +42,34 @@ def add_commands(sub: Any) -> None:
 
 def run_party_serve(args: argparse.Namespace) -> int:
     """Register every method's party program (a broken method is logged, the others are served), then serve the
-    party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT.
+    party (plus the programs of the plugin modules its configuration names) until SIGTERM/SIGINT, and end the
+    process as soon as it stopped (:func:`~partialvfl.federation.grpc.party_process.exit_now`).
 
     A configuration error, an address already in use or a plugin that does not import is one line and exit 2.
     """
     import logging
     import sys
 
-    from partialvfl.federation.grpc_party import load_party_config, run
+    from partialvfl.federation.grpc.party_config import load_party_config
+    from partialvfl.federation.grpc.party_process import exit_now, run
     from partialvfl.methods import load_all
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_party_config(args.config)  # a bad file fails before the methods are imported
     load_all(skip_broken=True)
     try:
-        return run(cfg)
+        rc = run(cfg)
     except (OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    exit_now(rc)  # stopped and everything written: out within a second of SIGTERM (no interpreter teardown)
 
 
 def run_certs_init(args: argparse.Namespace) -> int:
-    from partialvfl.federation.alignment import write_key
-    from partialvfl.federation.certs import init_dev_pki
-    from partialvfl.federation.psu import write_alignment_key
-    from partialvfl.federation.templates import free_loopback_ports, write_templates
+    from partialvfl.federation.grpc.certs import init_dev_pki
+    from partialvfl.federation.grpc.templates import free_loopback_ports, write_templates
+    from partialvfl.federation.trust.alignment import write_key
+    from partialvfl.federation.trust.psu import write_alignment_key
 
     active = args.parties[-1] if args.active is None else args.active
     if active not in args.parties:

@@ -36,8 +36,8 @@ def federated(command: Callable[[argparse.Namespace], int], args: argparse.Names
     """Run a federated command; an unreachable, failing or refusing party is exit code 3 (``EXIT_PARTY_LOST``;
     parties that refuse a setup are all named at once, before anything is trained)."""
     from partialvfl.cli.stopping import EXIT_PARTY_LOST
-    from partialvfl.federation.grpc_transport import PartyError
-    from partialvfl.federation.transport import PartiesRefused, PartyUnavailable
+    from partialvfl.federation.grpc.transport import PartyError
+    from partialvfl.federation.wire.transport import PartiesRefused, PartyUnavailable
 
     try:
         return command(args)
@@ -56,8 +56,8 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     from partialvfl.cli.checkpoints import fit_options
     from partialvfl.cli.privacy import federated_label_dp, party_dp, print_privacy
     from partialvfl.cli.stopping import fit_command, report_party_lost
-    from partialvfl.federation.grpc_federation import GrpcFederation
-    from partialvfl.federation.transport import PartyUnavailable
+    from partialvfl.federation.grpc.federation import GrpcFederation
+    from partialvfl.federation.wire.transport import PartyUnavailable
     from partialvfl.utils.progress import report_line
 
     out = Path(args.out)
@@ -192,7 +192,7 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
     import dataclasses
 
     from partialvfl.cli.tables import refuse_prior_only, used_parties
-    from partialvfl.federation.grpc_federation import GrpcFederation
+    from partialvfl.federation.grpc.federation import GrpcFederation
     from partialvfl.methods.base import VFLMethod
     from partialvfl.orchestration import predict as orchestrated
     from partialvfl.orchestration import require_active_party

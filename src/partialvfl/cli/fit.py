@@ -140,7 +140,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from partialvfl.cli.checkpoints import fit_options
     from partialvfl.cli.stopping import fit_command
     from partialvfl.data.protocol import make_protocol
-    from partialvfl.federation.messages import MessageLog
+    from partialvfl.federation.wire.messages import MessageLog
     from partialvfl.methods.evaluation import evaluate
 
     model = method_from_args(args)

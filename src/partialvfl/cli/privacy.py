@@ -120,8 +120,8 @@ def predict_federation(args: argparse.Namespace) -> Any | None:
     budgets = party_dp(args)
     if not budgets:
         return None
-    from partialvfl.federation.coordinator import LocalFederation
-    from partialvfl.federation.policy import PartyPolicy
+    from partialvfl.federation.runtime.coordinator import LocalFederation
+    from partialvfl.federation.trust.policy import PartyPolicy
     from partialvfl.methods.model_files import read_model_meta
 
     index = read_model_meta(Path(args.model))["index"]

@@ -1,7 +1,7 @@
 """How a fit ends when it cannot finish: a signal, or a party lost mid-fit.
 
 SIGINT/SIGTERM during ``fit`` ask the training loop to checkpoint at the next step boundary
-(:meth:`~partialvfl.federation.checkpoint.Checkpointer.request_stop`); the command then prints the exact command
+(:meth:`~partialvfl.federation.runtime.checkpoint.Checkpointer.request_stop`); the command then prints the exact command
 that resumes and exits 130 (SIGINT) or 143 (SIGTERM).  A second signal stops at once.  A party lost during
 ``fit --federation`` ends the command with one line: what failed, the last checkpoint, and the resume command
 (exit 3).
@@ -34,7 +34,7 @@ def fit_command(args: argparse.Namespace, options: Any, model: Any, data: Any, *
     stopped."""
     from partialvfl.cli.checkpoints import report_checkpoints
     from partialvfl.cli.params import report_last_epochs
-    from partialvfl.federation.checkpoint import FitInterrupted
+    from partialvfl.federation.runtime.checkpoint import FitInterrupted
     from partialvfl.orchestration import run_fit, stop_on_signals
 
     try:
@@ -78,7 +78,7 @@ def report_interrupted(args: argparse.Namespace, e: Any) -> int:
 
 def report_party_lost(args: argparse.Namespace, names: tuple[str, ...], e: Any) -> int:
     """One line for a fit stopped because a party did not answer; returns :data:`EXIT_PARTY_LOST`."""
-    from partialvfl.federation.checkpoint import Checkpointer
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
 
     party = f"party {e.party} ({names[e.party]!r})" if 0 <= e.party < len(names) else f"party {e.party}"
     latest = Checkpointer(Path(args.out) / "checkpoints").latest()

@@ -60,7 +60,7 @@ def _order_of_federated_fit(data: Any, meta: dict[str, Any], model_dir: str, arg
     """``data`` in the sample order of the federated fit saved in ``model_dir`` (``--order-of``): its private set
     union's order (the passive parties' ``--alignment-key`` and the fit's salt) or, for a fit aligned by HMAC, the
     order ``--hmac-key`` gives ``data`` already."""
-    from partialvfl.federation.psu import read_alignment_key, session_order
+    from partialvfl.federation.trust.psu import read_alignment_key, session_order
 
     alignment = meta.get("data_info", {}).get("alignment", {})
     if alignment.get("mode") == "hmac":

@@ -2,7 +2,7 @@
 
 Every place that reads or compares IDs uses this module: :func:`~partialvfl.data.builders.from_tables` (joining
 the parties' tables in one process), the party server's table and the alignment of a deployment
-(:mod:`partialvfl.federation.psu`, or the explicit HMAC mode of :mod:`partialvfl.federation.alignment`), the
+(:mod:`partialvfl.federation.trust.psu`, or the explicit HMAC mode of :mod:`partialvfl.federation.trust.alignment`), the
 label table of a federation and the ID lists given to ``predict``.
 
 **Normalisation** (:func:`normalize_id`).  An ID is compared as text: integers (and integral floats such as

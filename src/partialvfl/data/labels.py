@@ -1,7 +1,7 @@
 """Labels as users write them (class names, numbers, gaps) -> the class indices of :class:`VerticalDataset`.
 
 One function, :func:`encode_labels`, serves every reader of labels: the builders (:func:`from_tables`,
-:func:`from_blocks`) and a federation's label table (:func:`partialvfl.federation.grpc_federation.read_labels`), so
+:func:`from_blocks`) and a federation's label table (:func:`partialvfl.federation.grpc.federation_file.read_labels`), so
 the same file gives the same classes in one process and across a federation.
 
 * Missing labels (NaN, None, empty text) mean "unlabelled".

@@ -2,7 +2,7 @@
 
 * :class:`ColumnScaler`: one party's per-column mean and scale, fitted in float64 on the rows it holds (so values
   around 1e30 neither overflow nor turn into NaN).  A column constant over those rows is centred, not scaled
-  (scale 1).  The party runtime (:class:`~partialvfl.federation.party.PartyRuntime`) keeps one, fitted on the
+  (scale 1).  The party runtime (:class:`~partialvfl.federation.runtime.party.PartyRuntime`) keeps one, fitted on the
   training rows when a fit starts, saves it with the party's state and applies it to every dataset the party is
   handed afterwards (training and prediction alike); in a deployment the statistics never leave the party.
 * :class:`Standardizer`: the paper's protocol (:func:`~partialvfl.data.protocol.make_protocol`): every party's

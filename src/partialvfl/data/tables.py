@@ -1,7 +1,7 @@
 """Per-party tables (CSV, Parquet, DataFrames) keyed by an ID column: reading, checking, joining.
 
 The one reader of tables: :func:`from_tables` (all parties in one process) and, in a deployment, the party server
-(its own table, :class:`~partialvfl.federation.grpc_party.PartyTable`) and the coordinator's label table use the
+(its own table, :class:`~partialvfl.federation.grpc.party_tables.PartyTable`) and the coordinator's label table use the
 same functions here, so a table gives the same IDs, columns and values whichever way it is read:
 
 * :func:`read_table`: a DataFrame from a path (CSV IDs read as text; see :func:`from_tables`);

@@ -2,10 +2,10 @@
 
 A method is an estimator (``fit``, ``predict_proba``, ``predict``, ``score``, ``save``/``load``) whose work is split
 between coordinator code (this class: the active party's label-side role) and a :class:`PartyProgram` that runs at
-every party.  The two talk only through the :class:`~partialvfl.federation.coordinator.Federation`'s transport, so
-the same method runs in one process (the default, :class:`LocalFederation`) or across hosts (gRPC).  This class is
-the contract and the hooks; what a fit does around the hooks is :mod:`partialvfl.methods.lifecycle`, what a saved
-model holds :mod:`partialvfl.methods.model_files`, how a fit runs :mod:`partialvfl.methods.run_options`.
+every party.  The two talk only through the :class:`~partialvfl.federation.runtime.coordinator.Federation`'s
+transport, so the same method runs in one process (the default, :class:`LocalFederation`) or across hosts (gRPC).
+This class is the contract and the hooks; what a fit does around the hooks is :mod:`partialvfl.methods.lifecycle`,
+what a saved model holds :mod:`partialvfl.methods.model_files`, how a fit runs :mod:`partialvfl.methods.run_options`.
 
 What subclasses implement:
 
@@ -47,8 +47,8 @@ import numpy as np
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, VerticalDataset
 from partialvfl.data.ids import id_seeds
-from partialvfl.federation.coordinator import Federation
-from partialvfl.federation.messages import MessageLog
+from partialvfl.federation.runtime.coordinator import Federation
+from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods import lifecycle
 from partialvfl.methods.model_files import (
     ModelFileError,
@@ -72,7 +72,7 @@ from partialvfl.utils.devices import DeviceError
 if TYPE_CHECKING:
     from torch import nn
 
-    from partialvfl.federation.checkpoint import Checkpointer
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
 
 __all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names"]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
-from partialvfl.federation.coordinator import Federation, LocalFederation
+from partialvfl.federation.runtime.coordinator import Federation, LocalFederation
 from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.private_fit import label_dp_view, label_prior, plans_for, privacy_report, private_parties
 from partialvfl.methods.schedule import EarlyStopping, SchedulePlan, plan_schedule, validation_score
@@ -37,8 +37,8 @@ from partialvfl.utils.jsonable import json_default
 from partialvfl.utils.progress import progress_mode, report_line
 
 if TYPE_CHECKING:
-    from partialvfl.federation.checkpoint import Checkpointer
-    from partialvfl.federation.messages import MessageLog
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
+    from partialvfl.federation.wire.messages import MessageLog
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 

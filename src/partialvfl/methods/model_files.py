@@ -37,8 +37,8 @@ from partialvfl.methods.run_options import RunOptions
 from partialvfl.utils.jsonable import json_default
 
 if TYPE_CHECKING:
-    from partialvfl.federation.coordinator import Federation
-    from partialvfl.federation.messages import MessageLog
+    from partialvfl.federation.runtime.coordinator import Federation
+    from partialvfl.federation.wire.messages import MessageLog
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILES", "IndexInfo", "ModelFileError", "load_model", "method_from_meta",
            "model_meta", "read_coordinator_state", "read_model_meta", "write_model_dir"]
@@ -243,8 +243,8 @@ def load_model(cls: Any, d: Path, meta: dict[str, Any], run: RunOptions, *, fede
     """The model saved in ``d`` (its ``model.json`` read as ``meta``; of method class ``cls``) with its parties'
     states loaded, running with ``run``; without ``federation`` its parties run in this process (see
     ``VFLMethod.load``)."""
-    from partialvfl.federation.coordinator import LocalFederation
-    from partialvfl.federation.party import StateFileError
+    from partialvfl.federation.runtime.coordinator import LocalFederation
+    from partialvfl.federation.wire.program import StateFileError
     from partialvfl.methods.private_fit import plans_for, private_parties
 
     obj = method_from_meta(cls, meta, d, run)

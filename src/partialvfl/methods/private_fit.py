@@ -5,7 +5,8 @@ to parties that keep their own budget, and the privacy report printed with the f
   coordinator trains with are randomized once (:mod:`partialvfl.methods.label_dp`), seeded by ``label_dp_seed``
   (default: derived from the method's seed, which the parties are told; a deployment draws a secret one).
 * A party that keeps a budget (``[policy] dp_epsilon``, ``dp_delta``; in process ``fit(..., party_dp=...)``) is sent
-  a plan (:class:`~partialvfl.federation.dp.PrivacyPlan`) at ``setup``: how many mechanisms per row the method will
+  a plan (:class:`~partialvfl.federation.dp.gaussian.PrivacyPlan`) at ``setup``: how many mechanisms per row the
+  method will
   use, the clip norms.  The party calibrates its noise to it and enforces its budget itself; the coordinator cannot
   turn it off, only decline to send a plan (the party then refuses the setup).
 * A method's declaration says whether it supports both (``MethodSpec.private``: ``supports_privacy``); any other
@@ -27,7 +28,7 @@ from partialvfl.utils.seeding import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
-    from partialvfl.federation.coordinator import Federation
+    from partialvfl.federation.runtime.coordinator import Federation
 
 VFLMethod = Any  # a method (partialvfl.methods.base imports this module)
 

@@ -53,7 +53,7 @@ from partialvfl.methods.params import Param
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
-    from partialvfl.federation.coordinator import Federation
+    from partialvfl.federation.runtime.coordinator import Federation
 
 __all__ = ["CHECKS_PER_STAGE", "EarlyStopping", "MIN_DISTANCE", "MIN_VALIDATION_ROWS", "SCHEDULE_PARAMS",
            "SchedulePlan", "check_interval", "floor_steps", "plan_schedule", "resolve_min_steps", "schedule_rows",

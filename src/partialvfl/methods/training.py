@@ -13,14 +13,16 @@ whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step
   :class:`NonFiniteError` naming the step and the likely cause, for every method alike;
 * progress (a bar over epochs) and a report per epoch to the method and to the caller's ``on_epoch`` callback;
 * a party that fails during a step stops the fit at the end of that step
-  (:class:`~partialvfl.federation.checkpoint.PartyLost`; the step's partial effects are discarded with the process
+  (:class:`~partialvfl.federation.runtime.checkpoint.PartyLost`; the step's partial effects are discarded with the
+  process
   state, the last checkpoint is intact), and a stop requested by a signal checkpoints at the next step boundary
-  (:class:`~partialvfl.federation.checkpoint.FitInterrupted`);
+  (:class:`~partialvfl.federation.runtime.checkpoint.FitInterrupted`);
 * early stopping of the method's supervised stage (``Stage.supervised``), when the fit has it on
   (:class:`~partialvfl.methods.schedule.EarlyStopping`): validation checks at epoch ends (reported with the epoch's
   metrics as ``val_score`` / ``val_loss``), a stop after ``patience`` checks without improvement, and the best
   checked state restored at the stage's end; its state is part of every checkpoint;
-* checkpoints every N steps through a :class:`~partialvfl.federation.checkpoint.Checkpointer` and an exact resume:
+* checkpoints every N steps through a :class:`~partialvfl.federation.runtime.checkpoint.Checkpointer` and an exact
+  resume:
   parties are rolled back by ``Checkpointer.restore``; the loop skips the stages and epochs before the checkpoint,
   replays the checkpointed epoch's item iterator from the generator state saved at that epoch's start (so lazily
   drawn items come out the same), then restores the generator, the running sums, the history, the coordinator's
@@ -40,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from partialvfl.data.ids import show_id
-from partialvfl.federation.checkpoint import PartyLost, rng_state, set_rng_state
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.runtime.checkpoint import PartyLost, rng_state, set_rng_state
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.utils.progress import progress
 
 if TYPE_CHECKING:
-    from partialvfl.federation.checkpoint import Checkpointer
-    from partialvfl.federation.transport import Transport
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
+    from partialvfl.federation.wire.transport import Transport
     from partialvfl.methods.schedule import EarlyStopping
 
 __all__ = ["EpochCallback", "Metrics", "NonFiniteError", "Stage", "TrainingLoop", "check_finite_output"]

@@ -1,7 +1,7 @@
 """Party widths within every party's announced policy.
 
 A party announces its width caps in its ``hello`` (``[policy] max_width_ratio``, ``max_setup_width_ratio``:
-:meth:`~partialvfl.federation.policy.PartyPolicy.announced`).  Before a fit sets anything up, the widths a method
+:meth:`~partialvfl.federation.trust.policy.PartyPolicy.announced`).  Before a fit sets anything up, the widths a method
 declares as widths of what a party sends (``Param(width=True)``: LASER-VFL's ``latent_dim``, FALSE-VFL's ``d_h``...)
 and the user did not give are narrowed to the largest values every party accepts: one width for all parties (every
 built-in method sums, averages or fuses the parties' outputs), so the narrowest party's cap sets it.  The widths are
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from partialvfl.federation.party import PROGRAMS
-from partialvfl.federation.policy import PartyPolicy, PolicyViolation
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.program import PROGRAMS
+from partialvfl.federation.wire.refusals import PolicyViolation
 
 if TYPE_CHECKING:
-    from partialvfl.federation.coordinator import Federation
+    from partialvfl.federation.runtime.coordinator import Federation
 
 __all__ = ["fit_widths"]
 

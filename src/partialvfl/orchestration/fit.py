@@ -14,8 +14,8 @@ nonces for ``fit seed N``, unless the federation's ``alignment_id`` is set, so t
 sample order; every setup says it is a fit and how its labels are protected) and trains; with ``party_timeout`` a
 party that stops answering is waited for (up to ``party_retries`` times) and the fit continues from the last
 checkpoint once every party answers again, ending in the parameters of an uninterrupted fit.  Without it the fit
-stops with the party's :class:`~partialvfl.federation.transport.PartyUnavailable`; a
-:class:`~.stopping.StopRequest` stops it with :class:`~partialvfl.federation.checkpoint.FitInterrupted` after a
+stops with the party's :class:`~partialvfl.federation.wire.transport.PartyUnavailable`; a
+:class:`~.stopping.StopRequest` stops it with :class:`~partialvfl.federation.runtime.checkpoint.FitInterrupted` after a
 checkpoint.  Both leave the checkpoint that a call with ``resume=True`` continues from.
 """
 
@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from partialvfl.data.dataset import VerticalDataset
-from partialvfl.federation.checkpoint import LATEST, Checkpointer
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.runtime.checkpoint import LATEST, Checkpointer
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.utils.progress import report_line
 from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget, use_threads
 
 if TYPE_CHECKING:
-    from partialvfl.federation.messages import MessageLog
+    from partialvfl.federation.wire.messages import MessageLog
     from partialvfl.methods.base import VFLMethod
     from partialvfl.methods.training import EpochCallback
     from partialvfl.orchestration.stopping import StopRequest
@@ -124,7 +124,7 @@ def run_fit(method: VFLMethod, data: Any, options: FitOptions | None = None, *, 
             party_dp: Mapping[int | str, tuple[float, float]] | None = None) -> FitResult:
     """Fit ``method`` on ``data``: a :class:`~partialvfl.data.dataset.VerticalDataset` (in this process, messages
     counted in ``log``) or a federation of party processes (a
-    :class:`~partialvfl.federation.grpc_federation.GrpcFederation`, connected or not: the fit opens its session
+    :class:`~partialvfl.federation.grpc.federation.GrpcFederation`, connected or not: the fit opens its session
     and aligns the parties; ``data_info`` adds to what the model records about its training data).
 
     ``stop``: a :class:`~.stopping.StopRequest` (e.g. from :func:`~.stopping.stop_on_signals`); ``on_epoch(stage,

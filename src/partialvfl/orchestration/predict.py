@@ -25,7 +25,7 @@ import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.data.ids import show_id
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.wire.transport import PartyUnavailable
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView

@@ -2,7 +2,7 @@
 
 A :class:`StopRequest` passed to :func:`~partialvfl.orchestration.fit.run_fit` reaches the fit's checkpointer; the
 training loop then checkpoints after the step in progress and raises
-:class:`~partialvfl.federation.checkpoint.FitInterrupted` (a resume with the same options continues from there).
+:class:`~partialvfl.federation.runtime.checkpoint.FitInterrupted` (a resume with the same options continues from there).
 :func:`stop_on_signals` is the opt-in context manager that turns SIGINT/SIGTERM into such a request, as the
 ``partialvfl fit`` command does; a service may instead call :meth:`StopRequest.request` from another thread.
 """
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from partialvfl.federation.checkpoint import Checkpointer
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
 
 __all__ = ["StopRequest", "stop_on_signals"]
 

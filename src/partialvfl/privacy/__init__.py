@@ -3,7 +3,7 @@
 which needs the gRPC extra, the label holder's enumeration of other parties' customers through online lookups), the
 recorder they read from, and the runs of the privacy-utility report. The mechanisms that bound them live with the
 code they protect: the label holder's label DP in :mod:`partialvfl.methods.label_dp`, each party's own budget in
-:mod:`partialvfl.federation.dp`.
+:mod:`partialvfl.federation.dp.gaussian`.
 
 Layer: above ``methods`` (it fits models to attack them), below ``bench`` and ``cli``.
 """

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.dataset import Task, VerticalDataset
-from partialvfl.federation.grpc_transport import PartyError
+from partialvfl.federation.grpc.transport import PartyError
 
 __all__ = ["CANDIDATES", "Enumeration", "enumerate_memberships", "issue_federation", "outsiders"]
 
@@ -41,7 +41,7 @@ class Enumeration:
 
 
 def enumerate_memberships(fed: Any, candidates: Sequence[str], batch: int = 10_000) -> Enumeration:
-    """Look ``candidates`` up through ``fed`` (a connected :class:`~partialvfl.federation.grpc_federation.
+    """Look ``candidates`` up through ``fed`` (a connected :class:`~partialvfl.federation.grpc.federation.
     GrpcFederation`) as predictions do, in batches, until all are answered or every keyed party refuses one ID."""
     held: dict[str, tuple[int, ...]] = {}
     tested, refusal, size = 0, None, batch

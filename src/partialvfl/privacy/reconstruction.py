@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.federation.coordinator import Federation
-from partialvfl.federation.messages import Request
-from partialvfl.federation.policy import PolicyViolation
+from partialvfl.federation.runtime.coordinator import Federation
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.privacy.recording import Recorder
 from partialvfl.utils.seeding import numpy_rng
 
@@ -147,7 +147,7 @@ def direct_release_attack(x: np.ndarray, epsilon: float, delta: float, n_known: 
     ``quantile`` of the row norms) in one Gaussian mechanism spending the whole ``(epsilon, delta)``, then known-row
     regression with ``n_known`` rows; the median relative RMSE over features.  No method releases this much: it is
     what the guarantee alone permits."""
-    from partialvfl.federation.dp import budget_mu
+    from partialvfl.federation.dp.gaussian import budget_mu
 
     x = np.asarray(x, dtype=np.float64)
     z = (x - x.mean(0)) / (x.std(0) + 1e-12)

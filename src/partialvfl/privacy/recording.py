@@ -1,7 +1,7 @@
 """What a party receives and what it sends, recorded in process by wrapping its runtime (nothing on the wire changes).
 
-:class:`Recorder` wraps the :class:`~partialvfl.federation.party.PartyRuntime` objects of a
-:class:`~partialvfl.federation.coordinator.LocalFederation`: every request a party is handed (what a curious
+:class:`Recorder` wraps the :class:`~partialvfl.federation.runtime.party.PartyRuntime` objects of a
+:class:`~partialvfl.federation.runtime.coordinator.LocalFederation`: every request a party is handed (what a curious
 *party* sees) and every reply it answers (what a curious *coordinator* sees, after the party's own privacy
 mechanisms) is kept as numpy copies, in order, with its step, round, kind and metadata.  The in-process batched
 path checks each request and reply through the same runtime, so it is recorded too.
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.federation.coordinator import LocalFederation
-from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.runtime.coordinator import LocalFederation
+from partialvfl.federation.wire.messages import Reply, Request
 
 __all__ = ["Recorded", "Recorder"]
 

@@ -3,7 +3,7 @@
 One batch = attach the batch's IDs at the parties (under one handle, :data:`HANDLE`, replacing the previous batch;
 each ID from the first of the served prediction table sets that holds it at a party, else from its training table)
 and predict (the method's any-subset prediction); the attach travels with each party's first prediction request of
-the batch (:meth:`~partialvfl.federation.grpc_transport.GrpcTransport.carry_attach`), so a split-network method
+the batch (:meth:`~partialvfl.federation.grpc.transport.GrpcTransport.carry_attach`), so a split-network method
 (IDs in, representations out) takes one round per batch; every call of the batch waits at most until the batch's
 deadline (``GrpcTransport.deadline_at``); each ID is looked up once per session (the alignment's token cache).  A
 party that has not answered by then is a missing block for the batch; the rest of the batch goes on without it.  Two
@@ -15,7 +15,7 @@ kinds of party trouble are told apart:
   its server accepts connections again; then, between two batches, every party gets a new session and the model is
   loaded again (:meth:`FederationPredictor.rejoin_if_back`).  The return is noticed by the party's channel itself
   (a ready future set when it is marked down; the channel tries to connect every
-  :data:`~partialvfl.federation.grpc_transport.RECONNECT_BACKOFF_MS` at most), so the rejoin follows the party's
+  :data:`~partialvfl.federation.grpc.transport.RECONNECT_BACKOFF_MS` at most), so the rejoin follows the party's
   listening, not a poll period.
 
 The deadline bounds the whole batch, not only the wait: the parties are waited for until the deadline less the
@@ -43,9 +43,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from partialvfl.federation.grpc_federation import GrpcFederation
-from partialvfl.federation.grpc_transport import MAX_LANES
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.grpc.federation import GrpcFederation
+from partialvfl.federation.grpc.frames import MAX_LANES
+from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
 from partialvfl.orchestration.predict import predict_reporting_parties
 from partialvfl.serving.predictors import (

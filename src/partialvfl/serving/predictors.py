@@ -26,7 +26,7 @@ import numpy as np
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.data.ids import normalize_ids
 from partialvfl.data.tables import from_tables
-from partialvfl.federation.messages import MessageLog
+from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.model_files import read_model_meta
 

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, register_program
-from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.federation.setup_config import FeatureSetup, setting
-from partialvfl.federation.setup_shape import Network, SetupShape
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import PartyProgram, register_program
+from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
+from partialvfl.federation.wire.setup_config import FeatureSetup, setting
+from partialvfl.federation.wire.setup_shape import Network, SetupShape
 from partialvfl.methods.false_vfl.formulas import bound_noise, latent_noise, reparameterize, split_gaussian
 from partialvfl.methods.false_vfl.private import clip_loglik, clip_posterior, private_refusal, private_update
 from partialvfl.methods.false_vfl.rowwise import row_bound_noise, row_latent_noise, row_missing_noise

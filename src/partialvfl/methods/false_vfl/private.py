@@ -1,13 +1,14 @@
 """FALSE-VFL-I's party program at a party that keeps a differential-privacy budget.
 
 What it releases per row (each reply's slices of one row form one Gaussian mechanism, see
-:func:`~partialvfl.federation.dp.private_reply`): its posterior parameters ``mu``/``logvar`` (``encode``, and the next
+:func:`~partialvfl.federation.dp.gaussian.private_reply`): its posterior parameters ``mu``/``logvar`` (``encode``,
+and the next
 batch's riding with ``decode``/``update``), the log-likelihoods ``loglik`` of the latents it was sent (``decode``) and
 their gradients with respect to those latents (``decode_grad``).  The program clips the first two inside its graph
 (as the release will) so that its gradients are those of what it released.  Its update (``update``) is DP-SGD: each
 held row's gradient of the encoder, decoder and decoder variance, from the posterior gradients and the
 log-likelihood gradients the coordinator sent for that row, is clipped and summed with Gaussian noise
-(:meth:`~partialvfl.federation.dp.PartyPrivacy.private_sum`).
+(:meth:`~partialvfl.federation.dp.gaussian.PartyPrivacy.private_sum`).
 
 Only variant I (II's missing-indicator terms mix the rows a party lacks into its update) and the float32 wire.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from partialvfl.federation.dp import clip_together
+from partialvfl.federation.dp.gaussian import clip_together
 from partialvfl.methods.false_vfl.formulas import split_gaussian
 from partialvfl.nn.per_sample import flat_per_row, per_row_gradients
 from partialvfl.nn.stats import gaussian_log_prob

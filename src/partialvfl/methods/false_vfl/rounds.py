@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialvfl.federation.messages import Request
+from partialvfl.federation.wire.messages import Request
 from partialvfl.methods.false_vfl.formulas import (
     after_latent_noise,
     bound_noise,
@@ -43,7 +43,7 @@ from partialvfl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from partialvfl.data.dataset import CoordinatorView
-    from partialvfl.federation.transport import Transport
+    from partialvfl.federation.wire.transport import Transport
 
 __all__ = ["LatentSide", "Pass", "Prefetch", "Rounds"]
 

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
-from partialvfl.federation.messages import Request
-from partialvfl.federation.setup_config import OptimiserSetup
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.fedhssl.networks import average_state_dicts
 from partialvfl.methods.fedhssl.party import FedHSSLSetup, SimSiamHeads

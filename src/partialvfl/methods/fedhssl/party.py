@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, SetupConfig, setting
-from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import PartyProgram, register_program
+from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, SetupConfig, setting
+from partialvfl.federation.wire.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.fedhssl.networks import split_encoder
 from partialvfl.methods.fedhssl.spec import ENCODERS, FEDHSSL_PARAMS
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamHead, make_augmenter, simsiam_loss

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from partialvfl.federation.messages import Reply, Request
+from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.nn.stacked import mlp_signature, pad_rows, stacked_mlp
 
 if TYPE_CHECKING:
-    from partialvfl.federation.party import PartyProgram
+    from partialvfl.federation.wire.program import PartyProgram
 
 __all__ = ["handle_batch"]
 

@@ -31,8 +31,8 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 from partialvfl.data.holdout import hold_out_labels
-from partialvfl.federation.messages import Request
-from partialvfl.federation.setup_config import OptimiserSetup
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.splitnn.party import SplitSetup
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig

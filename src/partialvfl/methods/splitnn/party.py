@@ -10,13 +10,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialvfl.federation.dp import clip_rows
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program, state_file
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, setting
-from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
+from partialvfl.federation.dp.gaussian import clip_rows
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import PartyProgram, register_program, state_file
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, setting
+from partialvfl.federation.wire.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.splitnn.batched import handle_batch
 from partialvfl.methods.splitnn.private import private_update
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig, SimSiamTrainer

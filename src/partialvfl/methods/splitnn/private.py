@@ -5,7 +5,7 @@ The gradient of a training step is the sum over the party's rows in the batch of
 contribution, over all the party's models at once (Combinatorial: a row feeds several), scaled by the number of rows
 ``n`` of the step (so that it reads as one sample's loss gradient when the coordinator's loss is the batch mean), is
 clipped to the plan's ``grad_clip``; the sum gets Gaussian noise and is divided by ``n`` again
-(:meth:`~partialvfl.federation.dp.PartyPrivacy.private_sum`, which charges every row once).
+(:meth:`~partialvfl.federation.dp.gaussian.PartyPrivacy.private_sum`, which charges every row once).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.federation.dp import clip_rows
+from partialvfl.federation.dp.gaussian import clip_rows
 from partialvfl.nn.per_sample import flat_per_row, per_row_gradients, row_objective
 
 __all__ = ["private_update"]

@@ -75,8 +75,8 @@ from partialvfl.data.within_block import (
     setting_of,
     wire_setting,
 )
-from partialvfl.federation.messages import Request
-from partialvfl.federation.setup_config import OptimiserSetup
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 

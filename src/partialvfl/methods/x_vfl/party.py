@@ -14,11 +14,12 @@ from partialvfl.data.dataset import PartyView
 from partialvfl.data.within_block import (
     within_block_mask,
 )
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import PartyProgram, PartyRuntime, register_program
-from partialvfl.federation.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.setup_config import FeatureSetup, OptimiserSetup, setting
-from partialvfl.federation.setup_shape import Network, SetupShape, optimiser_settings
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import PartyProgram, register_program
+from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec
+from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, setting
+from partialvfl.federation.wire.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.x_vfl.spec import ENCODERS, XVFL_PARAMS
 from partialvfl.methods.x_vfl.updater import _Updater
 from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch, encoder_arch

@@ -23,7 +23,7 @@ class _Updater:
 
     def __init__(self, module: nn.Module, optimiser: Any, page: bool) -> None:
         """``optimiser``: its ``name``, ``lr``, ``weight_decay`` and ``momentum`` as typed attributes (a party's
-        :class:`~partialvfl.federation.setup_config.OptimiserSetup`, the coordinator's settings group)."""
+        :class:`~partialvfl.federation.wire.setup_config.OptimiserSetup`, the coordinator's settings group)."""
         self.module = module
         self.optimizer = make_optimizer(module.parameters(), optimiser.name, optimiser.lr, optimiser.weight_decay,
                                         optimiser.momentum)

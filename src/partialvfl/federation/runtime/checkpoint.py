@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.federation.coordinator import Federation
-from partialvfl.federation.transport import PartyUnavailable
+from partialvfl.federation.runtime.coordinator import Federation
+from partialvfl.federation.wire.transport import PartyUnavailable
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer", "FitInterrupted", "PartyLost", "rng_state",
            "set_rng_state"]

@@ -20,9 +20,9 @@ any of them ``| None``.  ``low``/``high`` bound a number or every element of a l
 strictly, as JSON carries them: ``"3"`` is not an integer and ``1`` is not ``true``.
 
 The party reads the config once, on arrival at set-up (:meth:`SetupConfig.read`, called by
-:meth:`~partialvfl.federation.party.PartyRuntime.handle` through
-:meth:`~partialvfl.federation.party.PartyProgram.read_config`): an unknown or missing key, a value of the wrong type
-or out of its range is refused with one line naming the program, the key and the value
+:meth:`~partialvfl.federation.runtime.party.PartyRuntime.handle` through
+:meth:`~partialvfl.federation.wire.program.PartyProgram.read_config`): an unknown or missing key, a value of the
+wrong type or out of its range is refused with one line naming the program, the key and the value
 (:class:`SetupConfigError`).  The program, its policy description (``describe_setup``) and its privacy refusal then
 read typed attributes, never casting a config value.  A coordinator builds the same object (constructing one checks
 every field) and sends :meth:`SetupConfig.to_wire`, the JSON-able dict the ``setup`` message carries.

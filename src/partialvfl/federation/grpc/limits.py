@@ -1,7 +1,7 @@
 """A party server's bounds per peer: calls in flight and request bytes held, for allowlisted peers too.
 
 gRPC itself bounds the calls served at once (``[party] max_concurrent_rpcs``) and the size of one wire message (a
-chunk, :data:`~partialvfl.federation.grpc_transport.CHUNK_BYTES`).  :class:`PeerLimits` adds, per peer certificate
+chunk, :data:`~partialvfl.federation.grpc.frames.CHUNK_BYTES`).  :class:`PeerLimits` adds, per peer certificate
 name, at most ``[policy] max_peer_rpcs`` calls in flight (more are refused with ``RESOURCE_EXHAUSTED`` before their
 bodies are read) and at most ``[policy] max_peer_mb`` of request frames held at once (a request that would exceed it
 waits, up to its deadline, for the peer's earlier requests to finish; one larger than the budget is refused at once).
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import grpc
 
-from partialvfl.federation.grpc_transport import WireError, frame_length
+from partialvfl.federation.grpc.frames import WireError, frame_length
 
 __all__ = ["PeerLimits", "Refused", "read_request"]
 

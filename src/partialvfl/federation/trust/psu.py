@@ -19,13 +19,13 @@ A salt or name the coordinator chooses cannot reproduce an earlier session's tok
 the coordinator's label table and the IDs it predicts) gets tokens through an oblivious evaluation by one keyed party:
 blind ``H(x)^r`` with a fresh secret scalar ``r``, have it raised to ``a`` (``psu_eval``), unblind with ``1/r``.
 The evaluating party sees only uniformly random group elements; it counts them against its lookup budget (a ledger
-per coordinator identity in its own state, over time windows and in total: :mod:`partialvfl.federation.lookups`)
+per coordinator identity in its own state, over time windows and in total: :mod:`partialvfl.federation.trust.lookups`)
 and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
 but cannot compute ``T`` for a guessed ID without a keyed party's online answer.  The security argument is in
 ``docs/deployment.md`` ("Alignment").
 
 This module holds the group operations and the party's side (:class:`PartyAligner`); the coordinator's side is
-:mod:`partialvfl.federation.psu_session`.
+:mod:`partialvfl.federation.grpc.psu_session`.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.ids import normalize_ids, read_key
-from partialvfl.federation.lookups import LookupLedger
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.schema import MessageSpec, TensorSpec
+from partialvfl.federation.trust.lookups import LookupLedger
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import MessageSpec, TensorSpec
 from partialvfl.utils.private_files import write_private_json
 
 __all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "PartyAligner", "evaluate",
@@ -256,7 +256,7 @@ class PartyAligner:
     ``persist``: whether the party keeps a session's nonce when a coordinator asks (to resume a fit), under a ticket
     it hands that coordinator (and, with ``resume_by_name``, under the coordinator's ``alignment_id`` too: research
     runs, where a fit with the same seed gets the same tokens).  ``max_lookups``: points evaluated per coordinator
-    session; ``ledger``: the party's lookup budget across sessions (:mod:`partialvfl.federation.lookups`).  The
+    session; ``ledger``: the party's lookup budget across sessions (:mod:`partialvfl.federation.trust.lookups`).  The
     server sets ``caller`` (the asking coordinator's certificate key fingerprint) and ``caller_name`` per request.
     """
 

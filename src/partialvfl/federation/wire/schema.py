@@ -33,7 +33,7 @@ holding those optimiser settings (bounded by the policy: a huge weight decay zer
 ``max_grad_norm`` before the handler sees it, so that no gradient scaling undoes the learning-rate bounds).
 
 :func:`check_request` / :func:`check_reply` raise :class:`MessageError`, naming the program, the kind, the
-direction and the tensor; :meth:`~partialvfl.federation.party.PartyRuntime.handle` calls them for every message,
+direction and the tensor; :meth:`~partialvfl.federation.runtime.party.PartyRuntime.handle` calls them for every message,
 in process and behind the gRPC server alike.
 """
 
@@ -410,7 +410,7 @@ def messages_markdown(sections: Sequence[tuple[str, str, Messages, bool]]) -> st
         "the gRPC server's built-ins) by `scripts/message_docs.py`; `tests/test_schema.py` fails when this file is "
         "out of date.",
         "Both transports check every request and reply against these declarations "
-        "(`partialvfl.federation.schema`).",
+        "(`partialvfl.federation.wire.schema`).",
         "",
         "Shapes: a number is a fixed size; a name is a symbol that must have the same size wherever it appears in "
         "one request and its reply (a name that is an integer key of the program's config, such as `d_h`, must "

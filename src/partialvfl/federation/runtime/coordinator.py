@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from partialvfl.data.dataset import VerticalDataset
-from partialvfl.federation.messages import MessageLog, Reply, Request
-from partialvfl.federation.party import PartyRuntime
-from partialvfl.federation.policy import PartyPolicy
-from partialvfl.federation.transport import LocalTransport, PartiesRefused, Transport
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.messages import MessageLog, Reply, Request
+from partialvfl.federation.wire.transport import LocalTransport, PartiesRefused, Transport
 
 __all__ = ["Federation", "LocalFederation", "SetupRefused"]
 
@@ -177,7 +177,7 @@ class LocalFederation(Federation):
     """Every party in this process, each a :class:`PartyRuntime` holding only its own views.
 
     ``batched`` (default): a round whose parties run the same program is answered as one batched computation where
-    the program supports it (:class:`~partialvfl.federation.transport.LocalTransport`); ``False`` forces the
+    the program supports it (:class:`~partialvfl.federation.wire.transport.LocalTransport`); ``False`` forces the
     per-party path.  ``device``, ``precision`` and ``compile``: where and how every party computes (a list or tuple
     of devices gives each party its own).
     """

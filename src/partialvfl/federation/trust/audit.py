@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from partialvfl.data.dataset import VerticalDataset
-from partialvfl.federation.messages import MessageLog
+from partialvfl.federation.wire.messages import MessageLog
 
 __all__ = ["Leak", "PartyStateRecorder", "StateLeak", "disclosed_state", "find_party_state_leaks",
            "find_raw_feature_leaks", "state_tensors"]
@@ -156,7 +156,7 @@ def disclosed_state(tensors: Mapping[str, torch.Tensor], program: Any) -> tuple[
 class PartyStateRecorder:
     """Fingerprints of every party's state tensors before and after each round of messages (in process).
 
-    Use as a context manager around a fit on a :class:`~partialvfl.federation.coordinator.LocalFederation`, then
+    Use as a context manager around a fit on a :class:`~partialvfl.federation.runtime.coordinator.LocalFederation`, then
     :func:`find_party_state_leaks` on the fit's ``MessageLog(keep_payloads=True)``.  It wraps the transport's
     ``call_many``, through which every request goes, answered party by party or as one batched round.
     """

@@ -10,7 +10,7 @@ without the secret waits for the idle timeout.  ``bye`` ends the session (the co
 
 :class:`SessionGuard` is the party's side (with the replay rules inside a session); :class:`SessionSecrets` the
 coordinator's (a JSON file, readable by its owner only, written atomically).  :class:`AlignmentTickets` keeps the
-tickets keyed parties hand out when a fit asks them to keep its alignment (:mod:`partialvfl.federation.psu`): only
+tickets keyed parties hand out when a fit asks them to keep its alignment (:mod:`partialvfl.federation.trust.psu`): only
 with its ticket does a party reuse a session's tokens, so a resumed fit (``fit --resume``, which finds them with its
 checkpoints) aligns in the same order.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 
-from partialvfl.federation.grpc_limits import Refused
-from partialvfl.federation.grpc_transport import WireRequest
+from partialvfl.federation.grpc.frames import WireRequest
+from partialvfl.federation.grpc.limits import Refused
 from partialvfl.utils.private_files import write_private_json
 
 __all__ = ["DEFAULT_IDLE_SECONDS", "AlignmentTickets", "SessionGuard", "SessionSecrets"]

@@ -1,7 +1,8 @@
-"""What a party enforces on each program request beyond its declaration: gradient bounds and no rewinds.
+"""What a party enforces on each program request beyond its declaration: gradient bounds, no rewinds, and no
+training on rows it was asked only to predict.
 
-Two guards of :class:`~partialvfl.federation.party.PartyRuntime`, both read from the party's policy
-(:class:`~partialvfl.federation.policy.PartyPolicy`) and the program's declarations (never a method's name):
+Three guards of :class:`~partialvfl.federation.runtime.party.PartyRuntime`, both read from the party's policy
+(:class:`~partialvfl.federation.trust.policy.PartyPolicy`) and the program's declarations (never a method's name):
 
 * :func:`clip_gradient_rows`: every request tensor a message declares as ``gradients`` is clipped, row by row, to
   an L2 norm of at most ``max_grad_norm`` (a row's norm over all the tensor's other dimensions); a non-finite
@@ -14,19 +15,21 @@ Two guards of :class:`~partialvfl.federation.party.PartyRuntime`, both read from
   (save, probe a crafted step, load, probe another...).  Each saved state carries an identifier; loading a state and
   then training from it once more than it was trained from before counts a *rewind*; more than ``max_rewinds``
   rewinds from the same state are refused.  Resuming after a crash is one rewind of the checkpoint it resumes from.
+* :class:`InferenceGuard`: rows of a prediction table never reach training.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.schema import MessageSpec
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, kinds_with_role
 
-__all__ = ["RewindGuard", "clip_gradient_rows"]
+__all__ = ["InferenceGuard", "RewindGuard", "clip_gradient_rows"]
 
 
 def _row_norms(t: torch.Tensor, row_dim: int) -> torch.Tensor:
@@ -115,3 +118,44 @@ class RewindGuard:
         elif state in self.saved:
             self.trained_from.add(state)
         self.state = self._fresh()
+
+
+class InferenceGuard:
+    """Rows of a prediction table never reach training.
+
+    A request naming a prediction-only data set (``meta['data']``) must be a kind its program declares with the
+    role ``infers`` and must not set ``train``; after it, the party accepts only such requests until one names a
+    training data set again (so a later training message cannot use what the program computed from those rows).
+    """
+
+    def __init__(self) -> None:
+        self.tainted_by: str | None = None
+
+    def check(self, messages: Messages | None, kind: str, meta: Mapping[str, Any], prediction_handles: set[str],
+              program: str | None = None) -> None:
+        """Raise :class:`PolicyViolation` (rule ``prediction_tables``) for a request that could train on them.
+
+        ``messages``: the declarations of the program set up (``None``: none), ``program`` its name (for the text).
+        """
+        handle = meta.get("data")
+        named = handle if isinstance(handle, str) else None
+        on_prediction = named is not None and named in prediction_handles
+        if not on_prediction and (self.tainted_by is None or named is not None):
+            return
+        allowed = kinds_with_role(messages or {}, INFERS)
+        if kind not in allowed or meta.get("train"):
+            source = named if on_prediction else self.tainted_by
+            what = f"{kind!r} with train=true" if kind in allowed else f"{kind!r}"
+            raise PolicyViolation("prediction_tables", f"{what} after rows of the prediction-only data set "
+                                  f"{source!r}: those rows are only predicted, never trained on (inference kinds of "
+                                  f"{program!r}: {sorted(allowed)})", kind)
+
+    def accepted(self, meta: Mapping[str, Any], prediction_handles: set[str]) -> None:
+        """Record a request that passed: which kind of data set it last named."""
+        handle = meta.get("data")
+        if isinstance(handle, str):
+            self.tainted_by = handle if handle in prediction_handles else None
+
+    def reset(self) -> None:
+        """A new program (``setup``) holds nothing computed from earlier rows."""
+        self.tainted_by = None

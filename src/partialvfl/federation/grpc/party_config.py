@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from partialvfl.federation.access_log import AccessLogConfig
-from partialvfl.federation.grpc_transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
-from partialvfl.federation.pins import PeerPin, read_pins, require_pins
-from partialvfl.federation.policy import PartyPolicy
-from partialvfl.federation.sessions import DEFAULT_IDLE_SECONDS
+from partialvfl.federation.grpc.sessions import DEFAULT_IDLE_SECONDS
+from partialvfl.federation.grpc.transport import DEFAULT_MAX_MESSAGE_BYTES, TlsFiles
+from partialvfl.federation.trust.access_log import AccessLogConfig
+from partialvfl.federation.trust.pins import PeerPin, read_pins, require_pins
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.utils.devices import check_precision, resolve_device
 from partialvfl.utils.tomlfile import check_keys, read_toml
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from partialvfl.federation.pins import spki_sha256
+from partialvfl.federation.trust.pins import spki_sha256
 
 __all__ = ["LOCAL_POLICY", "free_loopback_ports", "write_templates"]
 

@@ -7,18 +7,19 @@ kind) plus coordinator code that talks to the programs through a Transport; the 
 behind a gRPC server.
 
 Built-in message kinds handled by the runtime itself (:data:`RUNTIME_MESSAGES`): ``setup`` (build the program
-named in ``meta['program']`` with ``meta['config']``, if the party's :class:`~partialvfl.federation.policy.PartyPolicy`
-agrees, seeded as the policy says: in a deployment by a seed the party draws itself), ``preprocess`` (fit the
-party's own standardisation on a dataset it holds), ``save``/``load``/``forget`` (the program's state, the seed it
-was built with and the party's preprocessing in ``meta['dir']``, ``party-<k>.pt``, written atomically and tagged
-with the model's digest), ``ping``.  A server adds its own built-ins.
+named in ``meta['program']`` with ``meta['config']``, if the party's
+:class:`~partialvfl.federation.trust.policy.PartyPolicy` agrees, seeded as the policy says: in a deployment by a seed
+the party draws itself), ``preprocess`` (fit the party's own standardisation on a dataset it holds),
+``save``/``load``/``forget`` (the program's state, the seed it was built with and the party's preprocessing in
+``meta['dir']``, ``party-<k>.pt``, written atomically and tagged with the model's digest), ``ping``.  A server adds its
+own built-ins.
 
 Preprocessing belongs to the party: :meth:`PartyRuntime.data` hands programs the party's rows already standardised
 with the statistics the party fitted on its own training rows (:class:`~partialvfl.data.preprocessing.ColumnScaler`);
 they never leave the party.
 
-Every message is checked against its declaration (:mod:`partialvfl.federation.schema`) in :meth:`PartyRuntime.handle`,
-the one path of both transports: the request before the handler runs, the reply after.
+Every message is checked against its declaration (:mod:`partialvfl.federation.wire.schema`) in
+:meth:`PartyRuntime.handle`, the one path of both transports: the request before the handler runs, the reply after.
 """
 
 from __future__ import annotations
@@ -27,198 +28,34 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.preprocessing import ColumnScaler
-from partialvfl.federation.dp import DPBudget, PartyPrivacy, private_reply
-from partialvfl.federation.guards import RewindGuard, clip_gradient_rows
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.policy import PACKAGE_PROGRAMS, PartyPolicy, PolicyViolation
-from partialvfl.federation.schema import TRAINS, Messages, MessageSpec, UnknownKindError, check_reply, check_request
-from partialvfl.federation.setup_config import SetupConfig, wire_config
-from partialvfl.federation.setup_shape import SetupShape
-from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor, to_device
+from partialvfl.federation.dp.gaussian import DPBudget, PartyPrivacy, private_reply
+from partialvfl.federation.trust.guards import RewindGuard, clip_gradient_rows
+from partialvfl.federation.trust.policy import PartyPolicy
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import (
+    PROGRAMS,
+    RUNTIME_MESSAGES,
+    NotSetUp,
+    PartyProgram,
+    StateFileError,
+    state_file,
+)
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import TRAINS, MessageSpec, UnknownKindError, check_reply, check_request
+from partialvfl.utils.devices import autocast, check_precision, move_message, resolve_device, table_tensor
 
-__all__ = ["PROGRAMS", "RUNTIME_MESSAGES", "NotSetUp", "PartyProgram", "PartyRuntime", "StateFileError",
-           "register_program", "state_file"]
-
-PROGRAMS: dict[str, type[PartyProgram]] = {}
-
-#: The runtime's own message kinds.
-RUNTIME_MESSAGES: dict[str, MessageSpec] = {
-    "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
-    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config", "privacy", "fit", "label_dp"],
-                         doc="Build the named party program with this config and seed. `privacy`: the method's plan "
-                             "for a party with a differential-privacy budget (charges per row, clip norms); such a "
-                             "party refuses a setup without one. `fit`: the setup is for a fit (it will train), "
-                             "`label_dp`: the epsilon of the fit's label DP; a party that requires label protection "
-                             "refuses a fit without it, and trains nothing after a setup that is not such a fit. "
-                             "Replies `privacy` (the party's budget, what it spent, the noise it will add) where the "
-                             "party has a budget."),
-    "privacy": MessageSpec(doc="The party's differential-privacy budget and what its most-charged row has spent "
-                               "(`enabled` false where it keeps none)."),
-    "preprocess": MessageSpec(meta=["data", "standardize"],
-                              doc="Fit this party's own preprocessing on its rows attached under `data` (with "
-                                  "`standardize`: per-column mean and scale; else none). The statistics stay at the "
-                                  "party, are saved with its state and applied to every dataset it is handed."),
-    "save": MessageSpec(meta=["dir"], optional_meta=["model"],
-                        doc="Save the program's state and preprocessing (`party-<k>.pt` in `dir`), tagged with the "
-                            "digest of the model it belongs to (`model`)."),
-    "load": MessageSpec(meta=["dir"], optional_meta=["model"],
-                        doc="Restore the state saved in `dir`; refused if it belongs to another model than `model`."),
-    "forget": MessageSpec(meta=["dir"], doc="Delete the state saved in `dir` (a pruned checkpoint)."),
-}
+__all__ = ["PartyRuntime"]
 
 Handler = Callable[[Request], Reply]
-
-
-class NotSetUp(RuntimeError):
-    """A program's message kind arrived before any ``setup`` (e.g. at a party restarted since)."""
-
-
-class StateFileError(ValueError):
-    """A party's saved state is missing, corrupted, truncated, foreign, or belongs to another model."""
-
-
-def _handler_kinds(cls: type) -> set[str]:
-    return {name.removeprefix("on_") for name in dir(cls) if name.startswith("on_") and callable(getattr(cls, name))}
-
-
-def register_program(cls: type[PartyProgram]) -> type[PartyProgram]:
-    """Class decorator: make a party program constructible by name in a ``setup`` request.
-
-    The program must declare every kind it answers in ``messages`` (and answer every kind it declares).
-    """
-    name = cls.program_name
-    if not name:
-        raise ValueError(f"{cls.__name__} has no program_name")
-    if name == PACKAGE_PROGRAMS:
-        raise ValueError(f"{name!r} names the package's own programs in a policy; choose another program_name")
-    if name in PROGRAMS and PROGRAMS[name] is not cls:
-        raise ValueError(f"party program {name!r} registered twice")
-    declared = dict(cls.messages)
-    if not declared:
-        raise ValueError(f"party program {name!r} declares no messages (class attribute `messages`)")
-    handlers = _handler_kinds(cls)
-    for kind in declared:
-        if kind in RUNTIME_MESSAGES:
-            raise ValueError(f"party program {name!r} declares the runtime's built-in kind {kind!r}")
-        if kind.replace("-", "_") not in handlers:
-            raise ValueError(f"party program {name!r} declares kind {kind!r} but has no on_{kind.replace('-', '_')}")
-    undeclared = sorted(h for h in handlers if h not in {k.replace("-", "_") for k in declared})
-    if undeclared:
-        raise ValueError(f"party program {name!r} answers undeclared kind(s) {undeclared}: declare them in `messages`")
-    PROGRAMS[name] = cls
-    return cls
-
-
-def state_file(directory: str | Path, party: int) -> Path:
-    return Path(directory) / f"party-{party}.pt"
-
-
-class PartyProgram:
-    """The party-local half of a method.  Subclasses define ``on_<kind>(request) -> Reply`` handlers.
-
-    ``self.runtime`` gives the party's index, name and data views; ``self.config`` is the configuration the
-    coordinator sent (it includes this party's ``feature_dim``/``feature_shape``), read once at set-up into the
-    program's declared ``setup_config`` (typed attributes; a plain dict for a program that declares none);
-    ``self.seed`` the seed.
-    """
-
-    program_name: ClassVar[str] = ""
-    #: kind -> declaration of its request and reply, its role and what its reply releases per row
-    #: (see :mod:`partialvfl.federation.schema`)
-    messages: ClassVar[Messages] = {}
-    #: whether the program can run at a party with a differential-privacy budget: it says which rows its releases
-    #: are about (:meth:`released_rows`) and makes its own updates DP-SGD (``runtime.privacy.private_sum``)
-    supports_privacy: ClassVar[bool] = False
-    #: the declaration of its set-up config (:mod:`partialvfl.federation.setup_config`): keys, types, ranges;
-    #: ``None``: the program takes the config as a plain dict, unchecked
-    setup_config: ClassVar[type[SetupConfig] | None] = None
-
-    @classmethod
-    def read_config(cls, config: Any, where: str = "") -> Any:
-        """``config`` as the program reads it: checked against ``setup_config`` and typed (a typed config as it is),
-        or, without a declaration, a plain dict; a mismatch raises
-        :class:`~partialvfl.federation.setup_config.SetupConfigError` naming ``where``, the key and the value."""
-        if cls.setup_config is None:
-            return dict(config)
-        return cls.setup_config.read(config, where or f"program {cls.program_name!r}")
-
-    @classmethod
-    def private_setup_refusal(cls, config: Any) -> str | None:
-        """Why ``config`` cannot run under a differential-privacy budget (``None``: it can)."""
-        return None if cls.supports_privacy else (f"program {cls.program_name!r} cannot keep a differential-privacy "
-                                                  "budget (its updates are not DP-SGD)")
-
-    def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
-        """For each reply tensor of ``kind`` that the declaration lists in ``releases``: ``(data handle, shared-order
-        rows, the axis the rows run along)`` (a party with a budget charges and noises those rows)."""
-        raise NotImplementedError(f"program {self.program_name!r} does not say which rows its replies are about")
-
-    @classmethod
-    def describe_setup(cls, config: Any) -> SetupShape | None:
-        """What a ``setup`` with ``config`` (as :meth:`read_config` gives it) would build, for the party's policy:
-        the networks (families, widths, what each sends per row), the learning rates, whether it shares weights.
-        Read from the program's own config; a malformed config raises ``KeyError``/``TypeError``/``ValueError``
-        (the policy refuses it).
-        ``None`` (the default): the program cannot say, and a party runs it only if its policy lists it in
-        ``unchecked_programs``."""
-        return None
-
-    def __init__(self, runtime: PartyRuntime, config: Any, seed: int) -> None:
-        self.runtime = runtime
-        self.config = config
-        self.seed = seed
-        #: the config as the message checks read it (symbols such as ``d_h``, ``when`` conditions): plain values
-        self.wire_config = wire_config(config)
-
-    @property
-    def party(self) -> int:
-        return self.runtime.index
-
-    @property
-    def device(self) -> torch.device:
-        """Where this party computes (its own choice: ``device`` in its party.toml, or the simulation's)."""
-        return self.runtime.device
-
-    def data(self, handle: str) -> PartyView:
-        return self.runtime.data(handle)
-
-    def rows_features(self, handle: str, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """Its own features (float32, on its device) of ``rows``, shared-order positions, in the data attached as
-        ``handle``: gathered from the table the party moved to its device once."""
-        pos = self.data(handle).position_of_rows(np.asarray(rows))
-        return self.runtime.table(handle)[to_device(torch.as_tensor(pos), self.device)]
-
-    def handle(self, request: Request) -> Reply:
-        fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
-        if fn is None:
-            raise ValueError(f"party program {self.program_name!r} has no handler for message kind {request.kind!r}")
-        return fn(request)
-
-    @classmethod
-    def handle_batch(cls, items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply] | None:
-        """Answer one round's requests to several parties running this program in one batched computation.
-
-        Only the in-process transport calls this (a simulation's fast path); each item is one party's program and
-        its (checked) request, and the replies must be what each party's own handler would have answered, with every
-        party's weights, gradients and optimiser kept its own.  ``None`` (the default): answer them one by one.
-        """
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to restore the trained program (tensors and plain values only)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
-        """Restore :meth:`state_dict`."""
 
 
 class PartyRuntime:
@@ -229,7 +66,7 @@ class PartyRuntime:
     ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
     simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).  A policy
     with ``dp_epsilon``/``dp_delta`` gives the party a differential-privacy budget (``self.privacy``,
-    :mod:`partialvfl.federation.dp`), its ledger kept in ``privacy_ledger`` (a file) if given.
+    :mod:`partialvfl.federation.dp.gaussian`), its ledger kept in ``privacy_ledger`` (a file) if given.
     ``device`` and ``precision`` (``fp32`` or ``bf16`` autocast) are where and how its programs compute: requests'
     floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`);
     ``compile``: whether its programs run their hot steps through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
@@ -362,7 +199,7 @@ class PartyRuntime:
         """Check ``request`` against its kind's declaration, answer it, check the reply; the transports' one path.
 
         ``accepted`` is called once the request passed its checks, before the handler runs (a server records the
-        message as served then).  Raises :class:`~partialvfl.federation.schema.MessageError` for a message that
+        message as served then).  Raises :class:`~partialvfl.federation.wire.schema.MessageError` for a message that
         does not match (``UnknownKindError`` for an undeclared kind) and :class:`NotSetUp` before ``setup``.
         The handler gets the request's floating-point tensors on the party's device; the reply's leave on
         ``reply_device`` (the CPU, the wire's, unless an in-process transport asks for the coordinator's).
@@ -416,7 +253,7 @@ class PartyRuntime:
     def _admit(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> Request:
         """The party's policy (for its program's kinds), then the kind's declaration; the request as the program
         gets it: every declared gradient row clipped to ``max_grad_norm``, a training request counted against
-        ``max_rewinds`` (:mod:`partialvfl.federation.guards`)."""
+        ``max_rewinds`` (:mod:`partialvfl.federation.trust.guards`)."""
         program_kind = request.kind not in self.builtins and self.program is not None
         if program_kind:
             self.policy.check_request(spec, request.kind, request.meta)

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
-from partialvfl.federation.alignment import write_key
-from partialvfl.federation.psu import write_alignment_key
+from partialvfl.federation.trust.alignment import write_key
+from partialvfl.federation.trust.psu import write_alignment_key
 
 __all__ = ["LocalDeployment", "write_party_tables"]
 
@@ -147,7 +147,7 @@ class LocalDeployment:
         self._prepare()
 
     def _prepare(self) -> None:
-        from partialvfl.federation.certs import init_dev_pki  # cryptography: only where a deployment is made
+        from partialvfl.federation.grpc.certs import init_dev_pki  # cryptography: only where a deployment is made
 
         self.dir.mkdir(parents=True, exist_ok=True)
         init_dev_pki(self.certs, [*self.names, "coordinator"])
@@ -208,7 +208,7 @@ key = {_q(self.certs / f"{name}.key")}
     def _peers_table(self) -> str:
         if not self.pins:
             return ""
-        from partialvfl.federation.pins import spki_sha256  # cryptography: only where a deployment is made
+        from partialvfl.federation.trust.pins import spki_sha256  # cryptography: only where a deployment is made
 
         return f'\n[peers.coordinator]\nspki_sha256 = "{spki_sha256((self.certs / "coordinator.pem").read_bytes())}"\n'
 
@@ -304,8 +304,8 @@ identity = {_q(name)}
         self.procs.clear()
 
     def federation(self, **kwargs: Any) -> Any:
-        """A connected :class:`~partialvfl.federation.grpc_federation.GrpcFederation` to these parties."""
-        from partialvfl.federation.grpc_federation import GrpcFederation
+        """A connected :class:`~partialvfl.federation.grpc.federation.GrpcFederation` to these parties."""
+        from partialvfl.federation.grpc.federation import GrpcFederation
 
         return GrpcFederation.from_config(self.federation_file, **kwargs)
 

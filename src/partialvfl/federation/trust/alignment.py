@@ -1,6 +1,6 @@
 """The explicit shared-key alignment (``alignment = "hmac"``) and the matching both alignments share.
 
-The default alignment is the keyless private set union of :mod:`partialvfl.federation.psu`: its tokens are matched
+The default alignment is the keyless private set union of :mod:`partialvfl.federation.trust.psu`: its tokens are matched
 by :func:`observed_from_hashes` and :func:`positions_in` below like the hashes of this mode.  This mode, for parties
 inside one trust domain only:
 

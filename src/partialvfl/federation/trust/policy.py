@@ -3,7 +3,7 @@
 The coordinator *asks* a party to build a program (``setup``: program name, config, seed); the party decides.  Its
 :class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/deployment.md``) is checked on
 every ``setup`` and on the requests that change how a program learns, in process and behind the gRPC server alike
-(:class:`~partialvfl.federation.party.PartyRuntime` calls it).  A request outside the policy raises
+(:class:`~partialvfl.federation.runtime.party.PartyRuntime` calls it).  A request outside the policy raises
 :class:`PolicyViolation` (``PERMISSION_DENIED`` on the wire), naming every rule it breaks, the values, and the
 ``[policy]`` values of the party's ``party.toml`` that would accept it.
 
@@ -13,8 +13,8 @@ itself from :mod:`secrets`) and :meth:`PartyPolicy.research` (the in-process sim
 coordinator, so that benchmarks reproduce).
 
 The policy knows no method.  It reads what each party program declares: what a setup would build
-(:meth:`~partialvfl.federation.party.PartyProgram.describe_setup`, a :class:`SetupShape`) and each message's role
-(:class:`~partialvfl.federation.schema.MessageSpec`: trains, infers, shares weights; the metadata holding learning
+(:meth:`~partialvfl.federation.wire.program.PartyProgram.describe_setup`, a :class:`SetupShape`) and each message's role
+(:class:`~partialvfl.federation.wire.schema.MessageSpec`: trains, infers, shares weights; the metadata holding learning
 rates).  A program without a description is refused unless listed in ``unchecked_programs`` (then the party runs it
 without architecture checks, its own decision).  The default allowlist, ``programs = ["builtin"]``, is every
 registered program whose class is defined in the ``partialvfl`` package (where a class is defined is not inherited:
@@ -31,59 +31,20 @@ from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
-from partialvfl.federation.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, kinds_with_role, meta_path
-from partialvfl.federation.setup_config import SetupConfig
-from partialvfl.federation.setup_shape import Network, SetupShape
+from partialvfl.federation.trust.policy_values import LOOKUP_RULES, check_dp_budget, policy_value
+from partialvfl.federation.wire.program import PACKAGE_PROGRAMS
+from partialvfl.federation.wire.refusals import PolicyViolation, toml_value
+from partialvfl.federation.wire.schema import SHARES_WEIGHTS, MessageSpec, meta_path
+from partialvfl.federation.wire.setup_config import SetupConfig
+from partialvfl.federation.wire.setup_shape import Network, SetupShape
 
-__all__ = ["LOOKUP_FLOOR", "LOOKUP_RULES", "PACKAGE_PROGRAMS", "InferenceGuard", "Network", "PartyPolicy",
+__all__ = ["LOOKUP_FLOOR", "LOOKUP_RULES", "PACKAGE_PROGRAMS", "Network", "PartyPolicy",
            "PolicyViolation", "SetupShape", "toml_value"]
 
-#: In ``programs``: every registered program whose class is defined in the ``partialvfl`` package (the default).
-PACKAGE_PROGRAMS = "builtin"
 SEED_MODES = ("secret", "coordinator")
-#: the lookup budget's rules (:mod:`partialvfl.federation.lookups`), and the fewest lookups a share ("N%") allows, so
-#: that a small party is not refused its federation's first fits (one fit evaluates the label side's IDs once)
-LOOKUP_RULES = ("max_lookups_per_hour", "max_lookups_per_day", "max_lookups_total")
+#: the fewest lookups a share ("N%") of a lookup rule allows, so that a small party is not refused its federation's
+#: first fits (one fit evaluates the label side's IDs once)
 LOOKUP_FLOOR = 10_000
-
-
-def toml_value(value: Any) -> str:
-    """A ``[policy]`` value as a party file writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if "e" in f"{value:g}" else f"{value:g}"
-    if isinstance(value, str | int):
-        return json.dumps(value)
-    return json.dumps(list(value))
-
-
-class PolicyViolation(PermissionError):
-    """A request the party's policy refuses; ``rule`` is the policy key, ``value`` what the request asked for.
-
-    ``accept``: the ``[policy]`` values of the party's ``party.toml`` that would accept the request (empty where no
-    policy value would, e.g. a config that disagrees with the party's own table); ``also``: further rules the same
-    setup breaks (all are named, so that one attempt shows everything there is to change).
-    """
-
-    def __init__(self, rule: str, message: str, value: Any = None, accept: Mapping[str, Any] | None = None, *,
-                 also: Sequence[PolicyViolation] = ()) -> None:
-        self.rule = rule
-        self.value = value
-        self.detail = message
-        self.also = tuple(also)
-        self.accept = dict(accept or {})
-        for v in self.also:
-            self.accept.update(v.accept)
-        parts = [f"policy rule {rule!r}: {message}", *(f"policy rule {v.rule!r}: {v.detail}" for v in self.also)]
-        hint = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.accept.items())
-        super().__init__("; ".join(parts) + (f" (this party would accept it with [policy] {hint} in its party.toml)"
-                                             if hint else ""))
-
-    @property
-    def rules(self) -> tuple[str, ...]:
-        """Every rule the request breaks, the first one first."""
-        return (self.rule, *(v.rule for v in self.also))
 
 
 def _joined(found: Sequence[PolicyViolation | None]) -> PolicyViolation | None:
@@ -134,7 +95,7 @@ class PartyPolicy:
     min_latent_scale: float | None = 0.3
     max_lookups: int | None = 2_000_000  # IDs this party evaluates in one coordinator session (a resume continues it)
     # ---- the lookup budget (issue 35): IDs this party evaluates (psu_eval) for one coordinator identity, counted in a
-    # ledger in its state (partialvfl.federation.lookups); a number, or "N%" of its training rows (at least
+    # ledger in its state (partialvfl.federation.trust.lookups); a number, or "N%" of its training rows (at least
     # LOOKUP_FLOOR); None: no bound
     max_lookups_per_hour: int | str | None = None
     max_lookups_per_day: int | str | None = "100%"
@@ -150,7 +111,7 @@ class PartyPolicy:
     # epsilon at most this (a setup that does not say it is such a fit may predict, never train); None: no requirement
     require_label_dp: float | None = None
     # ---- differential privacy (issue 25): the party's own budget for its rows; None: no budget.  Every value the
-    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp).
+    # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp.gaussian).
     dp_epsilon: float | None = None
     dp_delta: float | None = None
 
@@ -188,11 +149,11 @@ class PartyPolicy:
             raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known | {'preset'})}")
         changes: dict[str, Any] = {}
         for key, value in raw.items():
-            changes[key] = _policy_value(key, value, where)
+            changes[key] = policy_value(key, value, where)
         policy = replace(base, **changes)
         if isinstance(policy.seed, str) and policy.seed not in SEED_MODES:
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {policy.seed!r}")
-        _check_dp(policy, where)
+        check_dp_budget(policy.dp_epsilon, policy.dp_delta, where)
         return policy
 
     def lookup_limits(self, rows: int) -> dict[str, int]:
@@ -210,7 +171,7 @@ class PartyPolicy:
     def with_dp(self, epsilon: float, delta: float) -> PartyPolicy:
         """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)."""
         policy = replace(self, dp_epsilon=float(epsilon), dp_delta=float(delta))
-        _check_dp(policy, "the policy")
+        check_dp_budget(policy.dp_epsilon, policy.dp_delta, "the policy")
         return policy
 
     def changed(self) -> dict[str, Any]:
@@ -524,111 +485,3 @@ class PartyPolicy:
             dp += f"; fits only with label DP at epsilon <= {self.require_label_dp:g}"
         return (f"policy {self.preset}{how}: {progs}; {seed}; weight sharing "
                 f"{'allowed' if self.allow_weight_sharing else 'refused'}{dp}")
-
-
-def _check_dp(policy: PartyPolicy, where: str) -> None:
-    """``dp_epsilon`` and ``dp_delta`` come together: epsilon > 0, 0 < delta < 1."""
-    eps, delta = policy.dp_epsilon, policy.dp_delta
-    if eps is None and delta is None:
-        return
-    if eps is None or delta is None:
-        missing = "dp_delta" if delta is None else "dp_epsilon"
-        raise ValueError(f"{where}: a differential-privacy budget needs both dp_epsilon and dp_delta; {missing} is "
-                         "missing (e.g. dp_epsilon = 8, dp_delta = 1e-5)")
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"{where}: dp_epsilon must be a positive number, got {eps!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
-
-
-_INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups",
-             *LOOKUP_RULES}
-_FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "max_setup_width_ratio", "max_lr",
-               "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
-               "dp_delta", "lookup_warn_fraction", "require_label_dp"}
-_BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "resume_alignment_by_name",
-              "accept_coordinator_features"}
-_LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
-
-
-def _policy_value(key: str, value: Any, where: str) -> Any:
-    """One ``[policy]`` value, type-checked (a wrong type names the key)."""
-    if key in _LIST_KEYS:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{where}: {key} must be a list of names, got {value!r}")
-        return tuple(value)
-    if key in _BOOL_KEYS:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
-        return value
-    if key in LOOKUP_RULES and isinstance(value, str):
-        share = value.strip()
-        try:
-            ok = share.endswith("%") and 0 < float(share[:-1]) < math.inf
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"{where}: {key} must be a number of lookups or a share of the party's training rows "
-                             f"such as \"100%\", got {value!r}")
-        return share
-    if key == "require_label_dp" and not (isinstance(value, int | float) and not isinstance(value, bool)
-                                          and 0 < value < math.inf):
-        raise ValueError(f"{where}: require_label_dp must be a positive epsilon (the largest label-DP epsilon a fit "
-                         f"may use), got {value!r}")
-    if key == "lookup_warn_fraction" and not (isinstance(value, int | float) and not isinstance(value, bool)
-                                              and 0 < value <= 1):
-        raise ValueError(f"{where}: lookup_warn_fraction must be a number in (0, 1], got {value!r}")
-    if key == "seed":
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
-    if key in _INT_KEYS:
-        if int(value) != value:
-            raise ValueError(f"{where}: {key} must be an integer, got {value!r}")
-        return int(value)
-    if key in _FLOAT_KEYS:
-        return float(value)
-    raise ValueError(f"{where}: unknown key {key!r}")  # pragma: no cover - from_table checks the names first
-
-
-class InferenceGuard:
-    """Rows of a prediction table never reach training.
-
-    A request naming a prediction-only data set (``meta['data']``) must be a kind its program declares with the
-    role ``infers`` and must not set ``train``; after it, the party accepts only such requests until one names a
-    training data set again (so a later training message cannot use what the program computed from those rows).
-    """
-
-    def __init__(self) -> None:
-        self.tainted_by: str | None = None
-
-    def check(self, messages: Messages | None, kind: str, meta: Mapping[str, Any], prediction_handles: set[str],
-              program: str | None = None) -> None:
-        """Raise :class:`PolicyViolation` (rule ``prediction_tables``) for a request that could train on them.
-
-        ``messages``: the declarations of the program set up (``None``: none), ``program`` its name (for the text).
-        """
-        handle = meta.get("data")
-        named = handle if isinstance(handle, str) else None
-        on_prediction = named is not None and named in prediction_handles
-        if not on_prediction and (self.tainted_by is None or named is not None):
-            return
-        allowed = kinds_with_role(messages or {}, INFERS)
-        if kind not in allowed or meta.get("train"):
-            source = named if on_prediction else self.tainted_by
-            what = f"{kind!r} with train=true" if kind in allowed else f"{kind!r}"
-            raise PolicyViolation("prediction_tables", f"{what} after rows of the prediction-only data set "
-                                  f"{source!r}: those rows are only predicted, never trained on (inference kinds of "
-                                  f"{program!r}: {sorted(allowed)})", kind)
-
-    def accepted(self, meta: Mapping[str, Any], prediction_handles: set[str]) -> None:
-        """Record a request that passed: which kind of data set it last named."""
-        handle = meta.get("data")
-        if isinstance(handle, str):
-            self.tainted_by = handle if handle in prediction_handles else None
-
-    def reset(self) -> None:
-        """A new program (``setup``) holds nothing computed from earlier rows."""
-        self.tainted_by = None

@@ -2,10 +2,11 @@
 
 A party program says, from the config the coordinator sent, which networks it would build (their families and
 widths, what leaves the party per row), the learning rates it sets and whether it shares weights:
-:meth:`~partialvfl.federation.party.PartyProgram.describe_setup` returns a :class:`SetupShape`.  The policy checks
-that description (:meth:`~partialvfl.federation.policy.PartyPolicy.check_setup`), never a method's config keys; the
-program reads its own config, typed by its declaration (:mod:`partialvfl.federation.setup_config`), which refused a
-malformed one on arrival.  :func:`optimiser_settings` turns declared optimisers into a description's settings.
+:meth:`~partialvfl.federation.wire.program.PartyProgram.describe_setup` returns a :class:`SetupShape`.  The policy
+checks that description (:meth:`~partialvfl.federation.trust.policy.PartyPolicy.check_setup`), never a method's
+config keys; the program reads its own config, typed by its declaration
+(:mod:`partialvfl.federation.wire.setup_config`), which refused a malformed one on arrival.  :func:`optimiser_settings`
+turns declared optimisers into a description's settings.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from partialvfl.federation.setup_config import OptimiserSetup
+from partialvfl.federation.wire.setup_config import OptimiserSetup
 
 __all__ = ["Network", "SetupShape", "optimiser_settings"]
 

@@ -1,38 +1,39 @@
-"""The party process: one long-lived gRPC server per institution (``partialvfl party serve --config FILE``).
+"""The party server: one long-lived gRPC server per institution (``partialvfl party serve --config FILE``,
+:mod:`partialvfl.federation.grpc.party_process`).
 
 It reads the party's own tables (CSV or Parquet with an ID column: its training table and, separately, tables of
-users to predict) and nothing else, keeps one :class:`~partialvfl.federation.party.PartyRuntime` (so a program's
+users to predict) and nothing else, keeps one :class:`~partialvfl.federation.runtime.party.PartyRuntime` (so a program's
 forward state lives between the calls of a step), and answers the coordinator over mutual TLS.  Before a request
 reaches the runtime the server checks, in order:
 
 1. the peer's certificate identity (CN or a DNS SAN) is on the allowlist -> else ``PERMISSION_DENIED``, and its
    certificate is the one the party pins for that name (``[peers.NAME]``: key fingerprint or CA,
-   :mod:`partialvfl.federation.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
+   :mod:`partialvfl.federation.trust.pins`) -> else ``UNAUTHENTICATED``; this is checked when the call starts, *before*
    the request body is read;
-2. the peer's bounds (:mod:`partialvfl.federation.grpc_limits`): calls in flight, the request's length (its header
+2. the peer's bounds (:mod:`partialvfl.federation.grpc.limits`): calls in flight, the request's length (its header
    states it; gRPC refuses any wire message over a chunk), request bytes held -> else ``RESOURCE_EXHAUSTED``; the
    request is read into one buffer its tensors use in place, and it is a well-formed frame of allowed dtypes -> else
    ``INVALID_ARGUMENT``;
-3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.sessions`: a ``hello``
+3. the message belongs to the current coordinator session (:mod:`partialvfl.federation.grpc.sessions`: a ``hello``
    while another session is live is refused, ``ABORTED``, unless it carries that session's secret), its sequence
    number is new, its step is not older than the last one and its ``(step, round, kind)`` was not served yet ->
    else ``FAILED_PRECONDITION`` (stale), ``ABORTED`` (another session's) or ``ALREADY_EXISTS`` (replay); a ``hello``
    changes the session only once it passed every check;
-4. the party's policy (:mod:`partialvfl.federation.policy`) admits it: the program and its architecture at
+4. the party's policy (:mod:`partialvfl.federation.trust.policy`) admits it: the program and its architecture at
    ``setup``, learning rates, weight sharing, the number of data sets held, and that rows of a prediction table
    are only predicted -> else ``PERMISSION_DENIED`` naming the rule;
 5. the kind is declared (a built-in or one of the program's ``messages``) -> else ``UNIMPLEMENTED``
    (``FAILED_PRECONDITION`` before any setup), and its tensors and metadata match the declaration -> else
-   ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.schema`).
+   ``INVALID_ARGUMENT`` (the runtime checks, as in process: :mod:`partialvfl.federation.wire.schema`).
 
 A handler that raises on bad input (``ValueError``, ``KeyError``, shape errors...) becomes ``INVALID_ARGUMENT``
 with the party's message; a reply that does not match its declaration (the program's own bug) ``INTERNAL``; a reply
 that would carry one of the party's own parameters or optimiser-state tensors is not sent (``PERMISSION_DENIED``)
 unless the policy allows weight sharing.  Every request, served or refused, is written to the party's access log
-(:mod:`partialvfl.federation.access_log`), and the server keeps serving.
+(:mod:`partialvfl.federation.trust.access_log`), and the server keeps serving.
 
 Built-in kinds of the server (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``): ``hello``
-(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.psu`,
+(open a coordinator session), ``bye`` (end it), the alignment kinds ``psu_*`` (:mod:`partialvfl.federation.trust.psu`,
 the default) or, with ``alignment = "hmac"``, ``ids`` (the IDs of a table as HMAC hashes), ``attach`` (hold the rows
 of a table, named by their alignment tokens, at the given positions of the shared order under a handle),
 ``release``.  ``save``/``load`` directories are resolved inside the party's own state directory: a party's model
@@ -42,59 +43,46 @@ state stays on its own disk.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import importlib
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import grpc
-import numpy as np
-import torch
 
-from partialvfl.data.dataset import PartyView
-from partialvfl.data.tables import feature_values, read_table, select_features, table_ids
-from partialvfl.federation.access_log import AccessLog, AccessLogConfig, tensor_summary
-from partialvfl.federation.alignment import hash_ids, load_key
-from partialvfl.federation.audit import disclosed_state
-from partialvfl.federation.grpc_limits import PeerLimits, Refused, read_request
-from partialvfl.federation.grpc_transport import (
-    ATTACH_PREFIX,
-    CALL_METHOD,
+from partialvfl.federation.grpc.frames import (
     MAX_WIRE_MESSAGE,
     SECONDS_KEY,
-    SERVICE_NAME,
     WireError,
     WireRequest,
     decode_request,
     encode_reply,
 )
-from partialvfl.federation.lookups import LOOKUP_LEDGER, SPANS, LookupLedger
-from partialvfl.federation.messages import Reply, Request
-from partialvfl.federation.party import NotSetUp, PartyRuntime
-from partialvfl.federation.party_config import TRAINING_TABLE, PartyConfig, PredictTable, load_party_config
-from partialvfl.federation.pins import spki_sha256
-from partialvfl.federation.policy import InferenceGuard, PolicyViolation
-from partialvfl.federation.psu import PartyAligner, read_alignment_key
-from partialvfl.federation.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
-from partialvfl.federation.sessions import SessionGuard
+from partialvfl.federation.grpc.limits import PeerLimits, Refused, read_request
+from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig
+from partialvfl.federation.grpc.party_tables import TableBuiltins
+from partialvfl.federation.grpc.sessions import SessionGuard
+from partialvfl.federation.grpc.transport import ATTACH_PREFIX
+from partialvfl.federation.runtime.party import PartyRuntime
+from partialvfl.federation.trust.access_log import AccessLog, AccessLogConfig, tensor_summary
+from partialvfl.federation.trust.alignment import load_key
+from partialvfl.federation.trust.audit import disclosed_state
+from partialvfl.federation.trust.guards import InferenceGuard
+from partialvfl.federation.trust.lookups import LOOKUP_LEDGER, LookupLedger
+from partialvfl.federation.trust.pins import spki_sha256
+from partialvfl.federation.trust.psu import PartyAligner, read_alignment_key
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.program import NotSetUp
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
 
-__all__ = ["PartyConfig", "PartyServer", "PartyTable", "PredictTable", "Refused", "SessionGuard", "TRAINING_TABLE",
-           "import_plugins", "load_party_config", "run", "serve"]
+__all__ = ["LOGGED_META", "PRIVACY_LEDGER", "SERVER_MESSAGES", "PartyServer"]
 
 log = logging.getLogger("partialvfl.party")
-EXIT_WITH_PARENT_ENV = "PARTIALVFL_EXIT_WITH_PARENT"
-#: how long a stopping party lets calls in flight finish before it cancels them (SIGTERM: out within a second)
-STOP_GRACE_SECONDS = 0.25
-#: how often the serving loop wakes up (to see a stop request or a vanished parent)
-STOP_POLL_SECONDS = 0.1
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
 LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
 #: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
@@ -130,48 +118,8 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
 }
 
 
-# ---------------------------------------------------------------------- the party's own table
-class PartyTable:
-    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only.
-
-    Read by the same functions as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
-    IDs normalised by the one rule (:mod:`partialvfl.data.ids`; empty and colliding IDs refused, naming them),
-    numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
-    """
-
-    def __init__(self, cfg: PartyConfig, key: bytes | None, *, training: bool = True) -> None:
-        where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
-        if not cfg.data_path.is_file():
-            raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
-        df, _ = read_table(where, cfg.data_path, cfg.id_column)
-        if not len(df) and training:
-            raise ValueError(f"{where}: the training table {cfg.data_path} has no rows")
-        ids, _ = table_ids(where, df, cfg.id_column)
-        cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
-                               exclude=cfg.exclude_columns)
-        shape = cfg.feature_shape or (len(cols),)
-        if int(np.prod(shape)) != len(cols):
-            raise ValueError(f"party {cfg.index} ({cfg.name!r}): feature_shape {shape} does not match its "
-                             f"{len(cols)} columns")
-        self.ids = np.array(ids, dtype=object)
-        self.features = feature_values(where, df, cols, ids)
-        self.feature_names = tuple(cols)
-        self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
-        self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """A file's modification time and size (``None``: not there), to tell whether it changed."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 # ---------------------------------------------------------------------- the server
-class PartyServer:
+class PartyServer(TableBuiltins):
     """The party's request handler: authentication, replay checks, policy, then the runtime (declarations,
     handlers); every request is written to the access log."""
 
@@ -181,13 +129,7 @@ class PartyServer:
             if cfg.hmac_key_file is None:
                 raise ValueError(f"party {cfg.name!r}: alignment = 'hmac' needs hmac_key_file in [party]")
             key = load_key(cfg.hmac_key_file)
-        self.table = PartyTable(cfg, key if cfg.alignment == "hmac" else None)
-        self.tables = {TRAINING_TABLE: self.table}
-        self._key = key
-        self._stamps: dict[str, tuple[int, int] | None] = {}  # each prediction table's file as last read
-        for spec in cfg.predict_tables:
-            self._stamps[spec.name] = _stamp(spec.path)
-            self.tables[spec.name] = self._predict_table(spec, key)
+        self._read_tables(key)
         handlers = {"hello": self._hello, "bye": self._bye, "ids": self._ids, "attach": self._attach,
                     "release": self._release}
         self.state_dir = cfg.state_dir.resolve()
@@ -216,23 +158,12 @@ class PartyServer:
         self.prediction_handles: set[str] = set()
         self.refusals = 0
         self.access = AccessLog(cfg.access_log or AccessLogConfig(self.state_dir / "access.log"))
+        #: the threads its calls are answered on (the gRPC server's pool): :meth:`close` waits for them
+        self.workers = futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs, thread_name_prefix="party-call")
 
     @property
     def session(self) -> str | None:
         return self.sessions.session
-
-    def _predict_table(self, spec: PredictTable, key: bytes) -> PartyTable:
-        """A prediction table, read like the training table; its feature columns must be the training table's.
-
-        Its columns are named (the training table's features), so ``exclude_columns`` does not apply: a table of new
-        users has no label column to exclude (and one it has anyway, like any other extra column, is not read)."""
-        cfg = dataclasses.replace(self.cfg, data_path=spec.path, id_column=spec.id_column or self.cfg.id_column,
-                                  feature_columns=self.table.feature_names, exclude_columns=())
-        table = PartyTable(cfg, key, training=False)  # a party may hold none of the users to predict
-        if table.feature_shape != self.table.feature_shape:
-            raise ValueError(f"party {self.cfg.name!r}: prediction table {spec.name!r} has feature shape "
-                             f"{table.feature_shape}, the training table {self.table.feature_shape}")
-        return table
 
     # -- checks
     def _check_peer(self, context: grpc.ServicerContext, entry: dict[str, Any]) -> tuple[str, str]:
@@ -267,31 +198,6 @@ class PartyServer:
                           f"state directory {rel!r} must be relative and stay inside the party's state directory")
         return str(self.state_dir.joinpath(*pp.parts))
 
-    def _table(self, req: Request) -> tuple[str, PartyTable]:
-        name = req.meta.get("table", TRAINING_TABLE)
-        if not isinstance(name, str) or name not in self.tables:
-            raise Refused(grpc.StatusCode.NOT_FOUND, f"party {self.cfg.name!r} serves no table {name!r}; it serves "
-                                                     f"{sorted(self.tables)}")
-        return name, self.tables[name]
-
-    def _reread_prediction_tables(self) -> None:
-        """Read again each prediction table whose file changed since it was read (rows added for new users): at a
-        new session only, so that a session's tokens, row counts and rows stay as its ``hello`` announced them.  A
-        file that no longer reads is logged and its previous rows kept serving."""
-        for spec in self.cfg.predict_tables:
-            stamp = _stamp(spec.path)
-            if stamp == self._stamps.get(spec.name):
-                continue
-            try:
-                table = self._predict_table(spec, self._key)
-            except (OSError, ValueError) as e:
-                log.warning("party %s: prediction table %r changed but cannot be read (%s); its previous %d rows "
-                            "keep serving", self.cfg.name, spec.name, e, len(self.tables[spec.name].ids))
-                continue
-            log.info("party %s: prediction table %r read again: %d rows (before: %d)", self.cfg.name, spec.name,
-                     len(table.ids), len(self.tables[spec.name].ids))
-            self.tables[spec.name], self._stamps[spec.name] = table, stamp
-
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
         self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
@@ -312,122 +218,10 @@ class PartyServer:
     def _bye(self, req: Request) -> Reply:
         return Reply()
 
-    def _attach(self, req: Request) -> Reply:
-        handle = req.meta.get("handle")
-        n = req.meta.get("n_samples")
-        if not isinstance(handle, str) or not handle or not isinstance(n, int) or n < 0:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach needs meta 'handle' (str) and 'n_samples' (int)")
-        names = self._attach_tables(req)
-        attached = self.runtime.handles
-        self.policy.check_handles(len(attached), handle, handle in attached)
-        hashes, rows = req.tensors["hashes"].numpy(), req.tensors["rows"].numpy()  # shapes: SERVER_MESSAGES
-        which = req.tensors["table_of"].numpy() if "table_of" in req.tensors else np.zeros(rows.size, np.int64)
-        if which.size and (which.min() < 0 or which.max() >= len(names)):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: table_of must index the {len(names)} tables "
-                                                            f"{names}")
-        given, given_rows, given_ids = self._given_features(req)
-        every = np.concatenate([rows, given_rows])
-        if every.size and (every.min() < 0 or every.max() >= n or len(np.unique(every)) != every.size):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
-        feats = np.empty((every.size, self.table.features.shape[1]), dtype=self.table.features.dtype)
-        ids = np.empty(every.size, dtype=object)
-        for t, name in enumerate(names):
-            at = np.flatnonzero(which == t)
-            if not at.size:
-                continue
-            table = self.tables[name]
-            index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
-            local = np.empty(at.size, dtype=np.int64)
-            for i, h in enumerate(hashes[at]):
-                j = index.get(bytes(h))
-                if j is None:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
-                                                                    f"token {bytes(h).hex()[:16]}... in table {name!r}")
-                local[i] = j
-            feats[at], ids[at] = table.features[local], table.ids[local]
-        feats[rows.size:], ids[rows.size:] = given, given_ids
-        order = np.argsort(every, kind="stable")
-        labels = labeled = None
-        if "labels" in req.tensors or "labeled" in req.tensors:
-            if names != [TRAINING_TABLE] or given_rows.size:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels go with the training table, not "
-                                                                f"with prediction table {names[-1]!r}")
-            if "labels" not in req.tensors or "labeled" not in req.tensors:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send both 'labels' and 'labeled'")
-            labels, labeled = req.tensors["labels"].numpy(), req.tensors["labeled"].numpy()
-            if labels.shape != (n,) or labeled.shape != (n,):
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
-        feats = feats[order]
-        feats.flags.writeable = False
-        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every[order],
-                         ids=ids[order], feature_names=self.table.feature_names,
-                         feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
-        self.runtime.attach(handle, view)
-        if names == [TRAINING_TABLE] and not given_rows.size:
-            self.prediction_handles.discard(handle)
-        else:  # rows of a prediction table, or values the coordinator gave: only ever predicted
-            self.prediction_handles.add(handle)
-        return Reply(meta={"n_rows": int(every.size)})
-
-    def _attach_tables(self, req: Request) -> list[str]:
-        """The tables an ``attach`` reads rows from: ``tables`` (a list, indexed by ``table_of``) or ``table``."""
-        if "tables" not in req.meta:
-            return [self._table(req)[0]]
-        names = req.meta["tables"]
-        if "table" in req.meta or not isinstance(names, list) or not names or len(set(map(str, names))) != len(names):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: 'tables' must be a non-empty list of distinct "
-                                                            "table names (and 'table' not given beside it)")
-        return [self._table(Request("attach", {}, {"table": name}))[0] for name in names]
-
-    def _given_features(self, req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The coordinator's own values of this party's features (rows it holds in no table), checked: the party's
-        policy must accept them, one finite value per feature column, one ID per row."""
-        width = self.table.features.shape[1]
-        if not any(k in req.tensors for k in ("features", "feature_rows")) and "feature_ids" not in req.meta:
-            return np.zeros((0, width), np.float32), np.zeros(0, np.int64), np.zeros(0, dtype=object)
-        if not self.policy.accept_coordinator_features:
-            raise PolicyViolation("accept_coordinator_features", f"party {self.cfg.name!r} computes only from its "
-                                  "own tables; feature values from the coordinator (the label holder's new users) "
-                                  "need [policy] accept_coordinator_features = true in the label holder's own party "
-                                  "file", True)
-        if "features" not in req.tensors or "feature_rows" not in req.tensors or "feature_ids" not in req.meta:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send 'features', 'feature_rows' and meta "
-                                                            "'feature_ids' together")
-        values = req.tensors["features"].numpy()
-        given_rows = req.tensors["feature_rows"].numpy()
-        ids = req.meta["feature_ids"]
-        if not isinstance(ids, list) or len(ids) != given_rows.size or not all(isinstance(i, str) for i in ids):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: 'feature_ids' must list one ID (text) per "
-                                                            f"row of 'features' ({given_rows.size})")
-        if values.shape[1] != width:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: 'features' has {values.shape[1]} columns; "
-                                                            f"party {self.cfg.name!r} has {width} features "
-                                                            f"{list(self.table.feature_names)}")
-        bad = ~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: feature {self.table.feature_names[c]!r} of ID "
-                                                            f"{ids[r]!r} is not a finite float32 value")
-        return values.astype(self.table.features.dtype), given_rows, np.array(ids, dtype=object)
-
-    def _ids(self, req: Request) -> Reply:
-        if self.cfg.alignment != "hmac":
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"party {self.cfg.name!r} aligns by private set union (alignment = 'psu'): it sends no "
-                          "ID hashes; set alignment = 'hmac' in the coordinator's and every party's file to use them")
-        _, table = self._table(req)
-        return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
-
-    def _release(self, req: Request) -> Reply:
-        handle = str(req.meta["handle"])
-        self.runtime.release(handle)
-        self.prediction_handles.discard(handle)
-        return Reply()
-
     # -- the gRPC entry point
     def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         """One call: the peer is checked when the call starts, the body is read only for an allowed peer, within
-        the peer's bounds (:mod:`partialvfl.federation.grpc_limits`)."""
+        the peer's bounds (:mod:`partialvfl.federation.grpc.limits`)."""
         entry: dict[str, Any] = {"peer": None, "address": context.peer(), "kind": "?"}
         try:
             peer, caller = self._check_peer(context, entry)
@@ -583,101 +377,9 @@ class PartyServer:
         context.abort(code, reason)
 
     def close(self) -> None:
+        """After the server stopped: a call still being answered (its reply may no longer be sendable) finishes what
+        it writes (the program's state, the lookup and privacy ledgers, its access-log line), then the log closes."""
+        self.workers.shutdown(wait=True)
         self.access.close()
 
 
-def generic_handler(fn: Callable[[Iterator[bytes], grpc.ServicerContext], bytes]) -> grpc.GenericRpcHandler:
-    """The one-method service, bytes in and out (no protoc).
-
-    Registered as stream-unary so the handler runs when the call starts and checks the peer before it reads the
-    body; on the wire it is the same as the unary call the coordinator makes.
-    """
-    method = CALL_METHOD.rsplit("/", 1)[1]
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, {method: grpc.stream_unary_rpc_method_handler(fn)})
-
-
-def import_plugins(cfg: PartyConfig) -> None:
-    """Import the party's plugin modules (party programs outside the package), naming any that fails."""
-    failed = []
-    for name in cfg.plugins:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - report every broken plugin at once
-            log.warning("could not import %s: %s", name, e)
-            failed.append(name)
-    if failed:
-        raise ImportError(f"party {cfg.name!r}: plugin module(s) {failed} failed")
-
-
-def serve(cfg: PartyConfig) -> tuple[grpc.Server, int, PartyServer]:
-    """Start the party's server (not blocking); returns the server, its bound port and the handler.
-
-    The party runs the programs registered in :data:`~partialvfl.federation.party.PROGRAMS` when a ``setup``
-    arrives (and its policy agrees): those its caller registered before (``partialvfl party serve`` registers every
-    method's) and those of the plugin modules in ``cfg.plugins``, imported here.  An address already in use is an
-    error (:class:`OSError`): the port is never shared with another process (``SO_REUSEPORT`` off).
-    """
-    torch.set_num_threads(max(1, cfg.threads))
-    import_plugins(cfg)
-    handler = PartyServer(cfg)
-    ca, cert, key = cfg.tls.read()
-    creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs),
-        handlers=[generic_handler(handler.handle_stream)],
-        options=[("grpc.max_receive_message_length", min(cfg.max_message_bytes, MAX_WIRE_MESSAGE)),  # a chunk
-                 ("grpc.max_send_message_length", cfg.max_message_bytes),
-                 ("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)],
-        maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
-    )
-    try:
-        port = server.add_secure_port(cfg.address, creds)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        handler.close()
-        raise OSError(f"party {cfg.name!r}: cannot listen on {cfg.address}: the address is in use (is another "
-                      "party serving there?) or not an address of this host")
-    server.start()
-    if cfg.port_file is not None:
-        cfg.port_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cfg.port_file.with_suffix(".tmp")
-        tmp.write_text(f"{port}\n")
-        os.replace(tmp, cfg.port_file)
-    log.info("party %d (%s) serving %d rows on port %d; %s", cfg.index, cfg.name, len(handler.table.ids), port,
-             cfg.policy.describe())
-    if cfg.alignment == "hmac":
-        log.warning("party %s aligns with the shared HMAC key (alignment = 'hmac'): whoever holds the key can test "
-                    "any ID it can enumerate against this party's hashes; for one trust domain only", cfg.name)
-    else:
-        log.info("party %s aligns by private set union (%s)", cfg.name, "holds the passive parties' alignment key"
-                 if handler.aligner.keyed else "no alignment key: its tokens come through a keyed party")
-        if handler.aligner.keyed:
-            limits = handler.lookups.limits
-            log.info("party %s answers at most %s per coordinator (its lookup budget, kept in %s)", cfg.name,
-                     ", ".join(f"{v:,} lookups {SPANS[k]}" for k, v in limits.items()) or "any number of lookups",
-                     handler.lookups.path)
-    if cfg.policy.seed == "coordinator":
-        log.warning("party %s builds its parameters from the coordinator's seed ([policy] seed = 'coordinator'): "
-                    "for research only, a coordinator knowing the initial weights can invert embeddings", cfg.name)
-    return server, port, handler
-
-
-def run(config: str | Path | PartyConfig) -> int:
-    """Serve until SIGTERM/SIGINT (the caller has registered the programs to run and configured logging)."""
-    cfg = config if isinstance(config, PartyConfig) else load_party_config(config)
-    server, port, handler = serve(cfg)
-    print(f"party {cfg.name} listening on port {port}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    # a party started by a test or benchmark (LocalDeployment) must not outlive it, however it ends
-    parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
-    while not stop.wait(STOP_POLL_SECONDS):  # short waits: a signal's handler runs between them at the latest
-        if parent is not None and os.getppid() != parent:
-            log.warning("parent process %d is gone: stopping", parent)
-            break
-    log.info("party %d (%s) stopping", cfg.index, cfg.name)
-    server.stop(grace=STOP_GRACE_SECONDS).wait()
-    handler.close()
-    return 0

@@ -7,9 +7,9 @@ observed matrix) and is not protected.
 
 **Mechanisms.**  Each is a Gaussian mechanism whose sensitivity under replace-one is ``2 C`` for a clip norm ``C``:
 
-* *release*: every reply tensor a program declares in ``releases`` (:class:`~partialvfl.federation.schema.MessageSpec`)
-  is clipped per row to L2 norm ``C`` (the plan's clip for that tensor) and gets ``N(0, (2 z C)^2)`` noise on every
-  value; each (row, tensor) pair costs the row ``1 / z^2``;
+* *release*: every reply tensor a program declares in ``releases``
+  (:class:`~partialvfl.federation.wire.schema.MessageSpec`) is clipped per row to L2 norm ``C`` (the plan's clip for
+  that tensor) and gets ``N(0, (2 z C)^2)`` noise on every value; each (row, tensor) pair costs the row ``1 / z^2``;
 * *update* (DP-SGD): the program's own parameter update is the sum of per-row gradients clipped to ``C_g`` plus
   ``N(0, (2 z C_g)^2)`` noise (:meth:`PartyPrivacy.private_sum`); it costs every row of the batch ``1 / z^2``.
 
@@ -18,8 +18,8 @@ that of one Gaussian mechanism with ``mu^2 = sum_j 1 / z_j^2`` (mu-GDP compositi
 when the coordinator chooses adaptively which rows to ask for and the party stops at its budget (fully adaptive
 composition of Gaussian DP with a privacy filter; Smith & Thakurta, 2022).  The ledger therefore keeps ``mu^2`` per
 row, and a request that would take any row beyond the budget's ``mu`` is refused before anything is released
-(:class:`~partialvfl.federation.policy.PolicyViolation`, rule ``dp_epsilon``).  ``(epsilon, delta)`` and ``mu`` are
-converted with the exact curve of the Gaussian mechanism in ``dp-accounting`` (its privacy-loss-distribution module:
+(:class:`~partialvfl.federation.wire.refusals.PolicyViolation`, rule ``dp_epsilon``).  ``(epsilon, delta)`` and ``mu``
+are converted with the exact curve of the Gaussian mechanism in ``dp-accounting`` (its privacy-loss-distribution module:
 Balle & Wang's analytic Gaussian mechanism); nothing here computes a privacy loss of its own.  No amplification by
 subsampling is claimed (batches are shuffled epochs, not Poisson samples).
 
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from partialvfl.federation.policy import PolicyViolation
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.utils.seeding import torch_generator
 
 __all__ = ["DPBudget", "PartyPrivacy", "PrivacyLedger", "PrivacyPlan", "budget_mu", "clip_rows", "clip_together",

@@ -1,7 +1,7 @@
 """The coordinator's side of alignment: how it gets comparable tokens for the parties' rows and for its own IDs.
 
 Two strategies behind one interface (:class:`PsuAlignment`, the default, and :class:`HmacAlignment`, the explicit
-``alignment = "hmac"``), used by :class:`~partialvfl.federation.grpc_federation.GrpcFederation`:
+``alignment = "hmac"``), used by :class:`~partialvfl.federation.grpc.federation.GrpcFederation`:
 
 * ``party_tokens(parties, table, own)``: every asked party's tokens of its table (training table, or the prediction
   table ``table``) and the tokens of the coordinator's own IDs ``own`` (its label table, the IDs it predicts);
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from partialvfl.data.ids import hash_ids
-from partialvfl.federation.messages import Request
-from partialvfl.federation.psu import (
+from partialvfl.federation.grpc.sessions import AlignmentTickets
+from partialvfl.federation.trust.psu import (
     AlignmentError,
     Blinding,
     check_distinct,
@@ -44,8 +44,8 @@ from partialvfl.federation.psu import (
     points_list,
     validate_points,
 )
-from partialvfl.federation.sessions import AlignmentTickets
-from partialvfl.federation.transport import Transport
+from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.transport import Transport
 
 __all__ = ["ALIGNMENT_MODES", "AlignmentError", "HmacAlignment", "PsuAlignment", "make_alignment"]
 

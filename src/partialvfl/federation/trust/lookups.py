@@ -1,15 +1,15 @@
 """A keyed party's lookup budget: how many IDs it raises to its alignment key for each coordinator, kept in a ledger
 in the party's own state, over time windows and in total.
 
-A lookup (``psu_eval``, :mod:`partialvfl.federation.psu`) gives the coordinator the token of one ID of its choice
+A lookup (``psu_eval``, :mod:`partialvfl.federation.trust.psu`) gives the coordinator the token of one ID of its choice
 in the session's key, so it can test that ID against every party's tokens: which parties hold it.  The points are
 blinded, so the party cannot tell a new user the label holder wants predicted from a guess at another party's
 customers (issue 35: 1,194 of 1,194 partner-only IDs in 26 s).  What the party can do is count: every point it
 evaluates is charged to the coordinator identity that asked (the SHA-256 of its certificate's public key), in
 one-minute buckets, and a request that would take a window over its limit is refused before anything is computed
-(:class:`~partialvfl.federation.policy.PolicyViolation` naming the ``[policy]`` rule: ``max_lookups_per_hour``,
+(:class:`~partialvfl.federation.wire.refusals.PolicyViolation` naming the ``[policy]`` rule: ``max_lookups_per_hour``,
 ``max_lookups_per_day`` or ``max_lookups_total``).  Like the differential-privacy ledger
-(:mod:`partialvfl.federation.dp`) the ledger is a file in the party's state directory (``lookup-ledger.json``),
+(:mod:`partialvfl.federation.dp.gaussian`) the ledger is a file in the party's state directory (``lookup-ledger.json``),
 written before the reply leaves: no ``hello``, resume, new session or restart resets it; a window frees up only as
 its lookups age out.  A warning line goes to the party's log (stderr) when a window passes ``lookup_warn_fraction``
 of its limit.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from partialvfl.federation.policy import PolicyViolation
+from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.utils.private_files import write_private_json
 
 __all__ = ["BUCKET_SECONDS", "LOOKUP_LEDGER", "WINDOWS", "LookupLedger"]

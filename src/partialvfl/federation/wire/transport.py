@@ -1,8 +1,8 @@
 """The Transport: the only way anything crosses between parties.
 
 The coordinator (the process that plays the active party's label-side role) drives every step: it sends a
-:class:`~partialvfl.federation.messages.Request` to a party and gets a
-:class:`~partialvfl.federation.messages.Reply`.  Parties never call each other.  A transport stamps every request
+:class:`~partialvfl.federation.wire.messages.Request` to a party and gets a
+:class:`~partialvfl.federation.wire.messages.Reply`.  Parties never call each other.  A transport stamps every request
 with the current step and round and records both directions in its :class:`MessageLog`.
 
 :class:`LocalTransport` delivers in-process: tensors are *detached* (zero-copy) on the way in and out, so that no
@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from partialvfl.federation.messages import MessageLog, Reply, Request, TensorDict
-from partialvfl.federation.party import PartyProgram
-from partialvfl.federation.policy import PolicyViolation
-from partialvfl.federation.schema import MessageError
+from partialvfl.federation.wire.messages import MessageLog, Reply, Request, TensorDict
+from partialvfl.federation.wire.program import PartyProgram
+from partialvfl.federation.wire.refusals import PolicyViolation
+from partialvfl.federation.wire.schema import MessageError
 from partialvfl.utils.devices import move_message
 
 __all__ = ["LocalTransport", "PartiesRefused", "PartyUnavailable", "Transport"]
@@ -195,14 +195,14 @@ def _detached(tensors: TensorDict) -> TensorDict:
 
 
 class LocalTransport(Transport):
-    """In-process delivery to :class:`~partialvfl.federation.party.PartyRuntime` objects: zero-copy, detached.
+    """In-process delivery to :class:`~partialvfl.federation.runtime.party.PartyRuntime` objects: zero-copy, detached.
 
-    ``batched=True`` (the default): when several parties of one round run the same program and the program can
-    answer a round jointly (:meth:`~partialvfl.federation.party.PartyProgram.handle_batch`, e.g. stacked weights and
-    one batched matmul per layer), their requests are answered in one computation.  Everything else is as on the
-    per-party path: each request and reply is checked against its declaration and logged per party with the same
-    names, shapes and bytes, each party's weights and optimiser stay its own, and a party marked down fails alone.
-    ``batched=False`` answers every request by itself (for tests and comparisons).
+    ``batched=True`` (the default): when several parties of one round run the same program and the program can answer a
+    round jointly (:meth:`~partialvfl.federation.wire.program.PartyProgram.handle_batch`, e.g. stacked weights and one
+    batched matmul per layer), their requests are answered in one computation.  Everything else is as on the per-party
+    path: each request and reply is checked against its declaration and logged per party with the same names, shapes and
+    bytes, each party's weights and optimiser stay its own, and a party marked down fails alone. ``batched=False``
+    answers every request by itself (for tests and comparisons).
     """
 
     def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None, *,
