@@ -235,7 +235,9 @@ _CASTS = {"int", "float", "bool", "str"}
 def party_modules() -> list[Path]:
     """The modules of the package's party programs, the modules of their own family package they import, and the
     federation modules that read a program's config (its description, the runtime)."""
-    files = {SRC / "partialvfl" / "federation" / "setup_shape.py", SRC / "partialvfl" / "federation" / "party.py"}
+    federation = SRC / "partialvfl" / "federation"
+    files = {federation / "wire" / "setup_shape.py", federation / "wire" / "program.py",
+             federation / "runtime" / "party.py"}
     for cls in package_programs().values():
         module = sys.modules[cls.__module__]
         package = cls.__module__.rsplit(".", 1)[0]
