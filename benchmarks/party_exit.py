@@ -4,7 +4,7 @@ Writes loopback templates (``certs init --local``) and a small table into a temp
 party ``--runs`` times; each time, once it listens (and a second later), sends SIGTERM and times the exit.
 Prints every run and the median::
 
-    OMP_NUM_THREADS=1 flock /work/heavy.lock python benchmarks/party_exit.py --runs 5
+    OMP_NUM_THREADS=1 python benchmarks/party_exit.py --runs 5
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from partialvfl.data.builders import from_tables
 from partialvfl.data.dataset import Task
+from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.methods import VFLMethod, get_method
 from partialvfl.methods.base import method_names
 from partialvfl.methods.model_files import IndexInfo, method_from_meta
@@ -132,6 +134,8 @@ def test_presets_resolve_to_the_same_values_as_the_dict(name: str) -> None:
 def test_party_configs_are_plain_json(name: str) -> None:
     """What setup sends a party: JSON values only (lists, never tuples), so the wire and the policy see a dict."""
     m = _bare(name)
+    announced = [PartyPolicy.research().announced()] * 3  # a fit plans first (FALSE-VFL resolves wire = auto)
+    m._plan(SimpleNamespace(announced_policies=lambda: announced))
     for k in range(3):
         cfg = m._party_config(k)
         assert json.loads(json.dumps(cfg)) == cfg

@@ -17,6 +17,7 @@ from torch import nn
 from partialvfl import Task, VerticalDataset
 from partialvfl.data.dataset import DataValidationError
 from partialvfl.federation import MessageLog, find_raw_feature_leaks
+from partialvfl.federation.wire.setup_config import OptimiserSetup
 from partialvfl.methods import get_method
 from partialvfl.methods.model_files import IndexInfo
 from partialvfl.methods.x_vfl import (
@@ -315,7 +316,7 @@ def test_page_update_rule() -> None:
     lin = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         lin.weight.fill_(1.0)
-    up = _Updater(lin, {"name": "sgd", "lr": 0.1, "weight_decay": 0.0, "momentum": 0.0}, page=True)
+    up = _Updater(lin, OptimiserSetup(name="sgd", lr=0.1, weight_decay=0.0, momentum=0.0), page=True)
     lin.weight.grad = torch.tensor([[1.0, 2.0]])
     up.step("page-fresh")  # g0 = [1, 2]; w = 1 - 0.1 g0
     torch.testing.assert_close(lin.weight, torch.tensor([[0.9, 0.8]]))
