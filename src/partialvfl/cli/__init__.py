@@ -8,6 +8,7 @@ torch, no gRPC).
 * :mod:`.fit`: ``fit`` (in process or ``--federation``), ``evaluate``, ``predict``;
 * :mod:`.bench`: ``bench``, ``report``;
 * :mod:`.deploy`: ``party serve``, ``certs init``; :mod:`.serve`: ``serve`` (the prediction service);
+* :mod:`.privacy`: ``mechanisms`` (the declared privacy mechanisms), and ``fit``'s privacy options;
 * :mod:`.params`: ``--param`` and ``--epochs`` (one parser, one rule); :mod:`.common`: the protocol options.
 """
 
@@ -17,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from partialvfl.cli import bench, data_commands, deploy, fit, serve
+from partialvfl.cli import bench, data_commands, deploy, fit, privacy, serve
 
 __all__ = ["build_parser", "main"]
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_commands(sub)
     fit.add_predict_command(sub)
     serve.add_commands(sub)
+    privacy.add_commands(sub)
     return parser
 
 

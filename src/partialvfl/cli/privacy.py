@@ -3,7 +3,8 @@
 ``--label-dp``: the label holder's label DP (randomized response on every training label; the same key as ``[labels]
 label_dp`` of a federation file and ``label_dp=`` in Python).  ``--party-dp``: an in-process party's own budget
 (``[policy] dp_epsilon``/``dp_delta`` of a deployed party's ``party.toml``, which no coordinator flag can change).
-The fit prints what each mechanism spent.
+The fit prints what each mechanism spent.  ``partialvfl mechanisms`` lists the declared privacy mechanisms
+(:mod:`partialvfl.federation.dp.mechanism`: where each runs, its parameters).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_privacy_options", "check_privacy", "federated_label_dp", "party_dp", "predict_federation",
-           "print_predict_privacy", "print_privacy"]
+__all__ = ["add_commands", "add_privacy_options", "check_privacy", "cmd_mechanisms", "declared_mechanisms",
+           "federated_label_dp", "party_dp", "predict_federation", "print_predict_privacy", "print_privacy"]
 
 DEFAULT_DELTA = 1e-5
 
@@ -30,12 +31,51 @@ def _positive(text: str) -> float:
     return value
 
 
+def add_commands(sub: Any) -> None:
+    """Add ``mechanisms`` (the declared privacy mechanisms) to the ``partialvfl`` sub-parsers."""
+    p = sub.add_parser("mechanisms", help="list the privacy mechanisms: where each runs, its parameters",
+                       description="Every declared privacy mechanism (the package's and any imported plug-in's): "
+                                   "where it runs (label: at the label holder, on its training labels; release: at "
+                                   "a party, on what it releases about its rows), what it does and its parameters.")
+    p.add_argument("--json", action="store_true", help="one JSON list: per mechanism its name, where, summary, "
+                                                       "parameters")
+    p.set_defaults(func=cmd_mechanisms)
+
+
+def declared_mechanisms() -> list[Any]:
+    """Every declared privacy mechanism, the package's loaded first (the listing's and the errors' source)."""
+    import partialvfl.methods.label_dp  # noqa: F401  (declares the label mechanisms)
+    from partialvfl.federation.dp.mechanism import load_mechanisms, mechanisms
+
+    load_mechanisms()
+    return mechanisms()
+
+
+def cmd_mechanisms(args: argparse.Namespace) -> int:
+    """``partialvfl mechanisms``: one block per mechanism (or ``--json``)."""
+    import json
+
+    found = declared_mechanisms()
+    if args.json:
+        print(json.dumps([{"name": m.name, "where": m.where, "summary": m.summary, "module": m.module,
+                           "params": [{"name": p.name, "type": p.kind, "default": p.default, "help": p.help}
+                                      for p in m.params]} for m in found], indent=2))
+        return 0
+    for m in found:
+        print(f"{m.name} ({m.where}): {m.summary}")
+        for p in m.params:
+            default = "null" if p.default is None else str(p.default).lower()
+            print(f"  {p.name} ({p.kind}, default {default}): {p.help}")
+    return 0
+
+
 def add_privacy_options(p: argparse.ArgumentParser, *, labels: bool = True) -> None:
     """``--label-dp`` (with ``labels``) and ``--party-dp``."""
     if labels:
         p.add_argument("--label-dp", type=_positive, default=None, metavar="EPS",
                        help="label differential privacy: randomized response at EPS on every training label (the "
-                            "label holder's choice; classification, methods that support it: docs/privacy.md)")
+                            "label holder's choice; classification, methods that support it: docs/privacy.md; "
+                            "partialvfl mechanisms lists the mechanisms)")
     p.add_argument("--party-dp", action="append", default=[], metavar="PARTY=EPS[:DELTA]",
                    help="in process: party PARTY keeps a differential-privacy budget for its rows (default delta "
                         f"{DEFAULT_DELTA:g}); a deployed party sets [policy] dp_epsilon, dp_delta itself. Repeatable")
@@ -79,7 +119,10 @@ def check_privacy(args: argparse.Namespace, method: Any, data: Any) -> dict[str,
     if unknown:
         raise ValueError(f"--party-dp: no party {unknown[0]!r}; the parties are {list(data.party_names)}")
     if args.label_dp is not None and not data.task.is_classification:
-        raise ValueError(f"--label-dp: label DP (randomized response) is for classification; this task is "
+        from partialvfl.methods.label_dp import RANDOMIZED_RESPONSE, RR_WITH_PRIOR
+
+        mechanism = RR_WITH_PRIOR if method.label_dp_prior else RANDOMIZED_RESPONSE
+        raise ValueError(f"--label-dp: label DP ({mechanism.label}) is for classification; this task is "
                          f"{data.task.kind}")
     if method.label_dp_prior and args.label_dp is None:
         raise ValueError("--param label_dp_prior=true needs --label-dp EPS")

@@ -22,10 +22,15 @@ Evaluation uses the true labels of the evaluation data (they are never trained o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-__all__ = ["debiased_frequencies", "randomize_labels", "rr_keep_probability", "rr_with_prior"]
+from partialvfl.federation.dp.mechanism import MechanismParam, PrivacyMechanism, register_mechanism
+
+__all__ = ["RANDOMIZED_RESPONSE", "RR_WITH_PRIOR", "debiased_frequencies", "randomize_labels", "rr_keep_probability",
+           "rr_with_prior"]
 
 
 def rr_keep_probability(epsilon: float, n_classes: int) -> float:
@@ -86,3 +91,42 @@ def debiased_frequencies(noisy: np.ndarray, n_classes: int, epsilon: float) -> n
     r = (1.0 - q) / (n_classes - 1)
     est = np.clip((freq - r) / (q - r), 0.0, None)
     return est / est.sum() if est.sum() > 0 else np.full(n_classes, 1.0 / n_classes)
+
+
+def _rr_event(params: Mapping[str, Any]) -> Any:
+    """One label through randomized response over ``n_classes`` at ``label_dp``: ``dp-accounting``'s event that
+    answers uniformly over all ``K`` classes with the probability giving the same output distribution."""
+    import dp_accounting as dpa
+
+    k = int(params["n_classes"])
+    keep = rr_keep_probability(float(params["label_dp"]), k)
+    return dpa.RandomizedResponseDpEvent(noise_parameter=k * (1 - keep) / (k - 1), num_buckets=k)
+
+
+_LABEL_PARAMS = (
+    MechanismParam("label_dp", "float", None, "the epsilon of label DP (fit --label-dp EPS; [labels] label_dp)"),
+    MechanismParam("label_dp_seed", "int", None, "the seed of the randomization (null: derived from the seed)"),
+)
+
+#: Randomized response over the K classes on every training label (Warner, 1965).
+RANDOMIZED_RESPONSE = register_mechanism(PrivacyMechanism(
+    name="randomized-response",
+    where="label",
+    summary="randomized response over the K classes on every training label (label_dp=EPS)",
+    params=_LABEL_PARAMS,
+    dp_event=_rr_event,
+    title="randomized response",
+), __name__)
+
+#: RRWithPrior (Ghazi et al., 2021): randomized response within each label's most likely classes under a prior
+#: from a first fit; per label it is at most randomized response over all K classes at the same epsilon.
+RR_WITH_PRIOR = register_mechanism(PrivacyMechanism(
+    name="rr-with-prior",
+    where="label",
+    summary="randomized response with a prior (RRWithPrior, two stages: a first fit's prior narrows each label's "
+            "answers; label_dp=EPS, label_dp_prior=true)",
+    params=(*_LABEL_PARAMS,
+            MechanismParam("label_dp_prior", "bool", False, "use the prior (a second fit); needs label_dp")),
+    dp_event=_rr_event,
+    title="randomized response with a prior (two stages)",
+), __name__)

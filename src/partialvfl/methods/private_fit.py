@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from partialvfl.methods.label_dp import debiased_frequencies, randomize_labels, rr_with_prior
+from partialvfl.methods.label_dp import (
+    RANDOMIZED_RESPONSE,
+    RR_WITH_PRIOR,
+    debiased_frequencies,
+    randomize_labels,
+    rr_with_prior,
+)
 from partialvfl.methods.params import PRIVACY_PARAMS
 from partialvfl.methods.registry import get_spec, private_methods
 from partialvfl.utils.seeding import derive_seed, numpy_rng
@@ -135,7 +141,8 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
             raise ValueError(f"{method.name}: label_dp_prior=True needs label_dp (the epsilon of label DP)")
         return view
     if not view.task.is_classification:
-        raise ValueError(f"{method.name}: label DP (randomized response) is for classification; this task is "
+        mechanism = RR_WITH_PRIOR if method.label_dp_prior else RANDOMIZED_RESPONSE
+        raise ValueError(f"{method.name}: label DP ({mechanism.label}) is for classification; this task is "
                          f"{view.task.kind}")
     seed = method.label_dp_seed if method.label_dp_seed is not None else derive_seed(method.seed, "label-dp")
     k = view.task.n_classes
@@ -191,8 +198,8 @@ def privacy_report(method: VFLMethod, federation: Federation, parties: Mapping[i
         return None
     out: dict[str, Any] = {}
     if method.label_dp is not None:
-        how = "randomized response with a prior (two stages)" if method.label_dp_prior else "randomized response"
-        out["labels"] = {"epsilon": float(method.label_dp), "mechanism": how}
+        mechanism = RR_WITH_PRIOR if method.label_dp_prior else RANDOMIZED_RESPONSE
+        out["labels"] = {"epsilon": float(method.label_dp), "mechanism": mechanism.label}
     reports = federation.privacy_reports(sorted(parties))
     if reports:
         out["parties"] = {federation.party_names[k]: {kk: v for kk, v in r.items() if kk != "enabled"}

@@ -42,12 +42,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from partialvfl.federation.dp.mechanism import MechanismParam, PrivacyMechanism, register_mechanism
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.utils.seeding import torch_generator
 
-__all__ = ["DPBudget", "PartyPrivacy", "PrivacyLedger", "PrivacyPlan", "budget_mu", "clip_rows", "clip_together",
-           "gaussian_epsilon",
-           "private_reply"]
+__all__ = ["GAUSSIAN", "DPBudget", "PartyPrivacy", "PrivacyLedger", "PrivacyPlan", "budget_mu", "clip_rows",
+           "clip_together", "gaussian_epsilon", "private_reply"]
 
 RULE = "dp_epsilon"
 
@@ -361,3 +361,31 @@ def private_reply(privacy: PartyPrivacy, spec: Any, kind: str, tensors: Mapping[
 def _as_rows(t: torch.Tensor, axis: int) -> torch.Tensor:
     moved = t.detach().double().movedim(axis, 0)
     return moved.reshape(moved.shape[0], -1)
+
+
+def _gaussian_event(params: Mapping[str, Any]) -> Any:
+    """One release or update to one row at noise multiplier ``z`` (``params["noise_multiplier"]``): noise ``2 z C``
+    for a clip norm ``C``, i.e. ``dp-accounting``'s Gaussian event of noise multiplier ``2 z`` (its replace-one
+    relation takes the sensitivity to ``2 C``)."""
+    import dp_accounting as dpa
+
+    return dpa.GaussianDpEvent(2.0 * float(params["noise_multiplier"]))
+
+
+#: The party-side Gaussian mechanism (releases and DP-SGD updates under a party's own budget, this module).
+GAUSSIAN = register_mechanism(PrivacyMechanism(
+    name="gaussian",
+    where="release",
+    summary="Gaussian mechanism on every declared release and DP-SGD on the party's own updates, under the party's "
+            "own (epsilon, delta) budget per row",
+    params=(
+        MechanismParam("dp_epsilon", "float", None, "the party's budget per row ([policy] dp_epsilon; fit "
+                       "--party-dp PARTY=EPS)"),
+        MechanismParam("dp_delta", "float", None, "the budget's delta ([policy] dp_delta; fit --party-dp "
+                       "PARTY=EPS:DELTA)"),
+        MechanismParam("dp_clip", "float", 1.0, "a factor on the method's clip norms of released values"),
+        MechanismParam("dp_grad_clip", "float", 1.0, "the per-row gradient clip of the parties' DP-SGD"),
+        MechanismParam("dp_predictions", "int", 2, "predictions per row to keep budget for after a fit"),
+    ),
+    dp_event=_gaussian_event,
+), __name__)
