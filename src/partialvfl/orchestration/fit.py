@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from partialvfl.data.dataset import VerticalDataset
 from partialvfl.federation.runtime.checkpoint import LATEST, Checkpointer
 from partialvfl.federation.wire.transport import PartyUnavailable
+from partialvfl.methods.label_dp import RANDOMIZED_RESPONSE
 from partialvfl.utils.progress import report_line
 from partialvfl.utils.threads import resolve_threads, step_flops_of, thread_budget, use_threads
 
@@ -189,7 +190,7 @@ def label_exposure(method: VFLMethod) -> str | None:
     return (f"labels: not protected: {method.name} sends the passive parties gradients computed from the labels of "
             "the rows they hold, from which a passive party infers those labels (100 % of them by the gradients' "
             "direction, docs/privacy.md) and which rows are labelled; fit with --label-dp EPS to bound the labels "
-            "by label DP (randomized response)")
+            f"by label DP ({RANDOMIZED_RESPONSE.title})")
 
 
 def _fit_attempts(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkpointer | None,

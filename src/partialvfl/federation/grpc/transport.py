@@ -67,7 +67,6 @@ class PartyError(RuntimeError):
         self.details = details
 
 
-# ---------------------------------------------------------------------- framing
 # ---------------------------------------------------------------------- transport
 @dataclass(frozen=True)
 class TlsFiles:
