@@ -245,7 +245,8 @@ def test_every_supported_method_fits_within_a_partys_budget_and_reports_it(metho
     epochs = {"pretrain_epochs": 2, "epochs": 2} if method == "false-vfl-1" else {"epochs": 5}
     model = get_method(method)("fast", seed=0, label_dp=2.0, **epochs).fit(data, party_dp={1: (4.0, 1e-5)})
     report = model.privacy_
-    assert report["labels"] == {"epsilon": 2.0, "mechanism": "randomized response"}
+    assert report["labels"] == {"epsilon": 2.0, "mechanism": "randomized response", "name": "randomized-response",
+                                "params": {}, "accounted_epsilon": pytest.approx(2.0, abs=1e-3)}
     party = report["parties"]["shop"]
     assert party["epsilon"] == 4.0 and party["epsilon_spent"] <= 4.0 + 1e-9
     if method != "local":  # local sends nothing from the passive party
@@ -292,6 +293,8 @@ def test_a_saved_model_predicts_within_the_partys_budget_after_loading(tmp_path)
     fed = LocalFederation.for_dataset(data, party_dp={1: (4.0, 1e-5)})  # a fresh party: a fresh ledger
     loaded = VFLMethod.load(tmp_path / "m", federation=fed)
     assert loaded.label_dp == 2.0 and loaded.privacy_["parties"]["shop"]["epsilon"] == 4.0
+    params = loaded.get_params()  # what the model was fitted with, not the defaults
+    assert (params["label_dp"], params["label_dp_mechanism"]) == (2.0, "randomized-response")
     loaded.predict_proba(data)
     spent = fed.privacy_reports([1])[1]
     assert spent["charges"] == 2 and 0 < spent["epsilon_spent"] <= 4.0  # the plan of a loaded model: predictions

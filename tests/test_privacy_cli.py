@@ -35,7 +35,8 @@ def private_model(example: Path) -> Path:
 
 def test_fit_prints_and_saves_what_each_mechanism_spent(private_model: Path, capsys: pytest.CaptureFixture) -> None:
     meta = json.loads((private_model / "model.json").read_text())["privacy"]
-    assert meta["labels"] == {"epsilon": 2.0, "mechanism": "randomized response"}
+    assert meta["labels"] == {"epsilon": 2.0, "mechanism": "randomized response", "name": "randomized-response",
+                              "params": {}, "accounted_epsilon": pytest.approx(2.0, abs=1e-3)}
     shop, telco = meta["parties"]["shop"], meta["parties"]["telco"]
     assert (shop["epsilon"], shop["delta"], telco["epsilon"], telco["delta"]) == (4.0, 1e-5, 6.0, 1e-6)
     assert 0 < shop["epsilon_spent"] <= 4.0 and 0 < telco["epsilon_spent"] <= 6.0

@@ -97,7 +97,14 @@ def _privacy_text() -> str:
     return "\n".join(lines)
 
 
+def _param_rows(params: Any) -> list[dict[str, Any]]:
+    return [{"name": p.name, "default": p.default, "accepted": p.describe(), "help": p.help,
+             "aliases": list(p.aliases), "epochs": p.epochs} for p in params]
+
+
 def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:
+    from partialvfl.methods.params import PRIVACY_PARAMS
+
     space = spec.params
     return {
         "name": spec.name, "summary": spec.summary, "title": spec.title, "paper_name": spec.paper_name,
@@ -105,8 +112,9 @@ def _method_row(spec: Any, dataset: str | None) -> dict[str, Any]:
         "presets": {p: space.resolve(p, dataset, owner=spec.name) for p in space.preset_names},
         "dataset_presets": list(space.dataset_presets),
         "default_preset": DEFAULT_PRESET if DEFAULT_PRESET in space.preset_names else None,
-        "params": [{"name": p.name, "default": p.default, "accepted": p.describe(), "help": p.help,
-                    "aliases": list(p.aliases), "epochs": p.epochs} for p in space.params],
+        "params": _param_rows(space.params),
+        # the privacy parameters it takes (label DP, party DP; empty: it supports no differential privacy)
+        "privacy_params": _param_rows(PRIVACY_PARAMS.params) if spec.private else [],
     }
 
 

@@ -65,7 +65,8 @@ def run_federated_fit(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     options = fit_options(args)
     fed = GrpcFederation.from_config(args.federation, connect=False)
-    federated_label_dp(args, method, fed.config.labels.label_dp if fed.config and fed.config.labels else None)
+    labels = fed.config.labels if fed.config else None
+    federated_label_dp(args, method, labels.label_dp if labels else None, labels.mechanism_params() if labels else None)
     try:
         fitted = fit_command(args, options, method, fed, data_info={"federation": str(args.federation)})
         if isinstance(fitted, int):

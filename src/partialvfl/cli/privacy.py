@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,21 +120,29 @@ def check_privacy(args: argparse.Namespace, method: Any, data: Any) -> dict[str,
     if unknown:
         raise ValueError(f"--party-dp: no party {unknown[0]!r}; the parties are {list(data.party_names)}")
     if args.label_dp is not None and not data.task.is_classification:
-        from partialvfl.methods.label_dp import RANDOMIZED_RESPONSE, RR_WITH_PRIOR
+        from partialvfl.methods.private_fit import label_mechanism
 
-        mechanism = RR_WITH_PRIOR if method.label_dp_prior else RANDOMIZED_RESPONSE
-        raise ValueError(f"--label-dp: label DP ({mechanism.label}) is for classification; this task is "
-                         f"{data.task.kind}")
+        raise ValueError(f"--label-dp: label DP ({label_mechanism(method)[0].label}) is for classification; this "
+                         f"task is {data.task.kind}")
     if method.label_dp_prior and args.label_dp is None:
         raise ValueError("--param label_dp_prior=true needs --label-dp EPS")
     return budgets
 
 
-def federated_label_dp(args: argparse.Namespace, method: Any, from_file: float | None) -> None:
+def federated_label_dp(args: argparse.Namespace, method: Any, from_file: float | None,
+                       mechanism: Mapping[str, Any] | None = None) -> None:
     """A federated fit's label DP: ``--label-dp`` or ``[labels] label_dp`` (they must agree), with a seed the parties
-    cannot know (drawn from :mod:`secrets`, kept in ``OUT/checkpoints`` so that ``--resume`` randomizes alike)."""
+    cannot know (drawn from :mod:`secrets`, kept in ``OUT/checkpoints`` so that ``--resume`` randomizes alike);
+    ``mechanism``: ``[labels] label_dp_mechanism`` and the ``label_dp_params`` table as parameters
+    (:meth:`~partialvfl.federation.grpc.federation_file.LabelSource.mechanism_params`), set as ``--param`` sets them
+    (checked against the mechanism's declaration)."""
     from partialvfl.methods.private_fit import private_methods_text
 
+    if mechanism:
+        try:
+            method.set_params(**mechanism)
+        except ValueError as e:
+            raise ValueError(f"[labels] in {args.federation}: {e}") from None
     eps = args.label_dp if args.label_dp is not None else from_file
     source = "--label-dp" if args.label_dp is not None else f"[labels] label_dp in {args.federation}"
     if args.label_dp is not None and from_file is not None and float(args.label_dp) != float(from_file):

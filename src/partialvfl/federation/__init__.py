@@ -3,18 +3,30 @@
 Sub-packages by job, each importing only those before it: :mod:`.wire` (messages, declarations, the party-program
 contract, transports), :mod:`.dp` (a party's differential privacy), :mod:`.trust` (policy, guards, pins, alignment,
 lookups, audit), :mod:`.runtime` (the party runtime, the coordinator's federation, checkpoints) and :mod:`.grpc`
-(the deployment over gRPC with mutual TLS).  This face re-exports what a method or a test of one needs."""
+(the deployment over gRPC with mutual TLS).  This face re-exports what a method or a test of one needs,
+imported on first use (PEP 562), so that a light sub-module (the privacy mechanisms' declarations,
+:mod:`.dp.mechanism`) imports without the runtime and torch."""
 
-from partialvfl.federation.runtime.coordinator import Federation, LocalFederation
-from partialvfl.federation.runtime.party import PartyRuntime
-from partialvfl.federation.trust.audit import find_raw_feature_leaks
-from partialvfl.federation.wire.messages import LogEntry, MessageLog, Reply, Request
-from partialvfl.federation.wire.program import PartyProgram, register_program
-from partialvfl.federation.wire.schema import MessageError, Messages, MessageSpec, TensorSpec, tensor_names
-from partialvfl.federation.wire.transport import LocalTransport, PartyUnavailable, Transport
+from __future__ import annotations
 
-__all__ = [
-    "Federation", "LocalFederation", "LocalTransport", "LogEntry", "MessageError", "MessageLog", "MessageSpec",
-    "Messages", "PartyProgram", "PartyRuntime", "PartyUnavailable", "Reply", "Request", "TensorSpec", "Transport",
-    "find_raw_feature_leaks", "register_program", "tensor_names",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Federation": "runtime.coordinator", "LocalFederation": "runtime.coordinator", "PartyRuntime": "runtime.party",
+    "find_raw_feature_leaks": "trust.audit", "LogEntry": "wire.messages", "MessageLog": "wire.messages",
+    "Reply": "wire.messages", "Request": "wire.messages", "PartyProgram": "wire.program",
+    "register_program": "wire.program", "MessageError": "wire.schema", "Messages": "wire.schema",
+    "MessageSpec": "wire.schema", "TensorSpec": "wire.schema", "tensor_names": "wire.schema",
+    "LocalTransport": "wire.transport", "PartyUnavailable": "wire.transport", "Transport": "wire.transport",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

@@ -61,6 +61,7 @@ from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, inferred_space
 from partialvfl.methods.private_fit import (
     DP_OPTIONS,
     PrivacyHooks,
+    privacy_space,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names
 from partialvfl.methods.run_options import RunOptions
@@ -119,10 +120,13 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
         checked = self._given_space().validate(params, owner=self.name)  # the one check of each value given
-        self.overrides = {k: v for k, v in checked.items() if k not in PRIVACY_PARAMS.names}
+        private = privacy_space().names
+        self.overrides = {k: v for k, v in checked.items() if k not in private}
         dp = {**PRIVACY_PARAMS.defaults(), **{k: v for k, v in checked.items() if k in PRIVACY_PARAMS.names}}
-        self.label_dp, self.label_dp_seed, self.label_dp_prior = (dp[k] for k in ("label_dp", "label_dp_seed",
-                                                                                  "label_dp_prior"))
+        self.label_dp, self.label_dp_seed, self.label_dp_prior, self.label_dp_mechanism = (
+            dp[k] for k in ("label_dp", "label_dp_seed", "label_dp_prior", "label_dp_mechanism"))
+        # a label mechanism's own declared parameters (label_dp_mechanism's; checked against it at fit)
+        self.label_dp_params = {k: v for k, v in checked.items() if k in private and k not in PRIVACY_PARAMS.names}
         self.dp_options_ = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
         self.history_: list[dict[str, Any]] = []
 
@@ -196,8 +200,15 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
 
     @classmethod
     def _given_space(cls) -> ParamSpace:
-        """Every declared parameter ``__init__`` takes: the method's and the privacy parameters."""
-        return cls.param_space().extend(*PRIVACY_PARAMS.params)
+        """Every declared parameter ``__init__`` takes: the method's and the privacy parameters (with every declared
+        label mechanism's own; one that a method's parameter shadows is an error naming both)."""
+        space = cls.param_space()
+        private = privacy_space()
+        clash = sorted(set(space.names) & (set(private.names) - set(PRIVACY_PARAMS.names)))
+        if clash:
+            raise ValueError(f"{cls.name}: its parameter(s) {clash} have the name of a label mechanism's parameter "
+                             "(partialvfl mechanisms); rename the mechanism's")
+        return space.extend(*private.params)
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod

@@ -17,6 +17,10 @@ of the randomized labels and of features, so they are ``epsilon``-label-DP by po
 Unlabelled rows have no label and are left alone; which rows are labelled is *not* protected (the label mask is
 public to the coordinator's code and visible in the traffic of some methods).  Regression targets are not covered.
 Evaluation uses the true labels of the evaluation data (they are never trained on).
+
+Both declare themselves here (:class:`~partialvfl.federation.dp.mechanism.PrivacyMechanism`, ``where="label"``):
+the fit runs a label mechanism through its declared ``apply`` hook and debiases the class frequencies through its
+``debias`` hook (:mod:`partialvfl.methods.private_fit`); another label mechanism is one module like this one.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.federation.dp.mechanism import MechanismParam, PrivacyMechanism, register_mechanism
+from partialvfl.federation.dp.mechanism import (
+    LabelContext,
+    LabelRelease,
+    MechanismParam,
+    PrivacyMechanism,
+    register_mechanism,
+)
 
 __all__ = ["RANDOMIZED_RESPONSE", "RR_WITH_PRIOR", "debiased_frequencies", "randomize_labels", "rr_keep_probability",
            "rr_with_prior"]
@@ -103,6 +113,37 @@ def _rr_event(params: Mapping[str, Any]) -> Any:
     return dpa.RandomizedResponseDpEvent(noise_parameter=k * (1 - keep) / (k - 1), num_buckets=k)
 
 
+def _rr_apply(y: np.ndarray, labeled: np.ndarray, params: Mapping[str, Any], context: LabelContext
+              ) -> LabelRelease:
+    """Randomized response on every labelled row (seeded by the purpose ``randomized response``)."""
+    out = randomize_labels(np.where(labeled, y, 0), labeled, context.n_classes, float(params["label_dp"]),
+                           context.rng("randomized response"))
+    return LabelRelease(np.where(labeled, out, y))
+
+
+def _rr_prior_apply(y: np.ndarray, labeled: np.ndarray, params: Mapping[str, Any], context: LabelContext
+                    ) -> LabelRelease:
+    """RRWithPrior in two stages (Ghazi et al.): half of the labelled rows (seeded) get randomized response; a first
+    fit on them alone predicts priors for the other half, whose labels then get RRWithPrior.  Each label is
+    randomized once; only the first half's frequencies can be debiased."""
+    if context.prior_fit is None:
+        raise ValueError("label DP with a prior (rr-with-prior) needs the federation: its first stage is a fit")
+    eps, k = float(params["label_dp"]), context.n_classes
+    rows = np.flatnonzero(labeled)
+    second = np.zeros(len(y), dtype=bool)
+    second[context.rng("stages").permutation(rows)[: len(rows) // 2]] = True
+    first = labeled & ~second
+    y1 = randomize_labels(np.where(first, y, 0), first, k, eps, context.rng("randomized response"))
+    priors = context.prior_fit(np.where(first, y1, y), first)[second]
+    out = np.where(first, y1, y)
+    out[second] = rr_with_prior(y[second].astype(np.int64), priors, eps, context.rng("rr with prior"))
+    return LabelRelease(out, debias_rows=first)
+
+
+def _rr_debias(noisy: np.ndarray, n_classes: int, params: Mapping[str, Any]) -> np.ndarray:
+    return debiased_frequencies(noisy, n_classes, float(params["label_dp"]))
+
+
 _LABEL_PARAMS = (
     MechanismParam("label_dp", "float", None, "the epsilon of label DP (fit --label-dp EPS; [labels] label_dp)"),
     MechanismParam("label_dp_seed", "int", None, "the seed of the randomization (null: derived from the seed)"),
@@ -116,6 +157,8 @@ RANDOMIZED_RESPONSE = register_mechanism(PrivacyMechanism(
     params=_LABEL_PARAMS,
     dp_event=_rr_event,
     title="randomized response",
+    apply=_rr_apply,
+    debias=_rr_debias,
 ), __name__)
 
 #: RRWithPrior (Ghazi et al., 2021): randomized response within each label's most likely classes under a prior
@@ -129,4 +172,6 @@ RR_WITH_PRIOR = register_mechanism(PrivacyMechanism(
             MechanismParam("label_dp_prior", "bool", False, "use the prior (a second fit); needs label_dp")),
     dp_event=_rr_event,
     title="randomized response with a prior (two stages)",
+    apply=_rr_prior_apply,
+    debias=_rr_debias,
 ), __name__)

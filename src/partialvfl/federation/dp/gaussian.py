@@ -27,6 +27,12 @@ subsampling is claimed (batches are shuffled epochs, not Poisson samples).
 method will use (``charges``) and the clip norms.  The party picks ``z = sqrt(charges / remaining mu^2)`` of its
 most-charged row, so the plan fits its remaining budget; a coordinator that understates the plan gets less noise and
 is refused earlier, one that overstates it gets more noise.  Either way no row exceeds the budget.
+
+**Other mechanisms.**  The ledger, the plan, the clipping and the refusals are the party's whatever mechanism it
+runs; what noises a release or an update, how the noise is calibrated and what one application costs are the
+declared hooks of the release mechanism its policy names (``[policy] dp_mechanism``, default ``gaussian``: the
+functions of this module are its hooks; :mod:`partialvfl.federation.dp.mechanism`).  torch is imported where noise
+is drawn, so that the declaration imports without it.
 """
 
 from __future__ import annotations
@@ -37,14 +43,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from partialvfl.federation.dp.mechanism import MechanismParam, PrivacyMechanism, register_mechanism
+from partialvfl.federation.dp.mechanism import MechanismParam, PrivacyMechanism, ReleaseHooks, register_mechanism
 from partialvfl.federation.wire.refusals import PolicyViolation
-from partialvfl.utils.seeding import torch_generator
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GAUSSIAN", "DPBudget", "PartyPrivacy", "PrivacyLedger", "PrivacyPlan", "budget_mu", "clip_rows",
            "clip_together", "gaussian_epsilon", "private_reply"]
@@ -217,6 +224,8 @@ class PrivacyPlan:
 
 def clip_rows(t: torch.Tensor, clip: float, axis: int = 0) -> torch.Tensor:
     """``t`` with every slice along ``axis`` (a row) scaled down to L2 norm at most ``clip`` (differentiable)."""
+    import torch
+
     moved = t.movedim(axis, 0)
     flat = moved.reshape(moved.shape[0], -1)
     norm = flat.norm(dim=1, keepdim=True)
@@ -228,6 +237,8 @@ def clip_together(parts: Sequence[tuple[torch.Tensor, float]], axis: int = 0) ->
     """Tensors about the same rows (along ``axis``) clipped as the party releases them: each row's slices, divided by
     their clip norms, scaled jointly to norm at most 1 (differentiable; :func:`private_reply` then finds nothing to
     clip)."""
+    import torch
+
     sq = None
     for t, clip in parts:
         moved = t.movedim(axis, 0)
@@ -244,9 +255,16 @@ def clip_together(parts: Sequence[tuple[torch.Tensor, float]], axis: int = 0) ->
 
 
 class PartyPrivacy:
-    """A party's budget at work: the ledger, the current setup's noise multiplier and clips, the noise generator."""
+    """A party's budget at work: the ledger, the current setup's noise multiplier and clips, the noise generator, and
+    the release mechanism that noises (``mechanism``: a declared release mechanism, default :data:`GAUSSIAN`)."""
 
-    def __init__(self, budget: DPBudget, where: str, path: str | Path | None = None) -> None:
+    def __init__(self, budget: DPBudget, where: str, path: str | Path | None = None,
+                 mechanism: PrivacyMechanism | None = None) -> None:
+        mechanism = mechanism if mechanism is not None else GAUSSIAN
+        if mechanism.where != "release" or mechanism.release is None:
+            raise ValueError(f"{where}: privacy mechanism {mechanism.name!r} is not a release mechanism")
+        self.mechanism = mechanism
+        self.hooks: ReleaseHooks = mechanism.release
         self.budget = budget
         self.where = where
         self.ledger = PrivacyLedger(budget, path, where)
@@ -265,18 +283,20 @@ class PartyPrivacy:
         if remaining <= 0:
             raise PolicyViolation(RULE, f"{self.where}: its differential-privacy budget ({self.budget.describe()}) is "
                                   "spent; it releases nothing more about its rows", self.budget.epsilon)
-        self.plan, self.z = plan, math.sqrt(plan.charges / remaining)
+        z = float(self.hooks.calibrate(plan.charges, remaining))
+        if not (math.isfinite(z) and z > 0):
+            raise ValueError(f"{self.where}: privacy mechanism {self.mechanism.name!r} calibrated a noise multiplier "
+                             f"{z!r} (it must be a positive number)")
+        from partialvfl.utils.seeding import torch_generator
+
+        self.plan, self.z = plan, z
         self._gen = torch_generator(seed, "dp-noise")
         return self.report()
 
     @property
     def cost(self) -> float:
-        """``mu^2`` one mechanism of the current setup costs a row."""
-        return 1.0 / self.z ** 2
-
-    def _noise(self, shape: Sequence[int], std: float) -> torch.Tensor:
-        assert self._gen is not None
-        return torch.randn(tuple(shape), generator=self._gen, dtype=torch.float64) * std
+        """``mu^2`` one mechanism of the current setup costs a row (the mechanism's declared cost)."""
+        return float(self.hooks.cost(self.z))
 
     def clip_for(self, declared: str) -> float:
         assert self.plan is not None
@@ -285,7 +305,11 @@ class PartyPrivacy:
     def joint_noisy(self, parts: Sequence[tuple[str, torch.Tensor, float, int, list[str]]], keys: list[str]
                     ) -> dict[str, torch.Tensor]:
         """Every part ``(name, tensor, clip, axis, row keys)`` with each row's slices, over all parts and divided by
-        their clips, clipped jointly to norm 1, plus noise of standard deviation ``2 z`` in those units."""
+        their clips, clipped jointly to norm 1, then noised by the mechanism (Gaussian: standard deviation ``2 z`` in
+        those units)."""
+        import torch
+
+        assert self._gen is not None
         slot = {k: i for i, k in enumerate(keys)}
         norms = torch.zeros(len(keys), dtype=torch.float64)
         flat = []
@@ -297,15 +321,18 @@ class PartyPrivacy:
         scale = torch.clamp(1.0 / norms.sqrt().clamp_min(1e-12), max=1.0)
         out = {}
         for (name, t, clip, axis, _), (rows, index) in zip(parts, flat):
-            noisy = (rows * scale[index, None] + self._noise(rows.shape, 2.0 * self.z)) * clip
+            noisy = self.hooks.noise_release(rows * scale[index, None], self.z, self._gen) * clip
             moved = t.movedim(axis, 0)
             out[name] = noisy.reshape(moved.shape).movedim(0, axis).to(t.dtype)
         return out
 
     def private_sum(self, keys: Sequence[str], per_row: torch.Tensor, what: str) -> torch.Tensor:
         """DP-SGD: the sum over rows of ``per_row`` ``(B, P)`` gradients, each clipped to the plan's ``grad_clip``,
-        plus ``N(0, (2 z grad_clip)^2)``; charges every row of ``keys`` (one per row of ``per_row``) once."""
-        assert self.plan is not None
+        plus the mechanism's noise (Gaussian: ``N(0, (2 z grad_clip)^2)``); charges every row of ``keys`` (one per row
+        of ``per_row``) once."""
+        import torch
+
+        assert self.plan is not None and self._gen is not None
         if len(keys) != per_row.shape[0]:
             raise ValueError(f"{self.where}: {len(keys)} row keys for {per_row.shape[0]} per-row gradients")
         self.ledger.charge(list(keys), self.cost, what)
@@ -313,12 +340,13 @@ class PartyPrivacy:
         g = per_row.detach()
         scale = torch.clamp(c / g.norm(dim=1, dtype=torch.float64).clamp_min(1e-12), max=1.0)
         total = (scale.to(g.dtype) @ g).double()  # the clipped rows' sum
-        return (total + self._noise(total.shape, 2.0 * self.z * c)).to(per_row.dtype)
+        return self.hooks.noise_sum(total, self.z, c, self._gen).to(per_row.dtype)
 
     def report(self) -> dict[str, Any]:
         """What the party tells the coordinator: its budget, what its most-charged row spent, the current noise."""
         out = {"epsilon": self.budget.epsilon, "delta": self.budget.delta,
-               "epsilon_spent": self.ledger.epsilon_spent(), "rows_charged": self.ledger.n_rows}
+               "epsilon_spent": self.ledger.epsilon_spent(), "rows_charged": self.ledger.n_rows,
+               "mechanism": self.mechanism.name}
         if self.plan is not None:
             out.update(noise_multiplier=self.z, charges=self.plan.charges)
         return out
@@ -330,8 +358,9 @@ def private_reply(privacy: PartyPrivacy, spec: Any, kind: str, tensors: Mapping[
 
     Each tensor must be one the kind declares in ``releases`` (nothing else leaves: no other tensor, no metadata).
     Everything the reply says about one row (its slices of every released tensor, each divided by that tensor's clip
-    norm) is one vector, clipped to norm 1 and given ``N(0, (2 z)^2)`` noise (then scaled back: tensor ``t`` gets
-    noise ``2 z C_t``): one Gaussian mechanism per row and reply, charged ``1 / z^2`` before anything is returned.
+    norm) is one vector, clipped to norm 1 and noised by the party's mechanism (Gaussian: ``N(0, (2 z)^2)``, then
+    scaled back: tensor ``t`` gets noise ``2 z C_t``): one mechanism per row and reply, charged its cost (Gaussian:
+    ``1 / z^2``) before anything is returned.
     ``rows[name]``: the row keys of tensor ``name`` and the axis they run along (the program says which rows its
     replies are about).
     """
@@ -359,6 +388,7 @@ def private_reply(privacy: PartyPrivacy, spec: Any, kind: str, tensors: Mapping[
 
 
 def _as_rows(t: torch.Tensor, axis: int) -> torch.Tensor:
+
     moved = t.detach().double().movedim(axis, 0)
     return moved.reshape(moved.shape[0], -1)
 
@@ -370,6 +400,30 @@ def _gaussian_event(params: Mapping[str, Any]) -> Any:
     import dp_accounting as dpa
 
     return dpa.GaussianDpEvent(2.0 * float(params["noise_multiplier"]))
+
+
+def _calibrate(charges: int, remaining_mu2: float) -> float:
+    """``z = sqrt(charges / remaining mu^2)``: ``charges`` applications at ``1 / z^2`` each spend what is left."""
+    return math.sqrt(charges / remaining_mu2)
+
+
+def _cost(z: float) -> float:
+    """One Gaussian mechanism of noise ``2 z C`` against sensitivity ``2 C``: ``mu = 1 / z``."""
+    return 1.0 / z ** 2
+
+
+def _noise_release(rows: torch.Tensor, z: float, generator: torch.Generator) -> torch.Tensor:
+    """Rows clipped to norm 1 (sensitivity 2) plus ``N(0, (2 z)^2)`` on every value."""
+    import torch
+
+    return rows + torch.randn(tuple(rows.shape), generator=generator, dtype=torch.float64) * (2.0 * z)
+
+
+def _noise_sum(total: torch.Tensor, z: float, clip: float, generator: torch.Generator) -> torch.Tensor:
+    """DP-SGD's sum of gradients clipped to ``clip`` (sensitivity ``2 clip``) plus ``N(0, (2 z clip)^2)``."""
+    import torch
+
+    return total + torch.randn(tuple(total.shape), generator=generator, dtype=torch.float64) * (2.0 * z * clip)
 
 
 #: The party-side Gaussian mechanism (releases and DP-SGD updates under a party's own budget, this module).
@@ -388,4 +442,5 @@ GAUSSIAN = register_mechanism(PrivacyMechanism(
         MechanismParam("dp_predictions", "int", 2, "predictions per row to keep budget for after a fit"),
     ),
     dp_event=_gaussian_event,
+    release=ReleaseHooks(calibrate=_calibrate, cost=_cost, noise_release=_noise_release, noise_sum=_noise_sum),
 ), __name__)

@@ -2,29 +2,101 @@
 
 A mechanism is one module with one :class:`PrivacyMechanism` passed to :func:`register_mechanism` at import: its
 name, where it runs (``"label"``: at the label holder, on the labels it trains with; ``"release"``: at a party, on
-what it releases about its rows), a one-line summary, its declared parameters and its accounting hook, which says
-what one application is as a ``dp-accounting`` event (:mod:`dp_accounting`), so that its epsilon is computed by
-that library (:func:`mechanism_epsilon`), never here.  The privacy CLI's listing (``partialvfl mechanisms``) and its
-wording read the registry.
+what it releases about its rows), a one-line summary, its declared parameters, its accounting hook (what one
+application is as a ``dp-accounting`` event, so that its epsilon is computed by that library: :func:`mechanism_epsilon`)
+and the hooks the fit runs:
 
-The package's party-side mechanisms live in this folder (:func:`load_mechanisms` imports every module of it); label
-mechanisms live in :mod:`partialvfl.methods.label_dp` (above this layer; imported by the code that uses them).
-The declaration does not make the fit use a mechanism: which code runs is still the fit's (docs/privacy.md).
+* a **label** mechanism declares ``apply`` (:data:`LabelApply`: the labels the coordinator trains with, from the true
+  ones; a :class:`LabelContext` gives it seeded generators and, for a mechanism in two stages, a first fit's priors)
+  and optionally ``debias`` (class frequencies of the true labels estimated from its output; without it the fit uses
+  the plain frequencies of the labels it trained with);
+* a **release** mechanism declares ``calibrate``, ``cost``, ``noise_release`` and ``noise_sum``
+  (:class:`ReleaseHooks`).  A party's ledger composes in mu-GDP (``mu^2`` per row, Dong, Roth & Su), so only a
+  mechanism whose every application is mu-GDP for a ``mu`` it declares (``cost``: ``mu^2``) can be a release
+  mechanism; a declaration without the four hooks is refused.
+
+Where a mechanism is found: the package's party-side mechanisms live in this folder and label mechanisms in
+:mod:`partialvfl.methods.label_dp`; a plug-in is a module named by an entry point of the group
+``partialvfl.mechanisms`` (``[project.entry-points."partialvfl.mechanisms"] toy = "toy_mechanism"``), which
+:func:`load_mechanisms` imports (so a party process finds the mechanism its policy names), or any module imported
+before the fit.  This module imports neither torch nor the federation's runtime (``partialvfl mechanisms`` lists
+the registry without them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["MechanismParam", "PrivacyMechanism", "get_mechanism", "load_mechanisms", "mechanism_epsilon",
-           "mechanisms", "register_mechanism", "unregister_mechanism"]
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ENTRY_POINT_GROUP", "LabelApply", "LabelContext", "LabelDebias", "LabelRelease", "MechanismParam",
+           "PrivacyMechanism", "ReleaseHooks", "get_mechanism", "load_mechanisms", "load_plugins",
+           "mechanism_epsilon", "mechanisms", "register_mechanism", "unregister_mechanism"]
 
 WHERE = ("label", "release")
+
+#: The entry point group of plug-in mechanisms: each entry point names a module that declares one at import.
+ENTRY_POINT_GROUP = "partialvfl.mechanisms"
+
+
+@dataclass(frozen=True)
+class LabelContext:
+    """What a label mechanism may ask of the fit.
+
+    ``n_classes``: the task's classes (labels are ``0..K-1``); ``rng(purpose)``: a generator seeded by the fit's
+    label-DP seed and ``purpose`` (the same purpose, the same draws); ``prior_fit(y, labeled)``: a first fit of the
+    same method, parameters and seed on the labels ``y`` of rows ``labeled`` only, returning its predicted class
+    probabilities ``(N, K)`` for every row (``None`` where the fit cannot run one).
+    """
+
+    n_classes: int
+    rng: Callable[[str], np.random.Generator]
+    prior_fit: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class LabelRelease:
+    """A label mechanism's output: the labels to train with (unlabelled rows unchanged) and the rows whose labels
+    ``debias`` may estimate class frequencies from (``None``: every labelled row)."""
+
+    y: np.ndarray
+    debias_rows: np.ndarray | None = None
+
+
+#: ``apply(y, labeled, params, context)``: a label mechanism on the true labels ``y`` (``(N,)`` class indices; only
+#: rows ``labeled`` are read or changed) with its parameters ``params`` (its declared ones, validated).
+LabelApply = Callable[[np.ndarray, np.ndarray, Mapping[str, Any], LabelContext], LabelRelease]
+#: ``debias(noisy, n_classes, params)``: class frequencies ``(K,)`` of the true labels from the mechanism's output.
+LabelDebias = Callable[[np.ndarray, int, Mapping[str, Any]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ReleaseHooks:
+    """How a release mechanism runs under a party's mu-GDP ledger.
+
+    ``calibrate(charges, remaining_mu2)``: the noise multiplier ``z`` of a setup whose plan applies the mechanism
+    ``charges`` times per row, with ``remaining_mu2`` left at the party's most-charged row; ``cost(z)``: the
+    ``mu^2`` one application costs a row (the sum over a plan must stay within ``remaining_mu2``);
+    ``noise_release(rows, z, generator)``: the noised release of ``rows`` ``(n, d)`` (float64, each row already
+    clipped to L2 norm 1, so the replace-one sensitivity is 2); ``noise_sum(total, z, clip, generator)``: the
+    noised sum of per-row gradients each clipped to ``clip`` (DP-SGD).  Noise is drawn from ``generator`` only
+    (the party's seeded ``torch.Generator``).
+    """
+
+    calibrate: Callable[[int, float], float]
+    cost: Callable[[float], float]
+    noise_release: Callable[[torch.Tensor, float, torch.Generator], torch.Tensor]
+    noise_sum: Callable[[torch.Tensor, float, float, torch.Generator], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -42,8 +114,11 @@ class PrivacyMechanism:
     """A privacy mechanism's declaration.
 
     ``dp_event``: the accounting hook, from the mechanism's parameters (``{name: value}``) to the ``dp-accounting``
-    event (``dp_accounting.DpEvent``) of one application to one privacy unit.  ``title``: how the fit's privacy
-    report names it (``summary`` if empty).  ``module``: where it is implemented (filled in by the registry).
+    event (``dp_accounting.DpEvent``) of one application to one privacy unit (a label mechanism's also get
+    ``n_classes``, a release mechanism's ``noise_multiplier``).  ``title``: how the fit's privacy report names it
+    (``summary`` if empty).  ``module``: where it is implemented (filled in by the registry).  ``apply`` and
+    ``debias``: what a label mechanism runs (required: ``apply``).  ``release``: what a release mechanism runs
+    (required; only a mechanism that is mu-GDP per application qualifies: a party's ledger composes ``mu^2``).
     """
 
     name: str
@@ -53,6 +128,9 @@ class PrivacyMechanism:
     dp_event: Callable[[Mapping[str, Any]], Any]
     title: str = ""
     module: str = ""
+    apply: LabelApply | None = None
+    debias: LabelDebias | None = None
+    release: ReleaseHooks | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -62,6 +140,22 @@ class PrivacyMechanism:
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"privacy mechanism {self.name!r} declares a parameter twice: {names}")
+        if self.where == "label" and (self.apply is None or self.release is not None):
+            raise ValueError(f"label mechanism {self.name!r} must declare apply (what it does to the labels) and no "
+                             "release hooks")
+        if self.where == "release" and (not isinstance(self.release, ReleaseHooks) or self.apply is not None
+                                        or self.debias is not None):
+            raise ValueError(f"release mechanism {self.name!r} must declare release=ReleaseHooks(calibrate, cost, "
+                             "noise_release, noise_sum) (a party's ledger composes mu^2 per row: only a mu-GDP "
+                             "mechanism can run there) and no label hooks")
+
+    def param(self, name: str) -> MechanismParam:
+        """The declared parameter ``name``."""
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ValueError(f"privacy mechanism {self.name!r} has no parameter {name!r}; it declares "
+                         f"{[p.name for p in self.params]}")
 
     @property
     def label(self) -> str:
@@ -78,8 +172,7 @@ def register_mechanism(mechanism: PrivacyMechanism, module: str = "") -> Privacy
         raise ValueError(f"privacy mechanism {mechanism.name!r} is declared twice (first in "
                          f"{_MECHANISMS[mechanism.name].module or 'an unnamed module'})")
     if module and not mechanism.module:
-        mechanism = PrivacyMechanism(mechanism.name, mechanism.where, mechanism.summary, mechanism.params,
-                                     mechanism.dp_event, mechanism.title, module)
+        mechanism = dataclasses.replace(mechanism, module=module)
     _MECHANISMS[mechanism.name] = mechanism
     return mechanism
 
@@ -89,10 +182,31 @@ def unregister_mechanism(name: str) -> None:
     _MECHANISMS.pop(name, None)
 
 
-def load_mechanisms() -> None:
-    """Import every module of this folder (the package's party-side mechanisms declare themselves at import)."""
+_PLUGINS_LOADED = False
+
+
+def load_plugins(*, again: bool = False) -> None:
+    """Import every module the entry point group ``partialvfl.mechanisms`` names, once per process (``again``: look
+    again, e.g. after installing one); a broken one is an error naming it."""
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED and not again:
+        return
+    _PLUGINS_LOADED = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            point.load()
+        except Exception as e:
+            raise ValueError(f"privacy mechanism plugin {point.name!r} ({point.value}, entry point group "
+                             f"{ENTRY_POINT_GROUP}) does not import: {e}") from e
+
+
+def load_mechanisms(*, plugins: bool = True) -> None:
+    """Import every module of this folder (the package's party-side mechanisms declare themselves at import) and,
+    with ``plugins``, the plug-ins (:func:`load_plugins`)."""
     for info in pkgutil.iter_modules([str(Path(__file__).parent)], prefix=f"{__package__}."):
         importlib.import_module(info.name)
+    if plugins:
+        load_plugins()
 
 
 def mechanisms(where: str | None = None) -> list[PrivacyMechanism]:
@@ -102,12 +216,15 @@ def mechanisms(where: str | None = None) -> list[PrivacyMechanism]:
     return [m for m in _MECHANISMS.values() if where is None or m.where == where]
 
 
-def get_mechanism(name: str) -> PrivacyMechanism:
-    """The mechanism declared as ``name``; an unknown name is an error listing the declared ones."""
-    try:
-        return _MECHANISMS[name]
-    except KeyError:
-        raise ValueError(f"no privacy mechanism {name!r}; declared: {sorted(_MECHANISMS) or 'none'}") from None
+def get_mechanism(name: str, where: str | None = None) -> PrivacyMechanism:
+    """The mechanism declared as ``name`` (running at ``where``, if given); an unknown name is an error listing the
+    declared ones."""
+    found = _MECHANISMS.get(name)
+    if found is None or (where is not None and found.where != where):
+        kind = f"{where} " if where else ""
+        declared = sorted(m.name for m in mechanisms(where))
+        raise ValueError(f"no {kind}privacy mechanism {name!r}; declared: {', '.join(declared) or 'none'}")
+    return found
 
 
 def mechanism_epsilon(mechanism: PrivacyMechanism, params: Mapping[str, Any], delta: float = 0.0,

@@ -3,7 +3,8 @@ its label table) and the label table itself, read as :func:`~partialvfl.data.bui
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ FEDERATION_KEYS: dict[str, tuple[str, ...]] = {
     "coordinator": ("identity", "active_party", "alignment", "hmac_key_file", "deadline_seconds", "max_message_mb",
                     "state_dir"),
     "tls": ("ca", "cert", "key"),
-    "labels": ("path", "id_column", "label_column", "task", "classes", "label_dp"),
+    "labels": ("path", "id_column", "label_column", "task", "classes", "label_dp", "label_dp_mechanism",
+               "label_dp_params"),
     "parties": ("name", "address", "identity", "ca", "certificate"),
 }
 
@@ -39,6 +41,16 @@ class LabelSource:
     task: str = "classification"
     classes: tuple[Any, ...] | None = None
     label_dp: float | None = None  # the label holder's label DP (randomized response at this epsilon)
+    # the declared label mechanism that runs it (None: the method's, randomized response by default) and that
+    # mechanism's own parameters, checked against its declaration by the method (partialvfl mechanisms)
+    label_dp_mechanism: str | None = None
+    label_dp_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def mechanism_params(self) -> dict[str, Any]:
+        """The label mechanism's choice and parameters as the method's parameters (``label_dp_mechanism``, then the
+        ``label_dp_params`` table's keys)."""
+        return {**({"label_dp_mechanism": self.label_dp_mechanism} if self.label_dp_mechanism else {}),
+                **self.label_dp_params}
 
 
 @dataclass(frozen=True)
@@ -113,10 +125,18 @@ def load_federation_config(path: str | Path) -> FederationConfig:
         if label_dp is not None and (isinstance(label_dp, bool) or not isinstance(label_dp, int | float)
                                      or not 0 < label_dp < float("inf")):
             raise ValueError(f"{p}: [labels] label_dp must be a positive number (an epsilon), got {label_dp!r}")
+        mechanism = lab.get("label_dp_mechanism")
+        if mechanism is not None and not isinstance(mechanism, str):
+            raise ValueError(f"{p}: [labels] label_dp_mechanism must be a mechanism's name (partialvfl mechanisms), "
+                             f"got {mechanism!r}")
+        mechanism_params = lab.get("label_dp_params", {})
+        if not isinstance(mechanism_params, dict):
+            raise ValueError(f"{p}: [labels] label_dp_params must be a table of the label mechanism's parameters, "
+                             f"got {mechanism_params!r}")
         labels = LabelSource(rel(lab["path"]), str(lab["id_column"]), str(lab["label_column"]),
                              str(lab.get("task", "classification")),
                              tuple(lab["classes"]) if "classes" in lab else None,
-                             None if label_dp is None else float(label_dp))
+                             None if label_dp is None else float(label_dp), mechanism, dict(mechanism_params))
     alignment = coord.get("alignment", "psu")
     if alignment not in ALIGNMENT_MODES:
         raise ValueError(f"{p}: [coordinator] alignment must be one of {list(ALIGNMENT_MODES)}, got {alignment!r}")

@@ -38,6 +38,7 @@ import torch
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.preprocessing import ColumnScaler
 from partialvfl.federation.dp.gaussian import DPBudget, PartyPrivacy, private_reply
+from partialvfl.federation.dp.mechanism import get_mechanism, load_mechanisms
 from partialvfl.federation.trust.guards import RewindGuard, clip_gradient_rows
 from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.wire.messages import Reply, Request
@@ -66,7 +67,8 @@ class PartyRuntime:
     ``policy`` is what the party agrees to run (default: the permissive research policy of the in-process
     simulation); ``feature_shape`` the shape of its own table, if it has one (a setup must agree with it).  A policy
     with ``dp_epsilon``/``dp_delta`` gives the party a differential-privacy budget (``self.privacy``,
-    :mod:`partialvfl.federation.dp.gaussian`), its ledger kept in ``privacy_ledger`` (a file) if given.
+    :mod:`partialvfl.federation.dp.gaussian`) kept by the release mechanism ``dp_mechanism`` names, its ledger kept
+    in ``privacy_ledger`` (a file) if given.
     ``device`` and ``precision`` (``fp32`` or ``bf16`` autocast) are where and how its programs compute: requests'
     floating-point tensors arrive there, replies leave as CPU tensors (:mod:`partialvfl.utils.devices`);
     ``compile``: whether its programs run their hot steps through ``torch.compile`` (:mod:`partialvfl.nn.compiled`).
@@ -86,8 +88,10 @@ class PartyRuntime:
         self.policy = policy if policy is not None else PartyPolicy.research()
         self.privacy: PartyPrivacy | None = None
         if self.policy.dp_epsilon is not None and self.policy.dp_delta is not None:
+            load_mechanisms()  # the release mechanism the policy names may be a plug-in's (entry point group)
             self.privacy = PartyPrivacy(DPBudget(self.policy.dp_epsilon, self.policy.dp_delta),
-                                        f"party {index} ({name!r})", privacy_ledger)
+                                        f"party {index} ({name!r})", privacy_ledger,
+                                        get_mechanism(self.policy.dp_mechanism, "release"))
         self.feature_shape = feature_shape
         self._data: dict[str, PartyView] = {}
         self._scaled: dict[str, PartyView] = {}

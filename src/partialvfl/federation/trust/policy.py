@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from typing import Any
 
-from partialvfl.federation.trust.policy_values import LOOKUP_RULES, check_dp_budget, policy_value
+from partialvfl.federation.trust.policy_values import LOOKUP_RULES, check_dp_budget, check_dp_mechanism, policy_value
 from partialvfl.federation.wire.program import PACKAGE_PROGRAMS
 from partialvfl.federation.wire.refusals import PolicyViolation, toml_value
 from partialvfl.federation.wire.schema import SHARES_WEIGHTS, MessageSpec, meta_path
@@ -114,6 +114,9 @@ class PartyPolicy:
     # party releases per row is clipped and noised and every update is DP-SGD (partialvfl.federation.dp.gaussian).
     dp_epsilon: float | None = None
     dp_delta: float | None = None
+    # the declared release mechanism that noises under that budget (partialvfl mechanisms; a plug-in is found through
+    # the entry point group partialvfl.mechanisms): the party's choice, never the coordinator's
+    dp_mechanism: str = "gaussian"
 
     @classmethod
     def default(cls) -> PartyPolicy:
@@ -154,6 +157,7 @@ class PartyPolicy:
         if isinstance(policy.seed, str) and policy.seed not in SEED_MODES:
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {policy.seed!r}")
         check_dp_budget(policy.dp_epsilon, policy.dp_delta, where)
+        check_dp_mechanism(policy.dp_mechanism, policy.dp_epsilon, where)
         return policy
 
     def lookup_limits(self, rows: int) -> dict[str, int]:
@@ -168,10 +172,12 @@ class PartyPolicy:
                 out[rule] = int(value)
         return out
 
-    def with_dp(self, epsilon: float, delta: float) -> PartyPolicy:
-        """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)."""
-        policy = replace(self, dp_epsilon=float(epsilon), dp_delta=float(delta))
+    def with_dp(self, epsilon: float, delta: float, mechanism: str = "gaussian") -> PartyPolicy:
+        """This policy with a differential-privacy budget for the party's rows (``[policy] dp_epsilon, dp_delta``)
+        kept by the declared release mechanism ``mechanism`` (``[policy] dp_mechanism``)."""
+        policy = replace(self, dp_epsilon=float(epsilon), dp_delta=float(delta), dp_mechanism=mechanism)
         check_dp_budget(policy.dp_epsilon, policy.dp_delta, "the policy")
+        check_dp_mechanism(policy.dp_mechanism, policy.dp_epsilon, "the policy")
         return policy
 
     def changed(self) -> dict[str, Any]:
@@ -480,6 +486,7 @@ class PartyPolicy:
         changed = ", ".join(f"{k} = {toml_value(v)}" for k, v in self.changed().items())
         how = f" changed by party.toml ({changed})" if changed else " (the preset unchanged)"
         dp = (f"; differential privacy: epsilon {self.dp_epsilon:g}, delta {self.dp_delta:g} per row"
+              + (f" ({self.dp_mechanism} mechanism)" if self.dp_mechanism != "gaussian" else "")
               if self.dp_epsilon is not None else "")
         if self.require_label_dp is not None:
             dp += f"; fits only with label DP at epsilon <= {self.require_label_dp:g}"

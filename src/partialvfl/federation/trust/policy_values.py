@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["LOOKUP_RULES", "check_dp_budget", "policy_value"]
+__all__ = ["LOOKUP_RULES", "check_dp_budget", "check_dp_mechanism", "policy_value"]
 
 #: the lookup budget's rules (:mod:`partialvfl.federation.trust.lookups`)
 LOOKUP_RULES = ("max_lookups_per_hour", "max_lookups_per_day", "max_lookups_total")
@@ -25,6 +25,21 @@ def check_dp_budget(eps: float | None, delta: float | None, where: str) -> None:
         raise ValueError(f"{where}: dp_epsilon must be a positive number, got {eps!r}")
     if not 0 < delta < 1:
         raise ValueError(f"{where}: dp_delta must lie strictly between 0 and 1, got {delta!r}")
+
+
+def check_dp_mechanism(name: str, eps: float | None, where: str) -> None:
+    """``dp_mechanism`` names a declared release mechanism (the package's or a plug-in's of the entry point group
+    ``partialvfl.mechanisms``), and one other than the default comes with a budget."""
+    from partialvfl.federation.dp.mechanism import get_mechanism, load_mechanisms
+
+    load_mechanisms()
+    try:
+        get_mechanism(name, "release")
+    except ValueError as e:
+        raise ValueError(f"{where}: dp_mechanism: {e}") from None
+    if eps is None and name != "gaussian":
+        raise ValueError(f"{where}: dp_mechanism = {name!r} needs a differential-privacy budget (dp_epsilon, "
+                         "dp_delta)")
 
 
 _INT_KEYS = {"min_hidden_layers", "max_parameters", "max_handles", "max_rewinds", "max_peer_rpcs", "max_lookups",
@@ -64,6 +79,10 @@ def policy_value(key: str, value: Any, where: str) -> Any:
     if key == "lookup_warn_fraction" and not (isinstance(value, int | float) and not isinstance(value, bool)
                                               and 0 < value <= 1):
         raise ValueError(f"{where}: lookup_warn_fraction must be a number in (0, 1], got {value!r}")
+    if key == "dp_mechanism":
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: dp_mechanism must be the name of a release mechanism, got {value!r}")
+        return value
     if key == "seed":
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"{where}: seed must be 'secret', 'coordinator' or an integer, got {value!r}")
