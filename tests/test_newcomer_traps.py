@@ -80,7 +80,7 @@ def _given(name: str) -> dict:
     declared = {"epochs": 3} if "epochs" in space.names else {}
     return {"preset": "fast", "seed": 11, "progress": "epochs", "device": "cpu", "precision": "fp32",
             "compile": False, "label_dp": 2.0, "label_dp_seed": 5, "label_dp_prior": True,
-            "dp_clip": 1.0, "dp_grad_clip": 2.0, "dp_predictions": 3, **declared}
+            "label_dp_mechanism": None, "dp_clip": 1.0, "dp_grad_clip": 2.0, "dp_predictions": 3, **declared}
 
 
 @pytest.mark.parametrize("name", sorted(set(method_names())))

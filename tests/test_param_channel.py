@@ -62,7 +62,7 @@ def test_run_options_are_one_typed_frozen_object() -> None:
 def test_label_dp_and_party_dp_options_are_declared_typed_parameters() -> None:
     kinds = {p.name: (p.kind, p.optional) for p in PRIVACY_PARAMS.params}
     assert kinds == {"label_dp": ("float", True), "label_dp_seed": ("int", True), "label_dp_prior": ("bool", False),
-                     "label_dp_mechanism": ("str", False), "dp_clip": ("float", False),
+                     "label_dp_mechanism": ("str", True), "dp_clip": ("float", False),
                      "dp_grad_clip": ("float", False), "dp_predictions": ("int", False)}
     model = get_method("laser-vfl")("fast", label_dp="2", label_dp_seed="5", dp_clip="0.5", dp_grad_clip=2,
                                     dp_predictions="1")

@@ -312,8 +312,9 @@ PRIVACY_PARAMS = ParamSpace((
     Param("label_dp_seed", None, "int", "the seed of label DP's randomization (null: derived from the seed)",
           optional=True),
     Param("label_dp_prior", False, "bool", "label DP with a prior (RRWithPrior, two stages); needs label_dp"),
-    Param("label_dp_mechanism", "randomized-response", "str", "label DP: the declared label mechanism to run "
-          "(partialvfl mechanisms; label_dp_prior=true means rr-with-prior); needs label_dp"),
+    Param("label_dp_mechanism", None, "str", "label DP: the declared label mechanism to run (partialvfl "
+          "mechanisms; null: randomized-response, or rr-with-prior with label_dp_prior=true); needs label_dp",
+          optional=True),
     Param("dp_clip", 1.0, "float", "party DP: a factor on the method's clip norms of released values", low=0,
           open_low=True),
     Param("dp_grad_clip", 1.0, "float", "party DP: the per-row gradient clip of the parties' DP-SGD", low=0,

@@ -75,10 +75,12 @@ def label_mechanism(method: VFLMethod) -> tuple[PrivacyMechanism, dict[str, Any]
     mechanism parameter the chosen mechanism does not declare is an error naming its mechanism."""
     name = method.label_dp_mechanism
     if method.label_dp_prior:
-        if name != RR_WITH_PRIOR.name and "label_dp_mechanism" in method._given_params:
+        if name not in (None, RR_WITH_PRIOR.name):
             raise ValueError(f"{method.name}: label_dp_prior=true means label_dp_mechanism={RR_WITH_PRIOR.name!r}, "
                              f"but label_dp_mechanism={name!r} was given; set one of them")
         name = RR_WITH_PRIOR.name
+    elif name is None:
+        name = RANDOMIZED_RESPONSE.name
     try:
         mechanism = get_mechanism(name, "label")
     except ValueError as e:
@@ -200,10 +202,10 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
     """
     eps = method.label_dp
     if eps is None:
-        if method.label_dp_prior or "label_dp_mechanism" in method._given_params or method.label_dp_params:
+        if method.label_dp_prior or method.label_dp_mechanism is not None or method.label_dp_params:
             asked = ("label_dp_prior=True" if method.label_dp_prior else
-                     f"label_dp_mechanism={method.label_dp_mechanism!r}" if "label_dp_mechanism"
-                     in method._given_params else f"the label mechanism parameters {sorted(method.label_dp_params)}")
+                     f"label_dp_mechanism={method.label_dp_mechanism!r}" if method.label_dp_mechanism is not None
+                     else f"the label mechanism parameters {sorted(method.label_dp_params)}")
             raise ValueError(f"{method.name}: {asked} needs label_dp (the epsilon of label DP)")
         return view
     mechanism, params = label_mechanism(method)
