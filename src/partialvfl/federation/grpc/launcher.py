@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -103,9 +104,11 @@ def _run_party(argv: list[str], log: str, env: dict[str, str]) -> None:
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    from partialvfl.cli import main
-
-    rc = main(argv)
+    try:  # `python -m partialvfl ARGV`, as the exec launcher runs it (the command's package is above this layer)
+        runpy.run_module("partialvfl", run_name="__main__", alter_sys=True)
+        rc = 0
+    except SystemExit as stop:
+        rc = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(rc)
