@@ -355,8 +355,10 @@ def data() -> VerticalDataset:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, data):  # noqa: ANN001, ANN201
+    # a fresh interpreter per party (the suite forks the others from a preloaded one: conftest.py), its plugin found
+    # through PYTHONPATH as an institution's would be
     dep = LocalDeployment(tmp_path_factory.mktemp("grpc"), data, plugins=["test_grpc"], pythonpath=[HERE],
-                          deadline=PATIENCE, max_message_mb=1.0, start_timeout=600.0)
+                          deadline=PATIENCE, max_message_mb=1.0, start_timeout=600.0, launcher="exec")
     try:
         dep.start()
         yield dep

@@ -12,9 +12,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from warm_command import warm_partialvfl
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "own-data.md"
@@ -128,11 +131,15 @@ def run_documented(tmp_path: Path, script: str, files: dict[str, str], doc_ports
             text = text.replace(f":{doc_port}", f":{port}")
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "PARTIALVFL_EXIT_WITH_PARENT": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    # `partialvfl` runs forked from a server that imported torch once (tests/warm_command.py): the same command and
+    # code, without some 4 CPU-seconds of imports per call
+    with warm_partialvfl(Path(tempfile.mkdtemp(prefix="pvwarm"))) as warm:
+        env = {**os.environ, "PATH": os.pathsep.join([str(warm), str(Path(sys.executable).parent),
+                                                      os.environ.get("PATH", "")]),
+               "OMP_NUM_THREADS": "1", "PARTIALVFL_EXIT_WITH_PARENT": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.data.dataset import VerticalDataset
+from partialvfl.federation.grpc.launcher import LAUNCHERS, PartyHandle, default_launcher, launch_party
 from partialvfl.federation.trust.alignment import write_key
 from partialvfl.federation.trust.psu import write_alignment_key
 
@@ -121,6 +121,7 @@ class LocalDeployment:
         pins: bool = False,
         alignment: str = "psu",
         threads: int = 1,
+        launcher: str | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.data = data
@@ -133,7 +134,10 @@ class LocalDeployment:
         self.policy: dict[int, str | Mapping[str, Any]] = {k: policy for k in range(data.n_parties)}
         self.predict = dict(predict or {})
         self.names = list(data.party_names)
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.launcher = default_launcher() if launcher is None else launcher
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
+        self.procs: dict[int, PartyHandle] = {}
         self.ports: dict[int, int] = {}
         self.certs = self.dir / "certs"
         self.alignment = alignment
@@ -267,12 +271,8 @@ identity = {_q(name)}
             port_file = self.dir / f"party-{k}.port"
             port_file.unlink(missing_ok=True)
             cfg = self._write_party_config(k, self.ports.get(k, 0))
-            out = open(self.dir / f"party-{k}.log", "ab")  # noqa: SIM115 - owned by the process
-            self.procs[k] = subprocess.Popen(
-                [sys.executable, "-m", "partialvfl", "party", "serve", "--config", str(cfg)],
-                stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True,
-            )
-            out.close()
+            self.procs[k] = launch_party(self.launcher, ["party", "serve", "--config", str(cfg)],
+                                         self.dir / f"party-{k}.log", self.env())
         t0 = time.monotonic()
         for k in parties:
             port_file = self.dir / f"party-{k}.port"
