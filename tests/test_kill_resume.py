@@ -1,16 +1,16 @@
 """``partialvfl fit --federation ... --checkpoint-every N``, a SIGKILL of the coordinator mid-fit, then ``--resume``:
 the parameters of an uninterrupted fit, for every method family (issue 11).
 
-The coordinator runs in a subprocess whose ``Checkpointer.maybe_save`` kills the process right after the checkpoint
-of a given step, so the kill lands at a known point whatever the machine's speed.  The party processes stay up
-across the coordinator's death and accept the next coordinator's session.
+The coordinator runs in a process of its own (forked from the preloaded interpreter) whose
+``Checkpointer.maybe_save`` kills the process right after the checkpoint of a given step, so the kill lands at a known
+point whatever the machine's speed.  The party processes stay up across the coordinator's death and accept the next
+coordinator's session.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,28 +20,35 @@ import torch
 
 from helpers import make_data
 from partialvfl.cli import main
+from partialvfl.federation.grpc.launcher import forkserver_context
 from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.federation.runtime.checkpoint import LATEST
 from test_contract import TINY, assert_same, running_parties, saved_states
 
-#: a coordinator that dies by SIGKILL right after the checkpoint of step argv[1], then ``partialvfl argv[2:]``
-KILLED_AFTER = """
-import os, signal, sys
-from partialvfl.cli import main
-from partialvfl.federation.runtime.checkpoint import Checkpointer
 
-kill_after = int(sys.argv[1])
-save = Checkpointer.maybe_save
+def _killed_after(kill_after: int, args: list[str], log: str) -> None:
+    """A coordinator process that dies by SIGKILL right after the checkpoint of step ``kill_after`` of
+    ``partialvfl ARGS`` (its output in ``log``)."""
+    import os
 
-def maybe_save(self, step, state):
-    saved = save(self, step, state)
-    if saved and step == kill_after:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return saved
+    from partialvfl.federation.runtime.checkpoint import Checkpointer
 
-Checkpointer.maybe_save = maybe_save
-sys.exit(main(sys.argv[2:]))
-"""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    save = Checkpointer.maybe_save
+
+    def maybe_save(self, step, state):  # noqa: ANN001, ANN202
+        saved = save(self, step, state)
+        if saved and step == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return saved
+
+    Checkpointer.maybe_save = maybe_save
+    os._exit(main(args))
+
 
 #: family -> (method, parameters, checkpoint interval, kills: (step, the stage that step belongs to)); every
 #: ``--resume`` but the last is killed again
@@ -70,10 +77,17 @@ def fit_args(deployment: LocalDeployment, method: str, params: dict[str, Any], o
             str(out), *pairs]
 
 
-def killed_run(deployment: LocalDeployment, kill_after: int, args: list[str]) -> subprocess.CompletedProcess:
-    """``partialvfl ARGS`` in a coordinator process that SIGKILLs itself after the checkpoint of ``kill_after``."""
-    return subprocess.run([sys.executable, "-c", KILLED_AFTER, str(kill_after), *args], env=deployment.env(),
-                          capture_output=True, text=True, timeout=1800)
+def killed_run(kill_after: int, args: list[str], log: Path) -> tuple[int | None, str]:
+    """``partialvfl ARGS`` in a coordinator process that SIGKILLs itself after the checkpoint of ``kill_after``: its
+    exit status and output.  The process is forked from the suite's preloaded interpreter (conftest.py; the same code
+    as a fresh ``python``, without its second of imports)."""
+    process = forkserver_context().Process(target=_killed_after, args=(kill_after, args, str(log)))
+    process.start()
+    process.join(1800)
+    if process.exitcode is None:
+        process.kill()
+        process.join(30)
+    return process.exitcode, log.read_text() if log.exists() else ""
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -87,9 +101,8 @@ def test_coordinator_killed_mid_fit_resumes_to_the_uninterrupted_parameters(fami
     out = tmp_path / "killed"
     args = [*fit_args(deployment, method, params, out), "--checkpoint-every", str(every)]
     for i, (step, stage) in enumerate(kills):
-        run = killed_run(deployment, step, [*args, "--resume"] if i else args)
-        assert run.returncode == -signal.SIGKILL, f"not killed after step {step}: exit {run.returncode}\n" \
-                                                  f"{run.stderr[-3000:]}"
+        code, output = killed_run(step, [*args, "--resume"] if i else args, tmp_path / f"killed-{i}.log")
+        assert code == -signal.SIGKILL, f"not killed after step {step}: exit {code}\n{output[-3000:]}"
         latest = json.loads((out / "checkpoints" / LATEST).read_text())
         assert latest["step"] == step
         saved = torch.load(out / "checkpoints" / latest["dir"] / "coordinator.pt", weights_only=True)

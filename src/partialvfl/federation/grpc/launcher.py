@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["LAUNCHERS", "LAUNCHER_ENV", "PartyHandle", "default_launcher", "launch_party"]
+__all__ = ["LAUNCHERS", "LAUNCHER_ENV", "PartyHandle", "default_launcher", "forkserver_context", "launch_party"]
 
 #: The environment variable that chooses the launcher of deployments that do not say (``exec`` or ``fork``).
 LAUNCHER_ENV = "PARTIALVFL_LOCAL_LAUNCHER"
@@ -75,7 +75,8 @@ def launch_party(launcher: str, argv: Sequence[str], log: Path, env: Mapping[str
 _CONTEXT: multiprocessing.context.ForkServerContext | None = None
 
 
-def _context() -> multiprocessing.context.ForkServerContext:
+def forkserver_context() -> multiprocessing.context.ForkServerContext:
+    """The ``forkserver`` context whose server preloads :data:`PRELOAD` (one per process, started on first use)."""
     global _CONTEXT
     if _CONTEXT is None:
         ctx = multiprocessing.get_context("forkserver")
@@ -118,7 +119,7 @@ class ForkedParty:
     """A party process forked from the preloaded server, with :class:`subprocess.Popen`'s interface."""
 
     def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
-        self._process = _context().Process(target=_run_party, args=(argv, str(log), env),
+        self._process = forkserver_context().Process(target=_run_party, args=(argv, str(log), env),
                                                  daemon=True)  # ended with this process
         self._process.start()
         self.pid = int(self._process.pid or 0)
