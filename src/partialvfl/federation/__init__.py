@@ -9,12 +9,13 @@ from partialvfl.federation.runtime.coordinator import Federation, LocalFederatio
 from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.trust.audit import find_raw_feature_leaks
 from partialvfl.federation.wire.messages import LogEntry, MessageLog, Reply, Request
+from partialvfl.federation.wire.meta_keys import MetaKey
 from partialvfl.federation.wire.program import PartyProgram, register_program
 from partialvfl.federation.wire.schema import MessageError, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.wire.transport import LocalTransport, PartyUnavailable, Transport
 
 __all__ = [
     "Federation", "LocalFederation", "LocalTransport", "LogEntry", "MessageError", "MessageLog", "MessageSpec",
-    "Messages", "PartyProgram", "PartyRuntime", "PartyUnavailable", "Reply", "Request", "TensorSpec", "Transport",
-    "find_raw_feature_leaks", "register_program", "tensor_names",
+    "Messages", "MetaKey", "PartyProgram", "PartyRuntime", "PartyUnavailable", "Reply", "Request", "TensorSpec",
+    "Transport", "find_raw_feature_leaks", "register_program", "tensor_names",
 ]

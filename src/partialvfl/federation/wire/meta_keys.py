@@ -24,9 +24,10 @@ Torch-free.
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from partialvfl.federation.wire.setup_config import SetupConfig, SetupConfigError, check_value, describe, split_optional
@@ -49,11 +50,15 @@ class MetaKey:
     high: float | None = None
     choices: tuple[Any, ...] | None = None
     doc: str = ""
+    _plain: Any = field(init=False, repr=False, compare=False, default=None)  # the type without ``| None``
+    _optional: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         if self.choices is not None:
             object.__setattr__(self, "choices", tuple(self.choices))
-        tp, _ = split_optional(self.type)
+        tp, optional = split_optional(self.type)
+        object.__setattr__(self, "_plain", tp)
+        object.__setattr__(self, "_optional", optional)
         if tp not in (object, dict, int, float, bool, str) and typing.get_origin(tp) is not tuple \
                 and not (isinstance(tp, type) and issubclass(tp, SetupConfig)):
             raise TypeError(f"unsupported metadata type {self.type!r}")
@@ -84,9 +89,11 @@ class MetaKey:
     def read(self, value: Any, key: str) -> Any:
         """``value`` as the handler gets it: checked against the type and range (a number as a ``float``, a list as
         a list, a nested config as its typed object); :class:`MetaValueError` naming ``key`` otherwise."""
-        tp, optional = split_optional(self.type)
-        if tp is object or (value is None and optional):
+        tp = self._plain
+        if tp is object or (value is None and self._optional):
             return value
+        if self._admits(value):  # every message passes here: the common cases without building an error
+            return float(value) if tp is float else value
         if tp is dict:
             if isinstance(value, Mapping):
                 return dict(value)
@@ -97,6 +104,23 @@ class MetaKey:
             raise MetaValueError(f"meta {e.detail}" if e.detail.startswith("key ")
                                  else f"meta key {key!r} {e.detail}") from None
         return list(out) if isinstance(out, tuple) else out
+
+
+    def _admits(self, value: Any) -> bool:
+        """Whether a scalar ``value`` is admitted as it is (``False``: take the full check, which says why)."""
+        tp, kind = self._plain, type(value)
+        if tp is bool:
+            ok = kind is bool
+        elif tp is str:
+            ok = kind is str
+        elif tp is int:
+            ok = kind is int and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        elif tp is float:
+            ok = (kind is float or kind is int) and math.isfinite(value) \
+                and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        else:
+            return False
+        return ok and (self.choices is None or value in self.choices)
 
 
 #: a flag (``train``, ``predict``, ``fit``...)

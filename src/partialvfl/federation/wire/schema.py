@@ -72,6 +72,10 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
 _SYMBOL = re.compile(r"^[A-Za-z_]\w*$")
 
 
+#: the transports' stamps: integers >= 0 (``None``: a request a server builds itself, such as a carried attach)
+_STAMP = MetaKey(int | None, low=0)
+
+
 class MessageError(ValueError):
     """A request or reply that does not match its kind's declaration (the same text in process and on the wire)."""
 
@@ -163,6 +167,7 @@ class MessageSpec:
     momenta: Sequence[str] = ()
     #: every metadata key's declared type, required keys first (``meta`` and ``optional_meta`` hold the names)
     meta_types: tuple[tuple[str, MetaKey], ...] = field(init=False, default=())
+    _meta_index: dict[str, MetaKey] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         types: list[tuple[str, MetaKey]] = []
@@ -175,6 +180,7 @@ class MessageSpec:
                 types.append((str(name), key))
             object.__setattr__(self, attr, tuple(str(k) for k in keys))
         object.__setattr__(self, "meta_types", tuple(types))
+        object.__setattr__(self, "_meta_index", {**dict(types), **{s: _STAMP for s in STAMPS}})
         for attr in ("request", "reply", "releases", "learning_rates", "weight_decays", "momenta"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         grads = self.gradients.items() if isinstance(self.gradients, Mapping) else ((g, 0) for g in self.gradients)
@@ -312,17 +318,13 @@ def _when(s: TensorSpec) -> str:
     return ", ".join(f"{k} in {list(v)!r}" if isinstance(v, tuple) else f"{k}={v!r}" for k, v in s.when)
 
 
-#: the transports' stamps: integers >= 0 (``None``: a request a server builds itself, such as a carried attach)
-_STAMP = MetaKey(int | None, low=0)
-
-
 def _read_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(meta, Mapping):
         raise ex.fail("request", f"metadata must be an object, got {type(meta).__name__}")
+    types = spec._meta_index  # the declared keys and the stamps
     for key in spec.meta:
         if key not in meta:
-            raise ex.fail("request", f"missing meta key {key!r} ({dict(spec.meta_types)[key].describe()})")
-    types = {**dict(spec.meta_types), **{s: _STAMP for s in STAMPS}}
+            raise ex.fail("request", f"missing meta key {key!r} ({types[key].describe()})")
     unknown = sorted(str(k) for k in meta if k not in types)
     if unknown:
         accepted = ", ".join([*spec.meta, *spec.optional_meta]) or "none"
@@ -427,7 +429,7 @@ def _kind_markdown(kind: str, spec: MessageSpec, program: bool) -> list[str]:
         lines.append("No tensors.")
     required = set(spec.meta)
     if spec.meta_types:
-        lines += ["", "| meta | type | presence | notes |", "|---|---|---|---|"]
+        lines += ["", "| meta | accepts | presence | meaning |", "|---|---|---|---|"]
         for k, key in spec.meta_types:
             lines.append(f"| `{k}` | {key.describe()} | {'required' if k in required else 'optional'} | {key.doc} |")
         lines.append("")
