@@ -70,14 +70,14 @@ class MetaKey:
     @property
     def typed(self) -> bool:
         """Whether the key declares a type (``object``: any value, the type of a key named without one)."""
-        return split_optional(self.type)[0] is not object
+        return self._plain is not object
 
     def _bounds(self) -> dict[str, Any]:
         return {"low": self.low, "high": self.high, "choices": self.choices}
 
     def describe(self) -> str:
         """The values the key accepts, in words (for errors and docs/messages.md)."""
-        tp, optional = split_optional(self.type)
+        tp, optional = self._plain, self._optional
         if tp is object:
             what = "any value"
         elif tp is dict:
@@ -104,7 +104,6 @@ class MetaKey:
             raise MetaValueError(f"meta {e.detail}" if e.detail.startswith("key ")
                                  else f"meta key {key!r} {e.detail}") from None
         return list(out) if isinstance(out, tuple) else out
-
 
     def _admits(self, value: Any) -> bool:
         """Whether a scalar ``value`` is admitted as it is (``False``: take the full check, which says why)."""
