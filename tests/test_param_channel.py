@@ -154,3 +154,39 @@ def test_method_fit_is_the_lifecycles_fit() -> None:
 def test_the_estimator_module_stays_within_500_lines() -> None:
     lines = (ROOT / "src" / "partialvfl" / "methods" / "base.py").read_text().count("\n")
     assert lines <= 500, f"methods/base.py has {lines} lines"
+
+
+# ---------------------------------------------------------------------- the seed: a declared parameter
+@pytest.mark.parametrize("bad", [1.5, 2.0, True, "3", -1, None])
+def test_a_seed_that_is_not_an_integer_at_least_0_is_refused_naming_it(bad: object) -> None:
+    """Before: ``int(seed)`` silently truncated 1.5 to 1 and read True as 1."""
+    with pytest.raises(ValueError, match=r"^laser-vfl: parameter seed must be integer in \[0, inf\], got "):
+        get_method("laser-vfl")("fast", seed=bad)
+    model = get_method("laser-vfl")("fast", seed=4)
+    with pytest.raises(ValueError, match="parameter seed must be"):
+        model.set_params(seed=bad)
+    assert model.seed == 4 and model.get_params()["seed"] == 4  # nothing changed
+
+
+def test_the_seed_is_declared_once_and_clone_keeps_it_as_given() -> None:
+    assert params_module.SEED.kind == "int" and params_module.SEED.low == 0 and params_module.SEED.default == 0
+    seed = np.int64(9)  # numpy's integers are integers
+    model = get_method("vanilla-vfl")("fast", seed=seed)
+    assert model.seed == 9 and type(model.seed) is int
+    assert model.get_params()["seed"] is seed  # as given: scikit-learn's clone checks identity
+    copy = clone(model)
+    assert copy.seed == 9 and copy.get_params() == model.get_params()
+    assert copy.set_params(seed=3).seed == 3 and model.seed == 9
+
+
+@pytest.mark.parametrize(("text", "expected"), [("7", 7), ("0", 0), ("1.5", None), ("-1", None), ("x", None)])
+def test_the_seed_flag_is_read_by_the_declared_type(text: str, expected: int | None,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    argv = ["fit", "--dataset", "digits", "--method", "laser-vfl", "--out", "/nonexistent/m", "--seed", text]
+    if expected is None:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        err = capsys.readouterr().err
+        assert f"argument --seed: parameter seed must be integer in [0, inf], got '{text}'" in err, err
+    else:
+        assert method_from_args(build_parser().parse_args(argv)).seed == expected

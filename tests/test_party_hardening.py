@@ -383,7 +383,7 @@ def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps
 def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, data) -> None:  # noqa: ANN001
     """Issue 37: a party server reads a setup config by its program's declaration, on arrival: a value of the wrong
     type or an unknown key is refused in one line naming the party, the program, the key and the value, and the
-    parties then take a good config."""
+    parties then take a good config; a program message's metadata is read by its declaration too."""
     from partialvfl.federation.runtime.coordinator import SetupRefused
 
     fed = dep.federation()
@@ -400,5 +400,12 @@ def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, da
         assert any(line.startswith("  party 1 ('shop'): ") and "setup config has unknown key 'optimiser'" in line
                    for line in lines), lines
         fed.setup("splitnn/party", cfg, seed=0)
+        # typed message metadata: a string count reaches no handler; the party names program, kind and key
+        fed.transport.new_step()
+        with pytest.raises(PartyError) as refused:
+            fed.call(0, "pretrain", data="train", simsiam={}, epoch="0")
+        assert "program 'splitnn/party', kind 'pretrain', request: meta key 'epoch' must be an integer >= 0, " \
+               "got '0'" in str(refused.value), str(refused.value)
+        assert "\n" not in str(refused.value)
     finally:
         fed.close()

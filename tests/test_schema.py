@@ -241,9 +241,9 @@ def test_every_message_of_a_real_fit_is_checked_and_passes(method: str, monkeypa
     checked: Counter[tuple[str, str]] = Counter()
 
     def spy(direction: str, fn: Any) -> Any:
-        def wrapped(*args: Any, kind: str, **kw: Any) -> None:
+        def wrapped(*args: Any, kind: str, **kw: Any) -> Any:
             checked[(direction, kind)] += 1
-            fn(*args, kind=kind, **kw)
+            return fn(*args, kind=kind, **kw)  # the request's typed metadata
         return wrapped
 
     monkeypatch.setattr(party_module, "check_request", spy("request", check_request))

@@ -26,6 +26,7 @@ from partialvfl.federation import LocalFederation, PartyRuntime, Request
 from partialvfl.federation.runtime.coordinator import SetupRefused
 from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.wire.program import PROGRAMS, PartyProgram
+from partialvfl.federation.wire.schema import MessageError
 from partialvfl.federation.wire.setup_config import SetupConfig, SetupConfigError
 from partialvfl.methods import get_method, load_all, method_names
 from partialvfl.methods.model_files import IndexInfo
@@ -177,8 +178,11 @@ def test_a_party_refuses_an_unknown_or_a_missing_key_naming_it(program: str) -> 
     for key in required:
         with pytest.raises(SetupConfigError, match=rf"setup config lacks key '{key}' \("):
             setup(rt, program, changed(valid_config(program), key, ...))
-    with pytest.raises(SetupConfigError, match=r"setup config must be an object, got list"):
+    with pytest.raises(MessageError, match=r"built-in, kind 'setup', request: meta key 'config' must be an object, "
+                                           r"got \[1, 2\]"):  # the setup message's declaration types its config
         setup(rt, program, [1, 2])
+    with pytest.raises(SetupConfigError, match=r"setup config must be an object, got list"):
+        PROGRAMS[program].read_config([1, 2])  # type: ignore[arg-type]
     assert rt.program is None
     setup(rt, program, valid_config(program))  # and the party still sets up a good one
     assert isinstance(rt.program.config, PROGRAMS[program].setup_config)
@@ -260,6 +264,26 @@ def _mentions(node: ast.AST, tainted: set[str], program_class: bool) -> bool:
     return False
 
 
+def _mentions_meta(node: ast.AST, tainted: set[str], program_class: bool) -> bool:
+    """Whether ``node`` is a request's metadata value: ``meta``, ``req.meta``, ``request.meta``,
+    ``wire.request.meta``, a name bound from one of those, an item of one (``[...]``, ``.get(...)``), or ``a or b``
+    / ``a if c else b`` of such values (not what a call computes from one: a path, a view of the data it names)."""
+    if isinstance(node, ast.Name):
+        return node.id in tainted or node.id == "meta"
+    if isinstance(node, ast.Attribute) and node.attr == "meta":
+        return (isinstance(node.value, ast.Name) and node.value.id in ("req", "request")) \
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "request")
+    if isinstance(node, ast.Subscript):
+        return _mentions_meta(node.value, tainted, program_class)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return _mentions_meta(node.func.value, tainted, program_class)
+    if isinstance(node, ast.BoolOp):
+        return any(_mentions_meta(v, tainted, program_class) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return any(_mentions_meta(v, tainted, program_class) for v in (node.body, node.orelse))
+    return False
+
+
 def _names(target: ast.AST) -> set[str]:
     """The names a target binds (``a``, ``a, b``; not the object of ``self.a = ...``)."""
     if isinstance(target, ast.Name):
@@ -269,25 +293,29 @@ def _names(target: ast.AST) -> set[str]:
     return set()
 
 
-def config_casts(source: str) -> list[tuple[int, str]]:
-    """``(line, code)`` of every ``int()``/``float()``/``bool()``/``str()`` of a config value in ``source``."""
+def _casts(source: str, mentions: Any) -> list[tuple[int, str]]:
+    """``(line, code)`` of every ``int()``/``float()``/``bool()``/``str()`` of a value ``mentions`` reads, or of a
+    name bound from one (in the same function), in ``source``."""
     tree = ast.parse(source)
     found = []
 
     def scan(scope: ast.AST, program_class: bool) -> None:
         tainted: set[str] = set()
         body = [n for n in ast.walk(scope) if not isinstance(n, ast.ClassDef) or n is scope]
-        for _ in range(3):  # names bound from names bound from the config
+        for _ in range(3):  # names bound from names bound from the value
             for node in body:
-                if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None \
-                        and _mentions(node.value, tainted, program_class):
+                if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
                     for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                        tainted |= _names(t)
-                elif isinstance(node, ast.For | ast.comprehension) and _mentions(node.iter, tainted, program_class):
+                        pairs = (zip(t.elts, node.value.elts) if isinstance(t, ast.Tuple) and isinstance(
+                            node.value, ast.Tuple) and len(t.elts) == len(node.value.elts) else [(t, node.value)])
+                        for target, value in pairs:  # a, b = x, y: a from x, b from y
+                            if mentions(value, tainted, program_class):
+                                tainted |= _names(target)
+                elif isinstance(node, ast.For | ast.comprehension) and mentions(node.iter, tainted, program_class):
                     tainted |= _names(node.target)
         for node in body:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CASTS \
-                    and any(_mentions(a, tainted, program_class) for a in node.args):
+                    and any(mentions(a, tainted, program_class) for a in node.args):
                 found.append((node.lineno, ast.unparse(node)))
 
     for node in ast.walk(tree):
@@ -297,6 +325,17 @@ def config_casts(source: str) -> list[tuple[int, str]]:
                 isinstance(t, ast.Name) and t.id == "program_name" for t in s.targets) for s in cls.body)
             scan(node, program)
     return sorted(set(found))
+
+
+def config_casts(source: str) -> list[tuple[int, str]]:
+    """``(line, code)`` of every ``int()``/``float()``/``bool()``/``str()`` of a config value in ``source``."""
+    return _casts(source, _mentions)
+
+
+def meta_casts(source: str) -> list[tuple[int, str]]:
+    """``(line, code)`` of every ``int()``/``float()``/``bool()``/``str()`` of a request's metadata value in
+    ``source``."""
+    return _casts(source, _mentions_meta)
 
 
 def test_the_cast_check_finds_the_casts_it_is_for() -> None:
@@ -324,4 +363,43 @@ def test_no_party_module_casts_a_config_value() -> None:
     modules = party_modules()
     assert len(modules) >= 8, modules
     casts = {str(p.relative_to(SRC)): config_casts(p.read_text()) for p in modules}
+    assert not {p: c for p, c in casts.items() if c}, casts
+
+
+# ---------------------------------------------------------------------- no casts of a metadata value
+def meta_modules() -> list[Path]:
+    """The party modules, and the server's modules whose built-in handlers read a request's metadata."""
+    federation = SRC / "partialvfl" / "federation"
+    return sorted({*party_modules(), federation / "grpc" / "party.py", federation / "grpc" / "party_tables.py",
+                   federation / "trust" / "psu.py"})
+
+
+def test_the_meta_cast_check_finds_the_casts_it_is_for() -> None:
+    source = '''
+class P:
+    program_name = "p"
+    def shared(self, meta, d):
+        return noise(int(meta["noise_seed"]), (int(meta["samples"]), d))
+    def on_k(self, req):
+        t, meta = req.tensors, req.meta
+        n = int(t["rows"].shape[0])
+        train = bool(req.meta.get("train", False))
+        hidden = [int(h) for h in req.meta["top_hidden"]]
+        view = self.data(req.meta["data"])
+        rows = int(view.n_observed)
+        handle = req.meta.get("data") or "train"
+        return str(handle), float(request.meta["lr"]), str(wire.request.meta["dir"])
+'''
+    assert [code for _, code in meta_casts(source)] == [
+        "int(meta['noise_seed'])", "int(meta['samples'])", "bool(req.meta.get('train', False))", "int(h)",
+        "float(request.meta['lr'])", "str(handle)", "str(wire.request.meta['dir'])"]
+
+
+def test_no_party_module_casts_a_metadata_value() -> None:
+    """The handlers read the typed values their message declarations give (:mod:`.meta_keys`); an ``int()``/
+    ``float()``/``bool()``/``str()`` of a metadata value means a value the declaration does not type (33 on the
+    code before the declarations typed their keys)."""
+    modules = meta_modules()
+    assert len(modules) >= 11, modules
+    casts = {str(p.relative_to(SRC)): meta_casts(p.read_text()) for p in modules}
     assert not {p: c for p, c in casts.items() if c}, casts

@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["DEFAULT_METHOD", "DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS",
            "SPLITTER_FORMS", "THREADS_HELP", "add_device_options", "add_protocol_options", "add_table_options",
            "add_threads_option", "device_form", "device_options", "emit", "non_negative", "parse_tables",
-           "protocol_config", "refuse_protocol_options", "threads_for"]
+           "protocol_config", "refuse_protocol_options", "seed_form", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
 #: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
@@ -67,7 +67,8 @@ def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool 
         g.add_argument("--max-train", type=int, default=None, help="cap the training set (quick runs)"),
         g.add_argument("--max-test", type=int, default=None, help="cap the test set (quick runs)"),
     ]
-    g.add_argument("--seed", type=int, default=0, help="seed for split, labels, mechanisms, model; default: 0")
+    g.add_argument("--seed", type=seed_form, default=0, metavar="N",
+                   help="seed for split, labels, mechanisms, model (an integer >= 0); default: 0")
     p.set_defaults(protocol_options=tuple(a.dest for a in options))
 
 
@@ -80,6 +81,17 @@ THREADS_HELP = ("torch threads for the fit: a number, or auto (default): one thr
 def add_threads_option(p: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
     """``--threads N|auto``."""
     p.add_argument("--threads", default="auto", metavar="N|auto", help=help_text)
+
+
+def seed_form(text: str) -> int:
+    """An argparse ``type`` for ``--seed``: read by the declared parameter (:data:`~partialvfl.methods.params.SEED`),
+    as the constructor checks it."""
+    from partialvfl.methods.params import parse_seed  # torch-free; imported when a --seed is read
+
+    try:
+        return parse_seed(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps)$")

@@ -25,6 +25,7 @@ from partialvfl.cli.common import (
     non_negative,
     protocol_config,
     refuse_protocol_options,
+    seed_form,
     threads_for,
 )
 from partialvfl.cli.params import method_from_args
@@ -88,7 +89,8 @@ def add_commands(sub: Any) -> None:
                    help="with --federation: score IDs that no party holds (predicted from the training label prior) "
                         "instead of refusing them")
     p.add_argument("--test-missing", default="none", help="mechanism applied to every test sample")
-    p.add_argument("--seed", type=int, default=None, help="must equal the training seed (the default)")
+    p.add_argument("--seed", type=seed_form, default=None, metavar="N",
+                   help="must equal the training seed (the default)")
     p.add_argument("--data-dir", default=None, help="where the dataset's files are, if not where they were")
     p.add_argument("--mode", choices=("collaborative", "local"), default="collaborative",
                    help="collaborative (any observed parties) or local (one party alone, methods that support it)")

@@ -57,7 +57,7 @@ from partialvfl.methods.model_files import (
     read_model_meta,
     write_model_dir,
 )
-from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, inferred_space, with_common
+from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, check_seed, inferred_space, with_common
 from partialvfl.methods.private_fit import (
     DP_OPTIONS,
     PrivacyHooks,
@@ -112,7 +112,7 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         if preset not in self.presets:
             raise ValueError(f"{self.name}: unknown preset {preset!r}; choose one of {', '.join(self.presets)}")
         self.preset = preset
-        self.seed = int(seed)
+        self.seed = check_seed(seed, owner=self.name)  # declared (params.SEED): never a float truncated
         try:  # how it runs, not what it learns (not parameters: a model fitted on a GPU is the same model)
             self.run_options = RunOptions(progress, device, precision, compile)
         except DeviceError:

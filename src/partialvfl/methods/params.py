@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["COMMON_PARAMS", "KINDS", "PRIVACY_PARAMS", "Param", "ParamSpace", "PresetFn", "dataset_key",
-           "inferred_space", "with_common"]
+__all__ = ["COMMON_PARAMS", "KINDS", "PRIVACY_PARAMS", "SEED", "Param", "ParamSpace", "PresetFn", "check_seed",
+           "dataset_key", "inferred_space", "parse_seed", "with_common"]
 
 #: Value kinds: ``int``, ``float``, ``bool``, ``str`` (with ``choices``), ``ints`` (a list of positive ints, e.g.
 #: hidden widths), ``range`` (a pair ``[low, high]`` of floats with low < high) and ``any`` (taken as given: for
@@ -286,6 +287,29 @@ def inferred_space(defaults: Mapping[str, Any], presets: Mapping[str, PresetFn])
     """A space for a method that only lists its defaults (a plugin or test method): names checked, values as given."""
     return ParamSpace(tuple(Param(name, default, "any", "(undeclared)", optional=True)
                             for name, default in defaults.items()), dict(presets))
+
+
+#: The model's seed, every method's: every random draw of a fit (initial weights, batches, noise, label DP unless
+#: ``label_dp_seed``) derives from it.  A keyword of the constructor and the command line's ``--seed`` (not a
+#: ``--param``: :data:`~partialvfl.methods.run_options.RUN_OPTION_FLAGS`), read by this declaration in both:
+#: :func:`check_seed` in Python, :func:`parse_seed` from text.
+SEED = Param("seed", 0, "int", "the model's seed: every random draw of a fit derives from it", low=0)
+
+
+def check_seed(value: Any, owner: str = "") -> int:
+    """``value`` as :data:`SEED` holds it: an integer (numpy's too) >= 0; a float (even ``2.0``: never silently
+    truncated), a bool or text refused in one line naming the parameter (and ``owner``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{owner + ': ' if owner else ''}parameter seed must be {SEED.describe()}, got {value!r}")
+    try:
+        return SEED.check(int(value))
+    except ValueError as e:
+        raise ValueError(f"{owner + ': ' if owner else ''}{e}") from None
+
+
+def parse_seed(text: str) -> int:
+    """``--seed``'s value, read from text by :data:`SEED`'s declared type (``"7"``; not ``"1.5"`` nor ``"-1"``)."""
+    return SEED.check(text.strip() if isinstance(text, str) else text)
 
 
 #: Parameters every method has, declared once here (the registry and the estimator add them to every space).

@@ -74,8 +74,9 @@ from partialvfl.federation.trust.audit import disclosed_state
 from partialvfl.federation.trust.guards import InferenceGuard
 from partialvfl.federation.trust.lookups import LOOKUP_LEDGER, LookupLedger
 from partialvfl.federation.trust.pins import spki_sha256
-from partialvfl.federation.trust.psu import PartyAligner, read_alignment_key
+from partialvfl.federation.trust.psu import TABLE, PartyAligner, read_alignment_key
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import COUNT, MetaKey
 from partialvfl.federation.wire.program import NotSetUp
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import INFERS, MessageError, MessageSpec, TensorSpec, UnknownKindError
@@ -90,13 +91,13 @@ PRIVACY_LEDGER = "privacy-ledger.npz"
 
 #: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
 SERVER_MESSAGES: dict[str, MessageSpec] = {
-    "hello": MessageSpec(optional_meta=["resume"],
+    "hello": MessageSpec(optional_meta={"resume": MetaKey(str, doc="the live session's secret")},
                          doc="Open a coordinator session (refused while another one is live, unless `resume` is "
                              "that session's secret); replies the party's name, index, row count, feature shape, the "
                              "names and row counts of its prediction tables and the session's secret as metadata "
                              "(and `dp`, its differential-privacy budget, where it keeps one)."),
     "bye": MessageSpec(doc="End this coordinator session (another coordinator may then say hello)."),
-    "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta=["table"],
+    "ids": MessageSpec(reply=[TensorSpec("hashes", "uint8", ("N", 32))], optional_meta={"table": TABLE},
                        doc="alignment = 'hmac' only: the IDs of the training table (or of prediction table `table`) "
                            "as HMAC-SHA256 hashes."),
     "attach": MessageSpec(
@@ -106,7 +107,9 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
                  TensorSpec("labeled", "bool", ("N",), optional=True),
                  TensorSpec("features", ("float32", "float64"), ("F", "D"), optional=True),
                  TensorSpec("feature_rows", "int64", ("F",), optional=True)],
-        meta=["handle", "n_samples"], optional_meta=["table", "tables", "feature_ids"],
+        meta={"handle": MetaKey(str, doc="the handle it attaches the rows under"), "n_samples": COUNT},
+        optional_meta={"table": TABLE, "tables": MetaKey(tuple[str, ...], doc="tables, indexed by `table_of`"),
+                       "feature_ids": MetaKey(tuple[str, ...], doc="one ID per row of `features`")},
         doc="Hold the rows with these alignment tokens (or HMAC hashes) at these positions of the shared order (of "
             "`n_samples`) under "
             "`handle`, from the training table or from prediction table `table` (then only predicted, never "
@@ -114,7 +117,7 @@ SERVER_MESSAGES: dict[str, MessageSpec] = {
             "the active party also gets the labels (training table only). `features`/`feature_rows`/`feature_ids`: "
             "the coordinator's own values of this party's features for rows it holds in no table (the label "
             "holder's new users; only predicted), accepted only under `[policy] accept_coordinator_features`."),
-    "release": MessageSpec(meta=["handle"], doc="Drop the data attached under `handle`."),
+    "release": MessageSpec(meta={"handle": MetaKey(str)}, doc="Drop the data attached under `handle`."),
 }
 
 

@@ -237,7 +237,7 @@ class TableBuiltins:
         return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
 
     def _release(self, req: Request) -> Reply:
-        handle = str(req.meta["handle"])
+        handle: str = req.meta["handle"]
         self.runtime.release(handle)
         self.prediction_handles.discard(handle)
         return Reply()

@@ -256,22 +256,23 @@ class PartyRuntime:
 
     def _admit(self, request: Request, spec: MessageSpec, where: str, config: dict[str, Any]) -> Request:
         """The party's policy (for its program's kinds), then the kind's declaration; the request as the program
-        gets it: every declared gradient row clipped to ``max_grad_norm``, a training request counted against
-        ``max_rewinds`` (:mod:`partialvfl.federation.trust.guards`)."""
+        gets it: its metadata typed (:mod:`~partialvfl.federation.wire.meta_keys`), every declared gradient row
+        clipped to ``max_grad_norm``, a training request counted against ``max_rewinds``
+        (:mod:`partialvfl.federation.trust.guards`)."""
         program_kind = request.kind not in self.builtins and self.program is not None
         if program_kind:
             self.policy.check_request(spec, request.kind, request.meta)
-        check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
+        meta = check_request(spec, request.tensors, request.meta, where=where, kind=request.kind, config=config)
         self.clipped_rows = 0
         if not program_kind:
-            return request
+            return Request(request.kind, request.tensors, meta)
         tensors, self.clipped_rows = clip_gradient_rows(spec, request.tensors, self.policy.max_grad_norm,
                                                         request.kind)
         if spec.role == TRAINS:
             if not self.trains:
                 self.policy.refuse_training(request.kind)
             self.rewinds.training(self.policy.max_rewinds)
-        return Request(request.kind, tensors, request.meta) if self.clipped_rows else request
+        return Request(request.kind, tensors if self.clipped_rows else request.tensors, meta)
 
     # ------------------------------------------------------------------ built-ins
     def _ping(self, request: Request) -> Reply:
@@ -294,7 +295,7 @@ class PartyRuntime:
         if shadowed:
             raise ValueError(f"party program {name!r} declares this party's built-in kind(s) {shadowed}")
         self.trains = self.policy.check_labels(request.meta.get("fit"), request.meta.get("label_dp"))
-        seed = self.policy.init_seed(int(request.meta["seed"]))
+        seed = self.policy.init_seed(request.meta["seed"])
         meta: dict[str, Any] = {"ok": True}
         if self.privacy is not None:
             self._refuse_private(name, PROGRAMS[name].private_setup_refusal(config))
@@ -321,13 +322,10 @@ class PartyRuntime:
 
     def _preprocess(self, request: Request) -> Reply:
         """Fit the party's standardisation on its own rows under ``data`` (or switch it off)."""
-        view = self.raw_data(str(request.meta["data"]))
-        if request.meta["standardize"] is True:
-            self._set_scaler(ColumnScaler.fit(view.features, f"party {self.index} ({self.name!r})"))
-        elif request.meta["standardize"] is False:
-            self._set_scaler(None)
-        else:
-            raise ValueError(f"preprocess: 'standardize' must be true or false, got {request.meta['standardize']!r}")
+        view = self.raw_data(request.meta["data"])
+        standardize: bool = request.meta["standardize"]  # a flag: the declaration refused anything else
+        self._set_scaler(ColumnScaler.fit(view.features, f"party {self.index} ({self.name!r})") if standardize
+                         else None)
         return Reply(meta={"n_rows": view.n_observed})
 
     def _save(self, request: Request) -> Reply:
@@ -368,7 +366,7 @@ class PartyRuntime:
         expected, got = request.meta.get("model"), saved.get("model")
         if expected is not None and got != expected:
             raise StateFileError(f"{who}: {path} belongs to another model (digest {str(got)[:12]}, this model "
-                                 f"{str(expected)[:12]}): a party file was swapped or left from an older save")
+                                 f"{expected[:12]}): a party file was swapped or left from an older save")
         try:
             scaler = ColumnScaler.from_state(saved["preprocessing"]) if saved.get("preprocessing") else None
             if saved.get("seed", program.seed) != program.seed:  # rebuilt as it was saved (a party draws its seeds)
@@ -377,5 +375,5 @@ class PartyRuntime:
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise StateFileError(f"{who}: {path} does not fit this model ({type(e).__name__}: {e})") from None
         self._set_scaler(scaler)  # files saved before party preprocessing existed hold none: features as they are
-        self.rewinds.on_load(saved.get("state_id"), str(request.meta["dir"]))
+        self.rewinds.on_load(saved.get("state_id"), request.meta["dir"])
         return Reply(meta={"ok": True, "model": got})

@@ -47,6 +47,7 @@ import numpy as np
 from partialvfl.data.ids import normalize_ids, read_key
 from partialvfl.federation.trust.lookups import LookupLedger
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import MetaKey
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import MessageSpec, TensorSpec
 from partialvfl.utils.private_files import write_private_json
@@ -62,25 +63,31 @@ CHECK_DOMAIN = b"partialvfl/psu/v1/key-check\x00"
 POINT_BYTES = 32
 NONCE_BYTES = 32
 
+#: a table the party serves (its training table when left out)
+TABLE = MetaKey(str, doc="a table the party serves")
+#: the session's salt: every keyed party's nonce (hex)
+SALT = MetaKey(tuple[str, ...], doc="every keyed party's nonce")
+
 #: the party server's alignment messages (built-in kinds, beside ``hello``/``ids``/``attach``/``release``)
 PSU_MESSAGES: dict[str, MessageSpec] = {
-    "psu_open": MessageSpec(optional_meta=["alignment_id", "resume"],
+    "psu_open": MessageSpec(optional_meta={"alignment_id": MetaKey(str, doc="keep this alignment under this name"),
+                                           "resume": MetaKey(str, doc="a ticket the party handed out")},
                             doc="Start this session's alignment: a keyed party replies a fresh nonce; with "
                                 "`alignment_id` (keep it, to resume a fit) also a `ticket`, and with `resume` (a "
                                 "ticket it handed this coordinator before) the nonce it kept under it, if its policy "
                                 "persists alignment keys."),
-    "psu_tokens": MessageSpec(reply=[TensorSpec("tokens", "uint8", ("N", 32))], meta=["salt"],
-                              optional_meta=["table"],
+    "psu_tokens": MessageSpec(reply=[TensorSpec("tokens", "uint8", ("N", 32))], meta={"salt": SALT},
+                              optional_meta={"table": TABLE},
                               doc="A keyed party's tokens H(id)^a of its table's rows, sorted; `salt` is every keyed "
                                   "party's nonce."),
-    "psu_blind": MessageSpec(reply=[TensorSpec("points", "uint8", ("N", 32))], optional_meta=["table"],
+    "psu_blind": MessageSpec(reply=[TensorSpec("points", "uint8", ("N", 32))], optional_meta={"table": TABLE},
                              doc="A party without the alignment key: its rows blinded, H(id)^r, sorted."),
     "psu_unblind": MessageSpec(request=[TensorSpec("points", "uint8", ("N", 32))],
-                               reply=[TensorSpec("tokens", "uint8", ("N", 32))], optional_meta=["table"],
+                               reply=[TensorSpec("tokens", "uint8", ("N", 32))], optional_meta={"table": TABLE},
                                doc="Its blinded rows raised to the session key, in psu_blind's order: the party "
                                    "removes r and replies its tokens, sorted."),
     "psu_eval": MessageSpec(request=[TensorSpec("points", "uint8", ("N", 32))],
-                            reply=[TensorSpec("points", "uint8", ("N", 32))], meta=["salt"],
+                            reply=[TensorSpec("points", "uint8", ("N", 32))], meta={"salt": SALT},
                             doc="Raise blinded points to the session key (an oblivious lookup: charged to the "
                                 "coordinator's lookup budget, a ledger in the party's state, and logged)."),
 }

@@ -17,6 +17,7 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, SEED, MetaKey
 from partialvfl.federation.wire.schema import Messages, MessageSpec
 from partialvfl.federation.wire.setup_config import SetupConfig, wire_config
 from partialvfl.federation.wire.setup_shape import SetupShape
@@ -30,10 +31,16 @@ PACKAGE_PROGRAMS = "builtin"
 
 PROGRAMS: dict[str, type[PartyProgram]] = {}
 
+_DIR = MetaKey(str, doc="a state directory")
+_MODEL = MetaKey(str | None, doc="the model's digest")
+
 #: The runtime's own message kinds.
 RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "ping": MessageSpec(doc="Is the party there? Replies its index and name as metadata."),
-    "setup": MessageSpec(meta=["program", "seed"], optional_meta=["config", "privacy", "fit", "label_dp"],
+    "setup": MessageSpec(meta={"program": MetaKey(str, doc="a registered party program"), "seed": SEED},
+                         optional_meta={"config": MetaKey(dict, doc="the program's set-up config"),
+                                        "privacy": MetaKey(dict | None, doc="the method's privacy plan"),
+                                        "fit": FLAG, "label_dp": MetaKey(float | None, low=0, doc="epsilon")},
                          doc="Build the named party program with this config and seed. `privacy`: the method's plan "
                              "for a party with a differential-privacy budget (charges per row, clip norms); such a "
                              "party refuses a setup without one. `fit`: the setup is for a fit (it will train), "
@@ -43,16 +50,16 @@ RUNTIME_MESSAGES: dict[str, MessageSpec] = {
                              "party has a budget."),
     "privacy": MessageSpec(doc="The party's differential-privacy budget and what its most-charged row has spent "
                                "(`enabled` false where it keeps none)."),
-    "preprocess": MessageSpec(meta=["data", "standardize"],
+    "preprocess": MessageSpec(meta={"data": HANDLE, "standardize": FLAG},
                               doc="Fit this party's own preprocessing on its rows attached under `data` (with "
                                   "`standardize`: per-column mean and scale; else none). The statistics stay at the "
                                   "party, are saved with its state and applied to every dataset it is handed."),
-    "save": MessageSpec(meta=["dir"], optional_meta=["model"],
+    "save": MessageSpec(meta={"dir": _DIR}, optional_meta={"model": _MODEL},
                         doc="Save the program's state and preprocessing (`party-<k>.pt` in `dir`), tagged with the "
                             "digest of the model it belongs to (`model`)."),
-    "load": MessageSpec(meta=["dir"], optional_meta=["model"],
+    "load": MessageSpec(meta={"dir": _DIR}, optional_meta={"model": _MODEL},
                         doc="Restore the state saved in `dir`; refused if it belongs to another model than `model`."),
-    "forget": MessageSpec(meta=["dir"], doc="Delete the state saved in `dir` (a pruned checkpoint)."),
+    "forget": MessageSpec(meta={"dir": _DIR}, doc="Delete the state saved in `dir` (a pruned checkpoint)."),
 }
 
 class NotSetUp(RuntimeError):

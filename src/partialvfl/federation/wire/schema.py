@@ -7,7 +7,7 @@ A party program declares, for every kind it answers, the request and reply tenso
             "encode": MessageSpec(
                 request=[TensorSpec("rows", "int64", ("B",))],
                 reply=[TensorSpec("mu", "float32", ("B", "d_h")), TensorSpec("logvar", "float32", ("B", "d_h"))],
-                meta=["data"], optional_meta=["train"]),
+                meta={"data": HANDLE}, optional_meta={"train": FLAG}),
         }
 
 A shape is a tuple of dimensions (``None``: any rank).  A dimension is a fixed size (``32``), a *symbol* (``"B"``)
@@ -20,6 +20,11 @@ placeholder value (``rows:f`` and ``emb:f`` share a ``B``, ``rows:g`` and ``emb:
 name that starts with ``top.``.  A required reply pattern whose placeholder appears in the request must answer every
 value the request used (``rows:f`` -> ``emb:f``).  ``when={"variant": 2}`` admits a tensor only if the program's
 config has those values.  The transports' stamps ``step`` and ``round`` are always accepted as metadata.
+
+Each metadata key has a type (:mod:`.meta_keys`: ``meta={"data": HANDLE}``, ``optional_meta={"samples":
+MetaKey(int, low=1)}``; a key named in a list, ``meta=["data"]``, takes any value): the request's metadata is read
+once, on arrival, and the handler gets the typed values; a value its key does not admit (``"32"`` for an integer,
+``1`` for a flag, ``nan``) is refused naming the program, the kind and the key.  The stamps are integers >= 0.
 
 A program's message also says what it is for (``role``, read by the party's policy, never a method name):
 ``"trains"`` (it changes the program's state: the default, the safe assumption), ``"infers"`` (it computes from rows
@@ -46,6 +51,8 @@ from typing import Any, Literal
 
 import torch
 
+from partialvfl.federation.wire.meta_keys import ANY, MetaKey, MetaValueError
+
 __all__ = [
     "DTYPES", "INFERS", "ROLES", "SHARES_WEIGHTS", "STAMPS", "TRAINS", "MessageError", "MessageSpec", "Messages",
     "TensorSpec", "UnknownKindError", "check_reply", "check_request", "kinds_with_role", "messages_markdown",
@@ -63,6 +70,10 @@ Direction = Literal["request", "reply"]
 Dim = int | str
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
 _SYMBOL = re.compile(r"^[A-Za-z_]\w*$")
+
+
+#: the transports' stamps: integers >= 0 (``None``: a request a server builds itself, such as a carried attach)
+_STAMP = MetaKey(int | None, low=0)
 
 
 class MessageError(ValueError):
@@ -145,8 +156,8 @@ class MessageSpec:
 
     request: Sequence[TensorSpec] = ()
     reply: Sequence[TensorSpec] = ()
-    meta: Sequence[str] = ()
-    optional_meta: Sequence[str] = ()
+    meta: Sequence[str] | Mapping[str, MetaKey] = ()
+    optional_meta: Sequence[str] | Mapping[str, MetaKey] = ()
     doc: str = ""
     role: str = TRAINS
     releases: Sequence[str] = ()
@@ -154,10 +165,23 @@ class MessageSpec:
     gradients: Sequence[str] | Mapping[str, int] = ()
     weight_decays: Sequence[str] = ()
     momenta: Sequence[str] = ()
+    #: every metadata key's declared type, required keys first (``meta`` and ``optional_meta`` hold the names)
+    meta_types: tuple[tuple[str, MetaKey], ...] = field(init=False, default=())
+    _meta_index: dict[str, MetaKey] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        for attr in ("request", "reply", "meta", "optional_meta", "releases", "learning_rates", "weight_decays",
-                     "momenta"):
+        types: list[tuple[str, MetaKey]] = []
+        for attr in ("meta", "optional_meta"):
+            keys = getattr(self, attr)
+            typed = keys.items() if isinstance(keys, Mapping) else ((k, ANY) for k in keys)
+            for name, key in typed:
+                if not isinstance(key, MetaKey):
+                    raise TypeError(f"meta key {name!r} is declared as {key!r}, not a MetaKey")
+                types.append((str(name), key))
+            object.__setattr__(self, attr, tuple(str(k) for k in keys))
+        object.__setattr__(self, "meta_types", tuple(types))
+        object.__setattr__(self, "_meta_index", {**dict(types), **{s: _STAMP for s in STAMPS}})
+        for attr in ("request", "reply", "releases", "learning_rates", "weight_decays", "momenta"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         grads = self.gradients.items() if isinstance(self.gradients, Mapping) else ((g, 0) for g in self.gradients)
         object.__setattr__(self, "gradients", tuple((str(n), int(d)) for n, d in grads))
@@ -294,25 +318,33 @@ def _when(s: TensorSpec) -> str:
     return ", ".join(f"{k} in {list(v)!r}" if isinstance(v, tuple) else f"{k}={v!r}" for k, v in s.when)
 
 
-def _check_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> None:
+def _read_meta(ex: _Exchange, spec: MessageSpec, meta: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(meta, Mapping):
+        raise ex.fail("request", f"metadata must be an object, got {type(meta).__name__}")
+    types = spec._meta_index  # the declared keys and the stamps
     for key in spec.meta:
         if key not in meta:
-            raise ex.fail("request", f"missing meta key {key!r}")
-    known = set(spec.meta) | set(spec.optional_meta) | set(STAMPS)
-    unknown = sorted(k for k in meta if k not in known)
+            raise ex.fail("request", f"missing meta key {key!r} ({types[key].describe()})")
+    unknown = sorted(str(k) for k in meta if k not in types)
     if unknown:
         accepted = ", ".join([*spec.meta, *spec.optional_meta]) or "none"
         raise ex.fail("request", f"unknown meta key {unknown[0]!r}; accepted: {accepted} (and the stamps "
                                  f"{', '.join(STAMPS)})")
+    try:
+        return {k: types[k].read(v, k) for k, v in meta.items()}
+    except MetaValueError as e:
+        raise ex.fail("request", str(e)) from None
 
 
 def check_request(spec: MessageSpec, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *,
-                  where: str, kind: str, config: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`MessageError` unless the request's metadata and tensors match ``spec``."""
+                  where: str, kind: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The request's metadata as its handler reads it (every key's declared type, :mod:`.meta_keys`); raise
+    :class:`MessageError` unless the metadata and the tensors match ``spec``."""
     ex = _Exchange(spec, where, kind, config)
-    _check_meta(ex, spec, meta)
+    typed = _read_meta(ex, spec, meta)
     ex.side("request", spec.request, tensors)
     ex.check_sums()
+    return typed
 
 
 def check_reply(spec: MessageSpec, request: Mapping[str, torch.Tensor], reply: Mapping[str, torch.Tensor], *,
@@ -395,8 +427,14 @@ def _kind_markdown(kind: str, spec: MessageSpec, program: bool) -> list[str]:
             lines.append(f"| {d} | `{t.name}` | {'/'.join(t.dtype)} | {_shape(t)} | {notes} |")
     else:
         lines.append("No tensors.")
-    meta = [f"`{k}`" for k in spec.meta] + [f"`{k}` (optional)" for k in spec.optional_meta]
-    lines += ["", f"Meta: {', '.join(meta) if meta else 'none'}.", ""]
+    required = set(spec.meta)
+    if spec.meta_types:
+        lines += ["", "| meta | accepts | presence | meaning |", "|---|---|---|---|"]
+        for k, key in spec.meta_types:
+            lines.append(f"| `{k}` | {key.describe()} | {'required' if k in required else 'optional'} | {key.doc} |")
+        lines.append("")
+    else:
+        lines += ["", "Meta: none.", ""]
     return lines
 
 
@@ -416,7 +454,12 @@ def messages_markdown(sections: Sequence[tuple[str, str, Messages, bool]]) -> st
         "one request and its reply (a name that is an integer key of the program's config, such as `d_h`, must "
         "equal that value); `B+M` is the sum of two symbols; `any` is any rank. `rows:{model}` names a family of "
         "tensors, one per model, each with its own symbols; `top.*` any name starting with `top.`. "
-        "Every request may also carry the transports' stamps `step` and `round`.",
+        "Every request may also carry the transports' stamps `step` and `round` (integers >= 0).",
+        "",
+        "Each metadata key has a type, checked strictly as JSON carries it when the request arrives (`\"32\"` is "
+        "not an integer, `1` is not `true`, never `NaN`); the party refuses a request whose metadata does not "
+        "match in one line naming the party, the program, the kind and the key, and its handler reads the typed "
+        "values (`partialvfl.federation.wire.meta_keys`).",
         "",
         "Each program message has a role, which the party's policy reads (never a method's name): `trains` (it "
         "changes the program's state), `infers` (it computes from rows without learning unless its request sets "

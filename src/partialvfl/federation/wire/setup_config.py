@@ -43,8 +43,8 @@ from typing import Any, ClassVar, Self
 
 from partialvfl.nn.optim import OPTIMIZERS
 
-__all__ = ["FeatureSetup", "OptimiserSetup", "SetupConfig", "SetupConfigError", "setting", "setup_config_markdown",
-           "wire_config"]
+__all__ = ["FeatureSetup", "OptimiserSetup", "SetupConfig", "SetupConfigError", "check_value", "describe", "setting",
+           "setup_config_markdown", "split_optional", "wire_config"]
 
 _NO_DEFAULT: Any = dataclasses.MISSING
 
@@ -80,7 +80,7 @@ def _bounds(meta: Mapping[str, Any]) -> str:
     return f" <= {high:g}" if high is not None else ""
 
 
-def _split_optional(tp: Any) -> tuple[Any, bool]:
+def split_optional(tp: Any) -> tuple[Any, bool]:
     """``(type, whether None is admitted)`` of a field type ``X | None``."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -92,7 +92,7 @@ def _split_optional(tp: Any) -> tuple[Any, bool]:
 
 def describe(tp: Any, meta: Mapping[str, Any]) -> str:
     """The values a field of type ``tp`` accepts, in words (for errors and docs)."""
-    tp, optional = _split_optional(tp)
+    tp, optional = split_optional(tp)
     choices = meta.get("choices")
     if choices is not None:
         what = "one of " + ", ".join(repr(c) for c in choices)
@@ -136,7 +136,7 @@ def _in_bounds(value: Any, meta: Mapping[str, Any]) -> bool:
 
 def _held(declared: Any, meta: Mapping[str, Any], value: Any, key: str) -> Any:
     """``value`` checked against the field's type and range, as the typed object holds it."""
-    tp, optional = _split_optional(declared)
+    tp, optional = split_optional(declared)
     if value is None and optional:
         return None
     if isinstance(tp, type) and issubclass(tp, SetupConfig):
@@ -171,6 +171,13 @@ def _held(declared: Any, meta: Mapping[str, Any], value: Any, key: str) -> Any:
     if meta.get("choices") is not None and out not in meta["choices"]:
         raise bad
     return out
+
+
+def check_value(declared: Any, meta: Mapping[str, Any], value: Any, key: str) -> Any:
+    """``value`` checked against a declared type and its ``low``/``high``/``choices`` (``meta``), as the typed
+    object holds it (lists as tuples, a nested config as its object); :class:`SetupConfigError` naming ``key``
+    otherwise.  The one check of set-up config keys and of typed message metadata (:mod:`.meta_keys`)."""
+    return _held(declared, meta, value, key)
 
 
 @dataclass(frozen=True)
@@ -275,7 +282,7 @@ def setup_config_markdown(cls: type[SetupConfig], prefix: str = "") -> list[str]
     rows = []
     hints = cls._field_types()
     for f in dataclasses.fields(cls):
-        tp = _split_optional(hints[f.name])[0]
+        tp = split_optional(hints[f.name])[0]
         nested = isinstance(tp, type) and issubclass(tp, SetupConfig)
         default = ("required" if f.default is dataclasses.MISSING else "optional" if f.default is None
                    else f"default `{json.dumps(_plain(f.default))}`")

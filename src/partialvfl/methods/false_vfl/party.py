@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, MetaKey
 from partialvfl.federation.wire.program import PartyProgram, register_program
 from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec, tensor_names
 from partialvfl.federation.wire.setup_config import FeatureSetup, setting
@@ -106,7 +107,8 @@ class FalseVFLParty(PartyProgram):
         "encode": MessageSpec(
             request=[TensorSpec("rows", "int64", ("B",))],
             reply=[TensorSpec("mu", _WIDE, ("B", "d_h")), TensorSpec("logvar", _WIDE, ("B", "d_h"))],
-            meta=["data"], optional_meta=["train", "predict"], role=INFERS, releases=["mu", "logvar"]),
+            meta={"data": HANDLE}, optional_meta={"train": FLAG, "predict": FLAG}, role=INFERS,
+            releases=["mu", "logvar"]),
         "decode": MessageSpec(
             request=[_wide("h", ("S", "B", "d_h"), _SAMPLES), _wide("h_mis", ("S", "M", "d_h"), _SAMPLES_II),
                      _wide("mean", ("B", "d_h"), _LEAN), _wide("scale", ("B", "d_h"), _LEAN),
@@ -119,7 +121,10 @@ class FalseVFLParty(PartyProgram):
             reply=[TensorSpec("loglik", "float32", ("S", "B"), optional=True),
                    TensorSpec("mask_loglik", "float32", ("S", "B+M"), optional=True, when=_II),
                    _wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
-            optional_meta=["train", "noise_seed", "batch", "samples", "data", "predict"], role=INFERS,
+            optional_meta={"train": FLAG, "noise_seed": MetaKey(int, low=0, doc="the batch's noise seed"),
+                           "batch": MetaKey(int, low=0, doc="the batch's row count"),
+                           "samples": MetaKey(int, low=1, doc="latent samples per row"), "data": HANDLE,
+                           "predict": FLAG}, role=INFERS,
             releases=["loglik", "mask_loglik", "mu", "logvar"]),
         "decode_grad": MessageSpec(
             request=[TensorSpec("grad_loglik", "float32", ("S", "B"), optional=True),
@@ -135,7 +140,7 @@ class FalseVFLParty(PartyProgram):
                      TensorSpec("next_rows", "int64", ("N",), optional=True)],
             gradients=["grad_mu", "grad_logvar"],
             reply=[_wide("mu", ("N", "d_h")), _wide("logvar", ("N", "d_h"))],
-            optional_meta=["data"], releases=["mu", "logvar"]),
+            optional_meta={"data": HANDLE}, releases=["mu", "logvar"]),
     }
 
     @classmethod
@@ -204,7 +209,7 @@ class FalseVFLParty(PartyProgram):
 
     def shared_noise(self, meta: dict[str, Any], d_h: int) -> torch.Tensor:
         """The batch's reparameterisation noise ``eps_h`` ``(S, batch, d_h)``, the same draw as the coordinator's."""
-        return latent_noise(int(meta["noise_seed"]), (int(meta["samples"]), int(meta["batch"]), d_h), self.device)
+        return latent_noise(meta["noise_seed"], (meta["samples"], meta["batch"], d_h), self.device)
 
     def latent_noise(self, req: Request, d_h: int) -> dict[str, torch.Tensor]:
         """The noise ``(S, rows, d_h)`` of the held (``""``) and lacked (``"_mis"``) rows a lean or bound decode
@@ -218,11 +223,11 @@ class FalseVFLParty(PartyProgram):
         per_row = bool(suffixes) and all(f"seed{sfx}" in t for sfx in suffixes)
         if self.wire == "lean":
             if per_row:
-                return {sfx: to_device(row_latent_noise(t[f"seed{sfx}"], int(meta["samples"]), d_h)[0], self.device)
+                return {sfx: to_device(row_latent_noise(t[f"seed{sfx}"], meta["samples"], d_h)[0], self.device)
                         for sfx in suffixes}
             eps = self.shared_noise(meta, d_h) if suffixes else None
             return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
-        batch, samples = int(meta["batch"]), int(meta["samples"])
+        batch, samples = meta["batch"], meta["samples"]
         pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
         if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
             raise ValueError(f"party {self.party}: bound decode: row positions must be distinct, in [0, {batch})")
@@ -237,7 +242,7 @@ class FalseVFLParty(PartyProgram):
                 raise ValueError(f"party {self.party}: bound decode: every mean must be finite and every scale at "
                                  f"least {self.latent_scale_floor:g} (latent_scale_floor)")
             out[sfx] = (row_bound_noise(t[f"seed{sfx}"], mean, scale, samples) if per_row
-                        else bound_noise(int(meta["noise_seed"]), t[f"pos{sfx}"], mean, scale, samples))
+                        else bound_noise(meta["noise_seed"], t[f"pos{sfx}"], mean, scale, samples))
         return out
 
     def release(self, reply: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -247,7 +252,7 @@ class FalseVFLParty(PartyProgram):
 
     def missing_noise_seed(self, meta: dict[str, Any]) -> int:
         """Seed of II's decoder draws for the rows it lacks (lean: derived from the batch's seed, never sent)."""
-        seed = int(meta.get("noise_seed", 0))
+        seed = meta.get("noise_seed", 0)
         return derive_seed(seed, "party", self.party) if self.wire == "lean" else seed
 
     # -------------------------------------------------------------- handlers
@@ -270,8 +275,8 @@ class FalseVFLParty(PartyProgram):
 
     def on_encode(self, req: Request) -> Reply:
         self._rows_of = {}
-        return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], bool(req.meta.get("train", False)),
-                                      predict=bool(req.meta.get("predict", False))))
+        return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], req.meta.get("train", False),
+                                      predict=req.meta.get("predict", False)))
 
     def _latents(self, req: Request, train: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,
                                                             torch.Tensor | None]:
@@ -294,8 +299,8 @@ class FalseVFLParty(PartyProgram):
 
     def on_decode(self, req: Request) -> Reply:
         self._rows_of = {}
-        train = bool(req.meta.get("train", False))
-        predict = bool(req.meta.get("predict", False)) and not train
+        train = req.meta.get("train", False)
+        predict = req.meta.get("predict", False) and not train
         self.net.train(train)
         leaves, h, h_mis = self._latents(req, train)
         if h is not None and len(self._enc.get("x", ())) != h.shape[1]:

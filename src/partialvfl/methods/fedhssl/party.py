@@ -12,6 +12,7 @@ from torch import nn
 
 from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, MetaKey
 from partialvfl.federation.wire.program import PartyProgram, register_program
 from partialvfl.federation.wire.schema import INFERS, SHARES_WEIGHTS, Messages, MessageSpec, TensorSpec
 from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, SetupConfig, setting
@@ -58,6 +59,10 @@ def _neg_cos(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return -F.cosine_similarity(p, z.detach(), dim=-1).mean()
 
 
+#: what partial model aggregation averages (a program set up with aggregate "none" is never asked)
+_AGGREGATE = MetaKey(str, choices=("top", "top+head"))
+
+
 @register_program
 class FedHSSLParty(PartyProgram):
     """Party k of FedHSSL: cross-party encoder, local bottom and top encoders, their SimSiam heads.
@@ -74,18 +79,21 @@ class FedHSSLParty(PartyProgram):
     # P: SimSiam projection width, J: partners, R: representation width (latent_dim, or twice it with pool=concat)
     messages: ClassVar[Messages] = {
         "cross_project": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
-                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta=["data"],
+                                     reply=[TensorSpec("z", "float32", ("B", "P"))], meta={"data": HANDLE},
                                      releases=["z"]),
         "cross_update": MessageSpec(request=[TensorSpec("targets", "float32", ("B", "J", "P"))]),
-        "local_ssl": MessageSpec(meta=["data", "batch_size", "local_weight", "guidance_weight", "augment"]),
+        "local_ssl": MessageSpec(meta={"data": HANDLE, "batch_size": MetaKey(int, low=1),
+                                       "local_weight": MetaKey(float, low=0), "guidance_weight": MetaKey(float, low=0),
+                                       "augment": MetaKey(dict, doc="SimSiam's augmentation (corruption, noise)")}),
         "get_top": MessageSpec(reply=[TensorSpec("top.*", ("float32", "int64")),
                                       TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
-                               meta=["aggregate"], role=SHARES_WEIGHTS),
+                               meta={"aggregate": _AGGREGATE}, role=SHARES_WEIGHTS),
         "set_top": MessageSpec(request=[TensorSpec("top.*", ("float32", "int64")),
                                         TensorSpec("local_head.*", ("float32", "int64"), optional=True)],
-                               meta=["aggregate"]),
+                               meta={"aggregate": _AGGREGATE}),
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",))],
-                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta=["data"], optional_meta=["train"],
+                             reply=[TensorSpec("emb", "float32", ("B", "R"))], meta={"data": HANDLE},
+                             optional_meta={"train": FLAG},
                              role=INFERS, releases=["emb"]),
         "grad_embedding": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "R"))], gradients=["grad"]),
         "zero_embedding": MessageSpec(reply=[TensorSpec("emb", "float32", ("R",))], role=INFERS),
@@ -179,9 +187,9 @@ class FedHSSLParty(PartyProgram):
     # ------------------------------------------------------------------ guided local SimSiam
     def on_local_ssl(self, req: Request) -> Reply:
         """One epoch of cross-party-guided local SimSiam over all the party's rows (nothing crosses but the loss)."""
-        bs = max(2, int(req.meta["batch_size"]))
-        wl, wg = float(req.meta["local_weight"]), float(req.meta["guidance_weight"])
-        cfg = SimSiamConfig.from_dict(dict(req.meta["augment"]))
+        bs = max(2, req.meta["batch_size"])
+        wl, wg = req.meta["local_weight"], req.meta["guidance_weight"]
+        cfg = SimSiamConfig.from_dict(req.meta["augment"])
         x_all = self.runtime.table(req.meta["data"])  # on the party's device, moved there once
         n = x_all.shape[0]
         if n < 2:
@@ -222,7 +230,7 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ fine-tuning and prediction
     def on_embed(self, req: Request) -> Reply:
-        train = bool(req.meta.get("train", False))
+        train = req.meta.get("train", False)
         x = self._features(req.meta["data"], req.tensors["rows"])
         self.net.train(train)
         if train:

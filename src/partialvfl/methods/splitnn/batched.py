@@ -57,7 +57,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
     outs: list[dict[str, torch.Tensor]] = [{} for _ in items]
     units: dict[tuple[Any, ...], list[tuple[int, str, torch.Tensor]]] = {}
     for i, (program, request) in enumerate(items):
-        train = bool(request.meta.get("train", False))
+        train = request.meta.get("train", False)
         for key, rows in request.tensors.items():
             if not key.startswith("rows:"):
                 raise ValueError(f"party {program.party}: unexpected tensor {key!r} in an embed request")

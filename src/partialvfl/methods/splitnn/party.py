@@ -13,6 +13,7 @@ from torch import nn
 from partialvfl.federation.dp.gaussian import clip_rows
 from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, MetaKey
 from partialvfl.federation.wire.program import PartyProgram, register_program, state_file
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec
@@ -80,14 +81,19 @@ class SplitParty(PartyProgram):
     messages: ClassVar[Messages] = {
         "embed": MessageSpec(request=[TensorSpec("rows:{model}", "int64", ("B",))],
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
-                             meta=["data"], optional_meta=["train"], role=INFERS, releases=["emb:{model}"]),
+                             meta={"data": HANDLE}, optional_meta={"train": FLAG}, role=INFERS,
+                             releases=["emb:{model}"]),
         "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
                                       gradients=["grad:{model}"]),
-        "pretrain": MessageSpec(meta=["data", "simsiam", "epoch"], optional_meta=["models", "last"],
+        "pretrain": MessageSpec(meta={"data": HANDLE, "simsiam": MetaKey(dict, doc="SimSiam's settings"),
+                                      "epoch": MetaKey(int, low=0, doc="0 starts pretraining")},
+                                optional_meta={"models": MetaKey(tuple[str, ...], doc="the models to pretrain"),
+                                               "last": MetaKey(bool, doc="the last epoch")},
                                 learning_rates=["simsiam.lr"], weight_decays=["simsiam.weight_decay"],
                                 momenta=["simsiam.momentum"]),
-        "set_lr": MessageSpec(meta=["lr"], learning_rates=["lr"]),
-        "init_encoder": MessageSpec(meta=["dir", "program"],
+        "set_lr": MessageSpec(meta={"lr": MetaKey(float, low=0)}, learning_rates=["lr"]),
+        "init_encoder": MessageSpec(meta={"dir": MetaKey(str, doc="a state directory"),
+                                          "program": MetaKey(str, choices=("false-vfl/party",))},
                                     doc="Initialise every model from this party's own saved state of another program "
                                         "in `dir` (FALSE-VFL's stage-1 encoder: its weights, the output layer's "
                                         "mean half); read from the party's own disk, nothing crosses."),
@@ -112,7 +118,7 @@ class SplitParty(PartyProgram):
 
     def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
         """``emb:<model>`` is about the rows of ``rows:<model>``."""
-        handle = str(request.meta["data"])
+        handle: str = request.meta["data"]
         return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
                 if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
 
@@ -160,7 +166,7 @@ class SplitParty(PartyProgram):
         return h
 
     def on_embed(self, req: Request) -> Reply:
-        train = bool(req.meta.get("train", False))
+        train = req.meta.get("train", False)
         out: dict[str, torch.Tensor] = {}
         for key, rows in req.tensors.items():
             if not key.startswith("rows:"):
@@ -169,7 +175,7 @@ class SplitParty(PartyProgram):
             x = self._features(req.meta["data"], rows)
             out[f"emb:{name}"] = self.forward_model(name, x, train)
             if train and self.runtime.privacy is not None:
-                self._private_rows[name] = (str(req.meta["data"]), rows.numpy(), x)
+                self._private_rows[name] = (req.meta["data"], rows.numpy(), x)
         return Reply(out)
 
     def handle(self, request: Request) -> Reply:
@@ -208,7 +214,7 @@ class SplitParty(PartyProgram):
     def on_set_lr(self, req: Request) -> Reply:
         for opt in self.optimizers.values():
             for group in opt.param_groups:
-                group["lr"] = float(req.meta["lr"])
+                group["lr"] = req.meta["lr"]
         return Reply()
 
     def on_pretrain(self, req: Request) -> Reply:
@@ -222,8 +228,8 @@ class SplitParty(PartyProgram):
                                   "losses); fit with pretrain=false")
         view = self.data(req.meta["data"])
         names = list(req.meta.get("models") or list(self.models))
-        if int(req.meta["epoch"]) == 0 or not self._simsiam:
-            cfg = SimSiamConfig.from_dict(dict(req.meta["simsiam"]))
+        if req.meta["epoch"] == 0 or not self._simsiam:
+            cfg = SimSiamConfig.from_dict(req.meta["simsiam"])
             self._simsiam = {
                 name: SimSiamTrainer(self._model(name), self.runtime.table(req.meta["data"]), self.feature_shape, cfg,
                                      torch_generator(self.seed, "simsiam", self.party, name), out_dim=self.latent_dim,

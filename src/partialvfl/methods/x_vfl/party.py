@@ -16,9 +16,10 @@ from partialvfl.data.within_block import (
 )
 from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, MetaKey
 from partialvfl.federation.wire.program import PartyProgram, register_program
 from partialvfl.federation.wire.schema import INFERS, Messages, MessageSpec, TensorSpec
-from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, setting
+from partialvfl.federation.wire.setup_config import FeatureSetup, OptimiserSetup, SetupConfig, setting
 from partialvfl.federation.wire.setup_shape import Network, SetupShape, optimiser_settings
 from partialvfl.methods.x_vfl.spec import ENCODERS, XVFL_PARAMS
 from partialvfl.methods.x_vfl.updater import _Updater
@@ -26,7 +27,7 @@ from partialvfl.nn.blocks import MLP, build_decoder, build_encoder, decoder_arch
 from partialvfl.utils.devices import to_numpy
 from partialvfl.utils.seeding import torch_seeded
 
-__all__ = ["XVFLParty", "XVFLSetup"]
+__all__ = ["WithinBlock", "XVFLParty", "XVFLSetup"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,19 @@ class XVFLSetup(FeatureSetup):
     optimizer: OptimiserSetup = setting(doc="the optimiser of its bottom model and completer")
     estimator: str = setting(choices=XVFL_PARAMS.param("estimator").choices, doc="sgd, or page (PAGE's estimator "
                              "keeps the previous parameters)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WithinBlock(SetupConfig):
+    """What a party needs to recompute its own masks of features lost inside its block (``wb`` of a request:
+    :func:`~partialvfl.data.within_block.wire_setting`)."""
+
+    rate: float = setting(low=0, high=1, doc="the fraction of a partial row's features lost")
+    seed: int = setting(doc="the seed of the masks")
+
+
+_VERSION = MetaKey(str, choices=("cur", "prev"), doc="the parameters (PAGE keeps the previous ones)")
+_WB = MetaKey(WithinBlock | None, doc="the within-block setting")
 
 
 @register_program
@@ -62,28 +76,32 @@ class XVFLParty(PartyProgram):
         "embed": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
                                       TensorSpec("partial", "bool", ("B",), optional=True)],
                              reply=[TensorSpec("emb", "float32", ("B", "embed_dim"))],
-                             meta=["data"], optional_meta=["train", "version", "wb"], role=INFERS,
+                             meta={"data": HANDLE}, optional_meta={"train": FLAG, "version": _VERSION, "wb": _WB},
+                             role=INFERS,
                              releases=["emb"]),
         "complete": MessageSpec(request=[TensorSpec("rows", "int64", ("B",)),
                                          TensorSpec("partial", "bool", ("B",), optional=True),
                                          TensorSpec("inputs", "float32", ("B", "embed_dim"))],
                                 reply=[TensorSpec("emb_tilde", "float32", ("B", "embed_dim"))],
-                                meta=["data"], optional_meta=["train", "version", "wb", "input_grad"], role=INFERS,
+                                meta={"data": HANDLE}, optional_meta={"train": FLAG, "version": _VERSION, "wb": _WB,
+                                                                      "input_grad": FLAG}, role=INFERS,
                                 releases=["emb_tilde"]),
         "backward_complete": MessageSpec(
             request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
             reply=[TensorSpec("grad_inputs", "float32", ("B", "embed_dim"), optional=True)],
-            optional_meta=["version"], releases=["grad_inputs"], gradients=["grad"]),
+            optional_meta={"version": _VERSION}, releases=["grad_inputs"], gradients=["grad"]),
         "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", "embed_dim"))],
-                                optional_meta=["version"], gradients=["grad"]),
-        "step": MessageSpec(meta=["mode"]),
+                                optional_meta={"version": _VERSION}, gradients=["grad"]),
+        "step": MessageSpec(meta={"mode": MetaKey(str, choices=("sgd", "page-fresh", "page-correct"))}),
         "share_top": MessageSpec(request=[TensorSpec("top.*", "float32"),
                                           TensorSpec("label_prior", "float64", ("C",))],
-                                 meta=["top_hidden", "n_classes"]),
+                                 meta={"top_hidden": MetaKey(tuple[int, ...], low=1),
+                                       "n_classes": MetaKey(int, low=1)}),
         "predict_local": MessageSpec(request=[TensorSpec("rows", "int64", ("N",)),
                                               TensorSpec("partial", "bool", ("N",))],
                                      reply=[TensorSpec("probs", "float64", ("N", "C"))],
-                                     meta=["data", "completion"], optional_meta=["wb"], role=INFERS,
+                                     meta={"data": HANDLE, "completion": MetaKey(str, choices=("self", "none"))},
+                                     optional_meta={"wb": _WB}, role=INFERS,
                                      releases=["probs"]),
     }
 
@@ -116,7 +134,7 @@ class XVFLParty(PartyProgram):
 
     # ------------------------------------------------------------------ own data
     def _block(self, view: PartyView, rows: np.ndarray, partial: np.ndarray,
-               wb: dict[str, Any] | None, handle: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               wb: WithinBlock | None, handle: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Party k's features for ``rows`` (zero where lost inside a partial block) and the present-feature mask
         (``handle``: the data ``view`` is, whose table is on the party's device already)."""
         pos = view.position_of_rows(rows)
@@ -128,7 +146,7 @@ class XVFLParty(PartyProgram):
         if partial.any():
             if wb is None:
                 raise ValueError(f"party {self.party}: rows flagged partial but no within-block setting was sent")
-            keep = within_block_mask(view.ids[pos[partial]], self.party, self.feature_dim, wb["rate"], wb["seed"])
+            keep = within_block_mask(view.ids[pos[partial]], self.party, self.feature_dim, wb.rate, wb.seed)
             mask[torch.as_tensor(np.flatnonzero(partial), device=self.device)] = torch.as_tensor(keep,
                                                                                                device=self.device)
             x = x * mask
@@ -143,7 +161,7 @@ class XVFLParty(PartyProgram):
     # ------------------------------------------------------------------ handlers
     def on_embed(self, req: Request) -> Reply:
         rows, partial = self._rows(req)
-        train = bool(req.meta.get("train", False))
+        train = req.meta.get("train", False)
         version = req.meta.get("version", "cur")
         net = self.updater.model(version)
         net.train(train)
@@ -157,7 +175,7 @@ class XVFLParty(PartyProgram):
         return Reply({"emb": e})
 
     def _complete(self, net: nn.Module, inputs: torch.Tensor, view: PartyView | None, rows: np.ndarray,
-                  partial: np.ndarray, wb: dict[str, Any] | None, handle: str | None = None) -> torch.Tensor:
+                  partial: np.ndarray, wb: WithinBlock | None, handle: str | None = None) -> torch.Tensor:
         """Et = f_k(Xt): Xt = XCom_k(input), keeping the party's own present features where its block is partial."""
         xt = net["xcom"](inputs)
         if partial.any():
@@ -169,7 +187,7 @@ class XVFLParty(PartyProgram):
 
     def on_complete(self, req: Request) -> Reply:
         rows, partial = self._rows(req)
-        train = bool(req.meta.get("train", False))
+        train = req.meta.get("train", False)
         version = req.meta.get("version", "cur")
         net = self.updater.model(version)
         net.train(train)
@@ -206,12 +224,12 @@ class XVFLParty(PartyProgram):
 
     def on_step(self, req: Request) -> Reply:
         self._pending.clear()
-        self.updater.step(str(req.meta["mode"]))
+        self.updater.step(req.meta["mode"])
         return Reply()
 
     def on_share_top(self, req: Request) -> Reply:
-        self.top_hidden = [int(h) for h in req.meta["top_hidden"]]
-        n_classes = int(req.meta["n_classes"])
+        self.top_hidden = req.meta["top_hidden"]  # a list of integers >= 1: the declaration read it
+        n_classes = req.meta["n_classes"]
         self.top = MLP(self.embed_dim, self.top_hidden, n_classes).to(self.device)
         self.top.load_state_dict({k.removeprefix("top."): v.clone() for k, v in req.tensors.items()
                                   if k.startswith("top.")})
@@ -232,11 +250,11 @@ class XVFLParty(PartyProgram):
             raise ValueError(f"party {self.party}: predict_local covers every row it holds in {req.meta['data']!r} "
                              f"({view.n_observed}), in order; got {len(rows)} rows")
         partial = req.tensors["partial"].numpy().astype(bool)
-        probs = self.predict_local(view, partial, req.meta.get("wb"), completion=str(req.meta["completion"]))
+        probs = self.predict_local(view, partial, req.meta.get("wb"), completion=req.meta["completion"])
         return Reply({"probs": torch.as_tensor(probs)})
 
     @torch.no_grad()
-    def predict_local(self, view: PartyView, partial: np.ndarray, wb: dict[str, Any] | None,
+    def predict_local(self, view: PartyView, partial: np.ndarray, wb: WithinBlock | None,
                       completion: str = "self") -> np.ndarray:
         """h(f_k(x_k)) for every row this party holds, computed here alone (no message): ``(n_observed, C)``.
 
