@@ -19,24 +19,28 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-#: the modules that cost the most, costliest first (seconds of one process on the 2-core AMD VM, 2026-11-28, after
-#: the meta-device sweep was made cheaper): handed out first, they do not leave one worker running alone at the end.
-#: A module missing here only runs later; the order changes no result (each module has its own fixtures, or
-#: session-wide ones that no test changes).
+#: the modules that cost the most, costliest first (seconds on one worker of the whole suite, the other one busy, on the
+#: 2-core AMD VM, 2026-11-28, after party processes and the doc tests' commands were forked from a preloaded
+#: interpreter): handed out first, they do not leave one worker running alone at the end.  A module missing here only
+#: runs later; the order changes no result (each module has its own fixtures, or session-wide ones that no test
+#: changes).
 COSTLIEST_MODULES = (
-    "test_own_data_doc",  # 143 s
-    "test_devices",  # 70 s (172 s before its meta fits ran in batches of half the rows)
-    "test_kill_resume",  # 65 s
-    "test_lookup_budget",  # 60 s
-    "test_party_failure",  # 57 s
-    "test_bench",  # 56 s
-    "test_alignment",  # 56 s
-    "test_schedule",  # 52 s
-    "test_contract",  # 47 s
-    "test_orchestration",  # 44 s
-    "test_serving_doc",  # 41 s
-    "test_serving_federated",  # 39 s
-    "test_grpc",  # 36 s
+    "test_bench",  # 93 s
+    "test_devices",  # 81 s
+    "test_own_data_doc",  # 74 s (141 s while each of its commands started a fresh interpreter)
+    "test_schedule",  # 62 s
+    "test_false_vfl",  # 60 s
+    "test_lookup_budget",  # 58 s
+    "test_contract",  # 58 s
+    "test_kill_resume",  # 78 s before its killed coordinators were forked
+    "test_serving_doc",  # 45 s
+    "test_party_failure",  # 43 s
+    "test_grpc",  # 42 s
+    "test_serving_federated",  # 30 s
+    "test_alignment",  # 30 s
+    "test_privacy_attacks",  # 28 s
+    "test_compiled",  # 26 s
+    "test_orchestration",  # 25 s
 )
 
 

@@ -18,7 +18,8 @@ _WHERE = {
     "Reply": "wire.messages", "Request": "wire.messages", "PartyProgram": "wire.program",
     "register_program": "wire.program", "MessageError": "wire.schema", "Messages": "wire.schema",
     "MessageSpec": "wire.schema", "TensorSpec": "wire.schema", "tensor_names": "wire.schema",
-    "LocalTransport": "wire.transport", "MetaKey": "wire.meta_keys", "PartyUnavailable": "wire.transport", "Transport": "wire.transport",
+    "LocalTransport": "wire.transport", "PartyUnavailable": "wire.transport", "Transport": "wire.transport",
+    "MetaKey": "wire.meta_keys",
 }
 
 __all__ = sorted(_WHERE)
