@@ -4,6 +4,7 @@ fixtures several modules share (one deployment of party processes for the tiny g
 from a preloaded interpreter (below)."""
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,17 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# dp-accounting imports absl, whose logging handler (on the root logger) keeps the sys.stderr of the moment it is made
+# (under pytest: a capture) and closes that stream when logging is configured again unless it is the sys.stderr of
+# that moment (uvicorn's dictConfig in the serving tests): pytest's capture then failed with "I/O operation on closed
+# file" at every later test of that process.  Its stream is the process's own stderr here, which absl never closes.
+try:
+    import absl.logging as absl_logging  # noqa: E402
+except ImportError:  # pragma: no cover - absl comes with dp-accounting
+    pass
+else:
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 #: the modules that cost the most, costliest first (seconds on one worker of the whole suite, the other one busy, on the
 #: 2-core AMD VM, 2026-11-28, after party processes and the doc tests' commands were forked from a preloaded

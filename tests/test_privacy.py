@@ -185,6 +185,9 @@ def test_a_released_row_is_clipped_jointly_and_noised_with_the_calibrated_scale(
 
 
 def test_a_party_with_a_budget_refuses_a_setup_without_a_plan_and_a_program_without_dp() -> None:
+    import partialvfl.methods.splitnn.party  # noqa: F401 - registers the programs it sets up (also when run alone)
+    import partialvfl.methods.x_vfl.party  # noqa: F401
+
     data = tiny()
     rt = PartyRuntime(1, "shop", policy=PartyPolicy.research().with_dp(8.0, 1e-5))
     rt.attach("train", data.party(1))
