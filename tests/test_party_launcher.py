@@ -24,6 +24,7 @@ def test_the_launcher_comes_from_the_environment_and_an_unknown_one_is_refused(m
         LocalDeployment("unused", tiny_train(), launcher="thread")
 
 
+@pytest.mark.slow  # real party processes, as the fast tier leaves out
 @pytest.mark.parametrize("launcher", ["exec", "fork"])
 def test_a_party_is_its_own_process_that_stops_on_sigterm_dies_on_sigkill_and_restarts_on_its_port(
         tmp_path, launcher):  # noqa: ANN001
