@@ -36,7 +36,10 @@ DEADLINE_MS = 1500  # far below the delay
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path, DelayProxy]]:
     d = write_example(tmp_path_factory.mktemp("example"), seed=7, n_train=300, n_new=20)
     data = from_tables(table_paths(d), **KW)
-    dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0)
+    # fresh interpreters (not the suite's forked parties): the late-batch test gives the on-time parties 1.5 s, and
+    # with forked parties the shop once missed it in a CI run (cause not established; these tests were written and
+    # measured against fresh interpreters)
+    dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=120.0, start_timeout=600.0, launcher="exec")
     try:
         dep.start()
         fit_across(dep, d / "fed-model")
