@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 
 from helpers import make_data
 from partialvfl.cli import main
-from partialvfl.federation.grpc.launcher import forkserver_context
+from partialvfl.federation.grpc.launcher import forkserver_context, redirect_output
 from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.federation.runtime.checkpoint import LATEST
 from test_contract import TINY, assert_same, running_parties, saved_states
@@ -33,11 +32,7 @@ def _killed_after(kill_after: int, args: list[str], log: str) -> None:
 
     from partialvfl.federation.runtime.checkpoint import Checkpointer
 
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for std in (1, 2):
-        os.dup2(fd, std)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    redirect_output(log)
     save = Checkpointer.maybe_save
 
     def maybe_save(self, step, state):  # noqa: ANN001, ANN202

@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "torch", "cryptography.x509")
-
 CLIENT = r'''#!{python} -S
 import json, os, select, signal, socket, sys
 conn = socket.socket(socket.AF_UNIX)
@@ -111,12 +109,13 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), list(fds)
 
 
-def serve(socket_path: str) -> None:
-    """The server: preload, listen on ``socket_path``, fork a child per request, report each child's status."""
+def serve(socket_path: str, preload: list[str]) -> None:
+    """The server: import the modules ``preload``, listen on ``socket_path``, fork a child per request, report each
+    child's status."""
     import importlib
     import selectors
 
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(socket_path)
@@ -177,8 +176,12 @@ def warm_partialvfl(directory: Path) -> Iterator[Path]:
     import tempfile
 
     directory.mkdir(parents=True, exist_ok=True)
+    # the party launcher's list, imported here: the server runs this file and imports no partialvfl itself
+    from partialvfl.federation.grpc.launcher import PRELOAD
+
     socket_path = os.path.join(tempfile.mkdtemp(prefix="pvw"), "s")  # a socket's path is at most 107 bytes
-    server = subprocess.Popen([sys.executable, __file__, socket_path], stdout=subprocess.PIPE, text=True,
+
+    server = subprocess.Popen([sys.executable, __file__, socket_path, *PRELOAD], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert server.stdout is not None
@@ -200,4 +203,4 @@ def warm_partialvfl(directory: Path) -> Iterator[Path]:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2:])

@@ -18,11 +18,11 @@ import importlib
 import logging
 import pkgutil
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from partialvfl.methods.params import ParamSpace, with_common
+from partialvfl.utils.plugins import import_entry_points
 
 #: a method class (a :class:`~partialvfl.methods.base.VFLMethod` subclass; not imported here, which would be a cycle)
 VFLMethod = Any
@@ -111,12 +111,7 @@ def load_specs(*, plugins: bool = False) -> dict[str, MethodSpec]:
             if last == "spec" or last.endswith("_spec"):
                 importlib.import_module(name)
     if plugins or not _LOADED:
-        for point in entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                point.load()
-            except Exception as e:
-                raise ValueError(f"method plugin {point.name!r} ({point.value}, entry point group "
-                                 f"{ENTRY_POINT_GROUP}) does not import: {e}") from e
+        import_entry_points(ENTRY_POINT_GROUP, "method")
         _LOADED = True
     return SPECS
 

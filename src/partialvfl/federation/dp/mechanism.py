@@ -30,11 +30,12 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from partialvfl.utils.plugins import import_entry_points
 
 if TYPE_CHECKING:
     import torch
@@ -192,12 +193,7 @@ def load_plugins(*, again: bool = False) -> None:
     if _PLUGINS_LOADED and not again:
         return
     _PLUGINS_LOADED = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            point.load()
-        except Exception as e:
-            raise ValueError(f"privacy mechanism plugin {point.name!r} ({point.value}, entry point group "
-                             f"{ENTRY_POINT_GROUP}) does not import: {e}") from e
+    import_entry_points(ENTRY_POINT_GROUP, "privacy mechanism")
 
 
 def load_mechanisms(*, plugins: bool = True) -> None:

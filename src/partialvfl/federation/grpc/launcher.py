@@ -26,13 +26,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["LAUNCHERS", "LAUNCHER_ENV", "PartyHandle", "default_launcher", "forkserver_context", "launch_party"]
+__all__ = ["LAUNCHERS", "LAUNCHER_ENV", "PartyHandle", "default_launcher", "forkserver_context", "launch_party",
+           "redirect_output"]
 
 #: The environment variable that chooses the launcher of deployments that do not say (``exec`` or ``fork``).
 LAUNCHER_ENV = "PARTIALVFL_LOCAL_LAUNCHER"
 LAUNCHERS = ("exec", "fork")
 
-#: what the fork server imports once (third-party only: a party imports partialvfl itself, from its own path)
+#: what the fork server imports once (third-party only: a party imports partialvfl itself, from its own path); the
+#: doc tests' warm command server (tests/warm_command.py) preloads the same
 PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "torch", "cryptography.x509")
 
 
@@ -85,16 +87,21 @@ def forkserver_context() -> multiprocessing.context.ForkServerContext:
     return _CONTEXT
 
 
-def _run_party(argv: list[str], log: str, env: dict[str, str]) -> None:
-    """The forked process: a new session, the log as its standard output and error, ``env`` as its environment and
-    its ``PYTHONPATH`` first on the path, then the command; ends with the command's exit status."""
-    os.setsid()
+def redirect_output(log: str | Path) -> None:
+    """In a forked process: its standard output and error appended to ``log`` (file descriptors and Python streams)."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for std in (1, 2):
         os.dup2(fd, std)
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own stream
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _run_party(argv: list[str], log: str, env: dict[str, str]) -> None:
+    """The forked process: a new session, the log as its standard output and error, ``env`` as its environment and
+    its ``PYTHONPATH`` first on the path, then the command; ends with the command's exit status."""
+    os.setsid()
+    redirect_output(log)
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["partialvfl", *argv]
@@ -145,7 +152,4 @@ class ForkedParty:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
