@@ -337,14 +337,24 @@ def test_lean_and_samples_wires_train_the_same_model(variant) -> None:
                                rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", [1, 2])
-def test_the_next_batch_encode_rides_with_the_last_round_of_a_step(variant) -> None:
-    """Training steps take 3 rounds (not 4) and stage-2 / prediction steps 1 (not 2), but for a stage's first."""
+@pytest.mark.parametrize(("variant", "estimator"), [(1, "paper"), (2, "paper"), (1, "adaptive"), (2, "adaptive")])
+def test_the_next_batch_encode_rides_with_the_last_round_of_a_step(variant, estimator) -> None:
+    """Training steps take 3 rounds (not 4) and stage-2 / prediction steps 1 (not 2), but for a stage's first; the
+    adaptive estimator's prediction steps take one decode round per estimator round, the next encode riding with the
+    last."""
     train, test = _synthetic(n=200, n_test=100)
     log = MessageLog()
-    params = dict(TINY, pretrain_epochs=2, epochs=2, predict_batch_size=40)
+    params = dict(TINY, pretrain_epochs=2, epochs=2, predict_batch_size=40, predict_estimator=estimator,
+                  predict_rounds=3, early_stopping="off")
     method = get_method(f"false-vfl-{variant}")("fast", seed=0, **params).fit(train, log=log)
+    fit_steps = {e.step for e in log}
     method.predict_proba(test)
+    per_row = 1 if estimator == "paper" else 3
+    predicted: dict[int, set[int]] = {}
+    for e in log:
+        if e.step not in fit_steps:
+            predicted.setdefault(e.step, set()).add(e.round)
+    assert [len(r) for _, r in sorted(predicted.items())] == [1 + per_row, per_row, per_row]  # 100 rows, batches of 40
     rounds: dict[int, set[int]] = {}
     kinds: dict[int, set[str]] = {}
     for e in log:
@@ -354,8 +364,8 @@ def test_the_next_batch_encode_rides_with_the_last_round_of_a_step(variant) -> N
     inference = [s for s in sorted(kinds) if "decode" in kinds[s] and "update" not in kinds[s]]
     assert len(training) > 4 and len(inference) > 4
     assert [len(rounds[s]) for s in training] == [4] + [3] * (len(training) - 1)  # stage 1 is one run of steps
-    several = [len(rounds[s]) for s in inference]
-    assert several.count(2) == 2 and set(several) == {1, 2}  # stage 2's and prediction's first steps encode alone
+    several = [len(rounds[s]) for s in inference if s in fit_steps]
+    assert several.count(2) == 1 and set(several) == {1, 2}  # stage 2's first step encodes alone
 
 
 def test_lean_wire_moves_over_four_times_fewer_bytes_at_kappa_ten_with_bfloat16() -> None:
@@ -461,16 +471,19 @@ def test_variant_two_predicts_from_any_single_party() -> None:
         np.testing.assert_allclose(p.sum(1), 1.0, rtol=1e-6)
 
 
-def test_importance_ess_lies_between_one_and_L_and_is_nan_without_parties(fitted, data) -> None:
+@pytest.mark.parametrize(("estimator", "rounds"), [("paper", 1), ("adaptive", 3)])
+def test_importance_ess_lies_between_one_and_all_samples_and_is_nan_without_parties(fitted, data, estimator,
+                                                                                      rounds) -> None:
     _, test = data
     test = test.with_observed(np.vstack([np.zeros((1, test.n_parties), bool), test.observed[1:]]))
     model = copy.deepcopy(fitted)
     for n in (1, 16):
-        model.params_ = {**model.params_, "predict_importance_samples": n}
+        model.params_ = {**model.params_, "predict_importance_samples": n, "predict_estimator": estimator,
+                         "predict_rounds": rounds}
         ess = model.importance_ess(test)
         assert np.isnan(ess[0]) and np.isfinite(ess[1:]).all()
-        assert (ess[1:] >= 1 - 1e-9).all() and (ess[1:] <= n + 1e-6).all()
-        if n == 1:
+        assert (ess[1:] >= 1 - 1e-9).all() and (ess[1:] <= n * rounds + 1e-6).all()
+        if n * rounds == 1:
             np.testing.assert_allclose(ess[1:], 1.0)
         else:
             assert ess[1:].max() > 1.5  # the weights are not all on one sample

@@ -89,6 +89,9 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     presets: ClassVar[tuple[str, ...]] = ("fast", "paper")
     #: while a fit validates for early stopping (:meth:`_row_seeds` then gives ``None``)
     _validating: bool = False
+    #: per-row figures a prediction can report beside its output (``predict_output(..., diagnostics={})``); the
+    #: method's ``_predict`` then takes a ``diagnostics`` dict and fills one array per name for the rows it predicts
+    prediction_diagnostics: ClassVar[tuple[str, ...]] = ()
     #: whether batches of predictions may be in flight side by side at the parties (the lanes of a prediction
     #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
     #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
@@ -377,12 +380,17 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         finally:
             self.federation_.release(handle)
 
-    def predict_output(self, data: VerticalDataset) -> np.ndarray:
-        """Probabilities (classification, ``(N, C)``) or predicted values (regression, ``(N,)``) for ``data``."""
-        with self.attached(data) as (data, handle):
-            return self.predict_output_federated(data.coordinator_view(), handle)
+    def predict_output(self, data: VerticalDataset, *, diagnostics: dict[str, np.ndarray] | None = None
+                       ) -> np.ndarray:
+        """Probabilities (classification, ``(N, C)``) or predicted values (regression, ``(N,)``) for ``data``.
 
-    def predict_output_federated(self, view: CoordinatorView, handle: str) -> np.ndarray:
+        ``diagnostics``: a dict the method fills with one array per :attr:`prediction_diagnostics` name, one value per
+        row (NaN where it does not apply, e.g. a row predicted from the label prior)."""
+        with self.attached(data) as (data, handle):
+            return self.predict_output_federated(data.coordinator_view(), handle, diagnostics=diagnostics)
+
+    def predict_output_federated(self, view: CoordinatorView, handle: str, *,
+                                 diagnostics: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """As :meth:`predict_output`, for samples already attached at the parties under ``handle``.
 
         The view's labels are not used (the model predicts with its own task); a non-finite output is an error.
@@ -398,10 +406,20 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         else:
             out = np.full(n, float(self.label_prior_[0]))
         rows = np.flatnonzero(some)
+        wanted = diagnostics is not None and bool(self.prediction_diagnostics)
+        part: dict[str, np.ndarray] = {}
         if rows.size:
             t0 = time.perf_counter()
-            out[rows] = self._predict(view, handle, rows)  # float32 here (heads, softmax); bf16 at the parties
+            # float32 here (heads, softmax); bf16 at the parties
+            out[rows] = self._predict(view, handle, rows, diagnostics=part) if wanted else self._predict(
+                view, handle, rows)
             self.predict_seconds_ = time.perf_counter() - t0
+        if wanted:
+            for name in self.prediction_diagnostics:
+                full = np.full(n, np.nan)
+                if rows.size:
+                    full[rows] = part[name]
+                diagnostics[name] = full
         check_finite_output(self.name, out, view.ids)
         return out
 

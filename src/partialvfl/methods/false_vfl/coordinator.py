@@ -32,6 +32,7 @@ import torch
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.false_vfl.adaptive import Estimate, Proposal, fit_proposal, mixture_log_density, round_seeds
 from partialvfl.methods.false_vfl.formulas import effective_sample_size, predictive_log_probs, predictive_mean
 from partialvfl.methods.false_vfl.party import FalseVFLParty, FalseVFLSetup
 from partialvfl.methods.false_vfl.rounds import Pass, Rounds
@@ -54,6 +55,8 @@ class _FalseVFL(VFLMethod):
     variant: ClassVar[int] = 1
     params: ClassVar = PARAMS
     label_exposure = "labelled rows"  # the parties' gradients are those of the label-free bound (docs/privacy.md)
+    #: each row's effective sample size of its importance weights (:meth:`importance_ess`)
+    prediction_diagnostics: ClassVar[tuple[str, ...]] = ("importance_ess",)
 
     @classmethod
     def estimated_step_flops(cls, params: dict[str, Any], feature_shapes: list[tuple[int, ...]]) -> float | None:
@@ -76,9 +79,10 @@ class _FalseVFL(VFLMethod):
     # ------------------------------------------------------------------ differential privacy (variant I)
     def _privacy_charges(self, party: int, purpose: str) -> int:
         """Per row: stage 1, its posterior, log-likelihoods, their latent gradients and a DP-SGD update per epoch;
-        stage 2, posterior and log-likelihoods per epoch (labelled rows); each prediction, the same two."""
+        stage 2, posterior and log-likelihoods per epoch (labelled rows); each prediction, its posterior and one set
+        of log-likelihoods per estimator round."""
         p = self.settings_
-        predictions = 2 * int(self.dp_options_["predictions"])
+        predictions = (1 + self._prediction_rounds()) * int(self.dp_options_["predictions"])
         return (4 * p.pretrain_epochs + 2 * p.epochs if purpose == "fit" else 0) + predictions
 
     def _privacy_clips(self, party: int) -> dict[str, float]:
@@ -290,13 +294,19 @@ class _FalseVFL(VFLMethod):
         return self._tensor((y - self.y_mean_) / self.y_std_, dtype=torch.float32)
 
     # ------------------------------------------------------------------ prediction
-    def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray
-                            ) -> Iterator[tuple[Any, torch.Tensor]]:
-        """The prediction forward pass, one batch at a time: its rounds' state and the discriminator's outputs.
+    def _prediction_rounds(self) -> int:
+        """``decode`` rounds per prediction batch: ``predict_rounds`` for the adaptive estimator, 1 for the paper's."""
+        p = self.settings_
+        return p.predict_rounds if p.predict_estimator == "adaptive" else 1
 
-        Each row's importance samples come from its own seed (:meth:`_row_seeds`: the model's seed and the row's
-        ID), so batches may be cut anywhere; while a fit validates, from the batch's seed as in training."""
-        n_samples, bs = self.settings_.predict_importance_samples, self.settings_.predict_batch_size
+    def _predictive_batches(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Iterator[Estimate]:
+        """The prediction's importance samples, one batch at a time (:class:`Estimate`).
+
+        Each row's samples come from its own seed (:meth:`_row_seeds`: the model's seed and the row's ID), so batches
+        may be cut anywhere; while a fit validates, from the batch's seed as in training.  The adaptive estimator
+        adds ``predict_rounds - 1`` rounds of samples from proposals fitted to each row (:mod:`.adaptive`)."""
+        p = self.settings_
+        n_samples, bs, n_rounds = p.predict_importance_samples, p.predict_batch_size, self._prediction_rounds()
         secret = self._label_side_digest()  # the seeds cross to the parties, which know the model's seed
         self.discriminator_.eval()
         self.global_encoder_.eval()
@@ -306,47 +316,81 @@ class _FalseVFL(VFLMethod):
             for i, start in enumerate(range(0, len(rows), bs)):
                 batch = rows[start:start + bs]
                 following = rows[start + bs:start + 2 * bs]
-                st = self._forward(view, handle, batch, n_samples, train=False,
-                                   noise_seed=derive_seed(self.seed, "predict", i), next_rows=following,
-                                   row_seeds=self._row_seeds(view, batch, "false-vfl", "predict", secret=secret))
-                yield st, (self.discriminator_ if st.seeds is None else RowBlocks(self.discriminator_))(st.h)
+                noise_seed = derive_seed(self.seed, "predict", i)
+                seeds = self._row_seeds(view, batch, "false-vfl", "predict", secret=secret)
+                st = self._forward(view, handle, batch, n_samples, train=False, noise_seed=noise_seed,
+                                   next_rows=following if n_rounds == 1 else None, row_seeds=seeds)
+                if n_rounds == 1:
+                    yield Estimate(st.keep, st.h, st.log_w)
+                else:
+                    yield self._adaptive_estimate(view, handle, st, n_rounds, noise_seed, seeds, following)
 
-    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
+    def _adaptive_estimate(self, view: CoordinatorView, handle: str, first: Pass, n_rounds: int, noise_seed: int,
+                           seeds: np.ndarray | None, following: np.ndarray) -> Estimate:
+        """Adaptive multiple importance sampling of one batch (:mod:`.adaptive`): ``first`` is round 0 (the paper's
+        draw from q(h|x_obs)); each further round draws from a Gaussian fitted to each row's weighted samples so far,
+        and every sample is weighed against the mixture of the row's proposals."""
+        p = self.settings_
+        rounds = self._rounds
+        dtype = rounds.wire_dtype
+        proposals = [Proposal(first.mean_leaf, first.logvar_leaf, first.h.shape[0])]
+        passes = [first]
+        base_scale = torch.exp(0.5 * first.logvar_leaf)
+        floor = p.latent_scale_floor if p.wire == "bound" else 0.0
+        for t in range(1, n_rounds):
+            h = torch.cat([q.h for q in passes])
+            log_w = torch.cat([rounds.target_terms(q) for q in passes]) - mixture_log_density(h, proposals, dtype)
+            mean, logvar = fit_proposal(h, log_w, base_scale, min_scale=floor,
+                                        logvar_range=p.encoder_logvar_range)
+            proposals.append(Proposal(mean, logvar, p.predict_importance_samples))
+            passes.append(rounds.refine(view, handle, first, proposals[-1],
+                                        noise_seed=derive_seed(noise_seed, "amis", t),
+                                        row_seeds=None if seeds is None else round_seeds(seeds, t),
+                                        next_rows=following if t == n_rounds - 1 else None))
+        rounds.common_parties(passes)  # a party lost in some round loses its terms in every round
+        h = torch.cat([q.h for q in passes])
+        log_w = torch.cat([rounds.target_terms(q) for q in passes]) - mixture_log_density(h, proposals, dtype)
+        return Estimate(first.keep, h, log_w)
+
+    def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray,
+                 diagnostics: dict[str, np.ndarray] | None = None) -> np.ndarray:
         classification = self.index_.task.is_classification
-        rowwise = not self._validating  # a fit's validation sums as it always did (see _row_seeds)
-        out = []
-        for st, disc in self._predictive_batches(view, handle, rows):
-            keep = st.keep
+        # a fit's validation with the paper's estimator sums as it always did (see _row_seeds)
+        rowwise = not self._validating or self._prediction_rounds() > 1
+        discriminator = self.discriminator_ if self._validating else RowBlocks(self.discriminator_)
+        out, ess = [], []
+        for est in self._predictive_batches(view, handle, rows):
+            keep = est.keep
+            disc = discriminator(est.h)
             if classification:
-                log_probs = predictive_log_probs(st.log_w, torch.log_softmax(disc, dim=-1), rowwise=rowwise)
+                log_probs = predictive_log_probs(est.log_w, torch.log_softmax(disc, dim=-1), rowwise=rowwise)
                 probs = to_numpy(log_probs.exp().double())
                 probs /= probs.sum(axis=1, keepdims=True)
                 probs[~keep] = self.label_prior_
             else:
-                mean = predictive_mean(st.log_w, disc[..., 0], rowwise=rowwise)
+                mean = predictive_mean(est.log_w, disc[..., 0], rowwise=rowwise)
                 probs = to_numpy(mean.double()) * self.y_std_ + self.y_mean_
                 probs[~keep] = self.label_prior_[0]
             out.append(probs)
+            if diagnostics is not None:
+                part = to_numpy(effective_sample_size(est.log_w))
+                part[~keep] = np.nan
+                ess.append(part)
+        if diagnostics is not None:
+            diagnostics["importance_ess"] = np.concatenate(ess) if ess else np.zeros(0)
         return np.concatenate(out, axis=0)
 
     def importance_ess(self, data: VerticalDataset) -> np.ndarray:
-        """Effective sample size ``(sum w)^2 / sum w^2`` of each row's L prediction importance weights.
+        """Effective sample size ``(sum w)^2 / sum w^2`` of each row's prediction importance weights (of every
+        sample the estimator drew: ``L`` for the paper's, ``predict_rounds x L`` for the adaptive one).
 
         A diagnostic of the self-normalised importance sampling that prediction uses (1 = one sample carries all the
-        weight, L = uniform weights); NaN for rows that hold no party (predicted by the label prior alone).
+        weight); NaN for rows that hold no party (predicted by the label prior alone).  :meth:`predict_output` with
+        ``diagnostics`` gives the same alongside the prediction.
         """
-        with self.attached(data) as (data, handle):
-            view = data.coordinator_view()
-            rows = np.flatnonzero(view.observed.any(axis=1))
-            parts = []
-            for st, _ in self._predictive_batches(view, handle, rows):
-                part = to_numpy(effective_sample_size(st.log_w))
-                part[~st.keep] = np.nan
-                parts.append(part)
-        ess = np.full(view.n_samples, np.nan)
-        if rows.size:
-            ess[rows] = np.concatenate(parts)
-        return ess
+        diagnostics: dict[str, np.ndarray] = {}
+        self.predict_output(data, diagnostics=diagnostics)
+        return diagnostics["importance_ess"]
 
 
 class FalseVFL1(_FalseVFL):

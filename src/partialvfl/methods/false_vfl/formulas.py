@@ -29,9 +29,8 @@ from partialvfl.utils.devices import to_device
 from partialvfl.utils.seeding import torch_generator
 
 __all__ = ["after_latent_noise", "bound_noise", "effective_sample_size", "fuse_posteriors", "gaussian_log_density",
-           "latent_log_weights", "latent_noise", "latent_noise_generator", "predictive_log_probs", "predictive_mean",
-           "reparameterize", "snis_weights",
-           "split_gaussian"]
+           "latent_log_weights", "latent_noise", "latent_noise_generator", "latent_prior_terms", "predictive_log_probs",
+           "predictive_mean", "reparameterize", "snis_weights", "split_gaussian"]
 
 
 def fuse_posteriors(
@@ -207,6 +206,24 @@ def latent_log_weights(
     mean_hz, logvar_hz = split_gaussian(global_decoder(z), logvar_range)
     log_p_h = gaussian_log_density(h, mean_hz, logvar_hz)
     return log_p_h + log_p_z - log_q_h - log_q_z
+
+
+def latent_prior_terms(
+    h: torch.Tensor,
+    global_encoder: nn.Module,
+    global_decoder: nn.Module,
+    eps_z: torch.Tensor,
+    logvar_range: Sequence[float] = (-8.0, 6.0),
+) -> torch.Tensor:
+    """``log p(h|z) + log p(z) - log q(z|h)`` for samples ``h`` ``(S, B, d_h)``, z from ``eps_z``: a one-sample
+    estimate of ``log p(h)``, the latent part of an importance log-weight without the proposal's density (the
+    adaptive estimator divides by a mixture of proposals, :mod:`.adaptive`)."""
+    mean_z, logvar_z = split_gaussian(global_encoder(h), logvar_range)
+    z = reparameterize(mean_z, logvar_z, eps_z)
+    log_q_z = gaussian_log_density(z, mean_z, logvar_z)
+    log_p_z = standard_normal_log_prob(z).sum(-1)
+    mean_hz, logvar_hz = split_gaussian(global_decoder(z), logvar_range)
+    return gaussian_log_density(h, mean_hz, logvar_hz) + log_p_z - log_q_z
 
 
 def snis_weights(log_w: torch.Tensor, *, rowwise: bool = True) -> torch.Tensor:

@@ -17,6 +17,7 @@ fusion) never traverse a node twice and nothing is retained.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,13 +26,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialvfl.federation.wire.messages import Request
+from partialvfl.federation.wire.messages import Reply, Request
+from partialvfl.methods.false_vfl.adaptive import Proposal
 from partialvfl.methods.false_vfl.formulas import (
     after_latent_noise,
     bound_noise,
     fuse_posteriors,
     latent_log_weights,
     latent_noise,
+    latent_prior_terms,
     reparameterize,
 )
 from partialvfl.methods.false_vfl.party import as_rows
@@ -86,6 +89,9 @@ class Pass:
     sent: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # party -> (held rows sent, lacked rows sent)
     decoded: set[int] = field(default_factory=set)
     seeds: np.ndarray | None = None  # prediction: each row's own noise seed (:mod:`.rowwise`); None: the batch's
+    eps_z: torch.Tensor | None = None  # the noise of z given each latent sample (not trained through)
+    log_parties: torch.Tensor | None = None  # (S, B) the parties' terms of the log-weights
+    log_prior: torch.Tensor | None = None  # (S, B) prediction: log p(h|z) + log p(z) - log q(z|h), once computed
 
     @property
     def keep(self) -> np.ndarray:
@@ -230,9 +236,69 @@ class Rounds:
         replies = self.transport.call_many({**next_requests, **requests}, tolerate=True)
         if next_prefetch is not None:
             next_prefetch.replies = _posteriors(replies)
+        st.eps_z = eps_z
         st.log_w = self._log_weights(st, {k: r for k, r in replies.items() if k in requests}, train, eps_z)
         self.prefetch = next_prefetch
         return st
+
+    def refine(self, view: CoordinatorView, handle: str, first: Pass, proposal: Proposal, *, noise_seed: int,
+               row_seeds: np.ndarray | None, next_rows: np.ndarray | None = None) -> Pass:
+        """One more ``decode`` of a prediction pass's rows (an adaptive estimator's round, :mod:`.adaptive`): the
+        latents drawn from ``proposal`` in place of the fused posterior, with this round's noise (``noise_seed``, or
+        each row's ``row_seeds``); the parties that answered ``first``'s encode are asked again.  Returns the round's
+        pass (its ``h``, ``eps_z`` and ``log_parties``; no ``log_w``); ``next_rows`` as in :meth:`forward`."""
+        p = self.settings
+        dtype = self.wire_dtype
+        b, n, d_h, d_z = len(first.rows), proposal.samples, p.d_h, p.d_z
+        device = self.side.device_
+        st = dataclasses.replace(first, mean_leaf=proposal.mean, logvar_leaf=proposal.logvar, seeds=row_seeds,
+                                 log_w=torch.empty(0), loglik={}, mask_loglik={}, sent={}, decoded=set(),
+                                 log_parties=None, log_prior=None)
+        if row_seeds is None:
+            st.eps = latent_noise(noise_seed, (n, b, d_h), device)
+            st.eps_z = self.side.draw_noise(after_latent_noise(noise_seed, (n, b, d_h)), (n, b, d_z))
+        else:
+            st.eps, st.eps_z = (to_device(t, device) for t in row_latent_noise(row_seeds, n, d_h, d_z))
+        mean, scale = proposal.on_wire(dtype)
+        if p.wire == "bound":  # the parties' own draw: a hash of the mean and scale they are sent
+            sent_mean, sent_scale = proposal.mean.to(dtype).cpu(), torch.exp(0.5 * proposal.logvar).to(dtype).cpu()
+            st.eps = (bound_noise(noise_seed, torch.arange(b), sent_mean, sent_scale, n) if row_seeds is None
+                      else row_bound_noise(row_seeds, sent_mean, sent_scale, n)).to(device)
+        if p.wire == "samples":
+            st.h = _straight_through(reparameterize(proposal.mean, proposal.logvar, st.eps), dtype)
+        else:
+            st.h = mean + scale * st.eps
+        self.transport.new_round()
+        requests = self._decode_requests(st, dict.fromkeys(first.mu), False, noise_seed)
+        next_requests, next_prefetch = _next_encodes(view, requests, handle, next_rows, train=False,
+                                                     predict=row_seeds is not None)
+        replies = self.transport.call_many({**next_requests, **requests}, tolerate=True)
+        if next_prefetch is not None:
+            next_prefetch.replies = _posteriors(replies)
+        st.log_parties = self.party_terms(st, {k: r for k, r in replies.items() if k in requests})
+        self.prefetch = next_prefetch
+        return st
+
+    def target_terms(self, st: Pass) -> torch.Tensor:
+        """A prediction pass's log-weight numerators ``(S, B)``: ``log p(x_obs|h)`` (II: and the mask terms) ``+ log
+        p(h|z) + log p(z) - log q(z|h)`` of its latent samples (the prior part computed once, with its ``eps_z``)."""
+        if st.log_prior is None:
+            global_encoder, global_decoder = self._global_modules(st)
+            st.log_prior = latent_prior_terms(st.h, global_encoder, global_decoder, st.eps_z,
+                                              tuple(self.settings.encoder_logvar_range))
+        return st.log_parties + st.log_prior
+
+    def common_parties(self, passes: list[Pass]) -> None:
+        """Rounds of one batch weigh the same parties' terms: a party that answered some rounds' ``decode`` and not
+        others (it failed or timed out) loses its terms in all of them, as if it had not answered round 0."""
+        common = set.intersection(*(q.decoded for q in passes))
+        for q in passes:
+            if q.decoded != common:
+                kept = {k: Reply({name: store[k] for name, store in (("loglik", q.loglik),
+                                                                       ("mask_loglik", q.mask_loglik)) if k in store})
+                        for k in sorted(common)}
+                q.loglik, q.mask_loglik = {}, {}
+                q.log_parties = self.party_terms(q, kept)
 
     def _decode_requests(self, st: Pass, answers: dict, train: bool, noise_seed: int) -> dict[int, Request]:
         """Each party's ``decode``: the latents (samples) or the fused posterior (lean) of its held / lacked rows."""
@@ -273,9 +339,9 @@ class Rounds:
             start += n
         return requests
 
-    def _log_weights(self, st: Pass, replies: dict, train: bool, eps_z: torch.Tensor) -> torch.Tensor:
-        """``sum_k log p(x^k|h) (+ II mask terms) + latent terms``, the per-party terms summed with one scatter
-        each."""
+    def party_terms(self, st: Pass, replies: dict, train: bool = False) -> torch.Tensor:
+        """``sum_k log p(x^k|h)`` (+ II's mask terms) ``(S, B)`` from the parties' ``decode`` replies, each kind summed
+        with one scatter (the tensors kept in ``st.loglik`` / ``st.mask_loglik``; ``st.decoded`` names who answered)."""
         n_samples, b = st.eps.shape[0], len(st.rows)
         sums = []
         for name, store in (("loglik", st.loglik), ("mask_loglik", st.mask_loglik)):
@@ -292,13 +358,23 @@ class Rounds:
             sums.append(total.index_add(1, _cat_index(idx, self.side.device_), torch.cat(vals, dim=1)) if vals
                         else total)
         st.decoded = set(replies)
+        return sums[0] + sums[1]
+
+    def _global_modules(self, st: Pass) -> tuple[nn.Module, nn.Module]:
         global_encoder, global_decoder = self.side.latent_modules()
         if st.seeds is not None:  # prediction: each row's floats whatever its batch (.rowwise)
             global_encoder, global_decoder = RowBlocks(global_encoder), RowBlocks(global_decoder)
+        return global_encoder, global_decoder
+
+    def _log_weights(self, st: Pass, replies: dict, train: bool, eps_z: torch.Tensor) -> torch.Tensor:
+        """``sum_k log p(x^k|h) (+ II mask terms) + latent terms``, the per-party terms summed with one scatter
+        each."""
+        parties = st.log_parties = self.party_terms(st, replies, train)
+        global_encoder, global_decoder = self._global_modules(st)
         latent = (_LATENT if self.side.compile and st.seeds is None else latent_log_weights)(
             st.h, st.mean_leaf, st.logvar_leaf, global_encoder, global_decoder, eps_z,
             tuple(self.settings.encoder_logvar_range))
-        return sums[0] + sums[1] + latent
+        return parties + latent
 
     # ------------------------------------------------------------------ backward: decode_grad, update
     def backward(self, view: CoordinatorView, st: Pass, loss: torch.Tensor, handle: str,

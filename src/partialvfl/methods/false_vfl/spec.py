@@ -14,13 +14,16 @@ from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
 from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
-__all__ = ["ENCODERS", "DECODERS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "WIRES", "WIRE_DTYPES", "paper_row"]
+__all__ = ["ENCODERS", "DECODERS", "ESTIMATORS", "FUSION_RULES", "PAPER_ROWS", "PARAMS", "WIRES", "WIRE_DTYPES",
+           "paper_row"]
 
 FUSION_RULES = ("mean-precision", "poe")
 WIRES = ("lean", "samples", "bound")
 WIRE_DTYPES = ("float32", "bfloat16")
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
 DECODERS = ("auto", "mlp", "deconv")
+#: prediction estimators: adaptive multiple importance sampling (:mod:`.adaptive`) and the paper's SNIS
+ESTIMATORS = ("adaptive", "paper")
 
 #: Table 10 of the paper (pretraining = stage 1, training = stage 2); kappa = 10, L = 50 everywhere.
 PAPER_ROWS: dict[str, dict[str, Any]] = {
@@ -91,6 +94,14 @@ PARAMS = ParamSpace(
         Param("predict_importance_samples", 50, "int", "importance samples per row at prediction (L)", low=1,
               aliases=("n_predict_samples",)),
         Param("predict_batch_size", 256, "int", "rows per prediction batch", low=1, aliases=("predict_batch",)),
+        Param("predict_estimator", "adaptive", "str", "prediction estimator of p(y|x_obs): adaptive (adaptive multiple "
+              "importance sampling: predict_rounds rounds of L samples per row, each round's proposal fitted to the "
+              "row's weighted samples so far) or paper (self-normalised importance sampling with L samples from "
+              "q(h|x_obs), the paper's)", choices=ESTIMATORS),
+        Param("predict_rounds", 4, "int", "adaptive estimator: rounds of predict_importance_samples samples per row "
+              "(1 is the paper's estimator)", low=1),
+        Param("predict_low_ess", 10.0, "float", "a prediction whose importance weights' effective sample size is "
+              "below this is counted and reported as resting on few samples", low=0),
         Param("fusion", "mean-precision", "str", "fusion of the parties' posteriors over h: mean-precision "
               "(eq. 1) or poe (product of experts)", choices=FUSION_RULES),
         Param("encoder_logvar_range", [-8.0, 6.0], "range", "clamp of every latent log-variance (h and z)"),
