@@ -133,15 +133,18 @@ def run_federated_predict(args: argparse.Namespace) -> int:
     A passive party that is unreachable is a missing block (said on stderr); the active party unreachable, or IDs
     no reachable party holds (predicted from the label prior alone), are errors unless ``--allow-prior-only``.
     """
-    from partialvfl.cli.tables import prediction_frame, write_predictions
+    from partialvfl.cli.tables import add_ess_column, prediction_frame, write_predictions
 
     if not args.ids:
         raise ValueError("predict --federation needs --ids FILE")
     ids, column = read_id_list(args.ids, getattr(args, "id_column", None))
 
-    def write(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+    def write(model: Any, out: np.ndarray, used: np.ndarray, view: Any, diagnostics: dict[str, np.ndarray]) -> None:
         id_column = column or model.data_info_.get("id_column") or "id"
-        write_predictions(prediction_frame(model, out, used, ids, id_column), args.out)
+        frame = prediction_frame(model, out, used, ids, id_column)
+        if getattr(args, "ess", False):
+            add_ess_column(frame, model, diagnostics)
+        write_predictions(frame, args.out)
 
     _predict_across(args, ids, write)
     return 0
@@ -152,6 +155,7 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
     training tables, or ``--table-set``'s prediction tables) and score them against its outcomes."""
     from partialvfl.cli.common import emit
     from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
+    from partialvfl.methods.evaluation import add_diagnostics
     from partialvfl.methods.model_files import read_model_meta
 
     if not args.truth:
@@ -174,8 +178,9 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
             print(f"note: parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: their users "
                   "were not checked against --truth", file=sys.stderr)
 
-    def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
+    def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any, diagnostics: dict[str, np.ndarray]) -> None:
         res = score_against_truth(model, out, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        add_diagnostics(res, model, diagnostics)
         res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
         emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "
                                                       f"against --truth {args.truth}", res)))
@@ -185,11 +190,12 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict_across(args: argparse.Namespace, ids: np.ndarray,
-                    then: Callable[[Any, np.ndarray, np.ndarray, Any], None],
+                    then: Callable[[Any, np.ndarray, np.ndarray, Any, dict[str, np.ndarray]], None],
                     check: Callable[[Any], None] | None = None) -> None:
     """Load ``--model`` across ``--federation``'s parties, attach ``ids`` (``--table-set``'s tables or the training
     tables), ``check(federation)`` them if given (before anything is predicted), predict them and call
-    ``then(model, outputs, parties used, view)`` before the parties are let go."""
+    ``then(model, outputs, parties used, view, diagnostics)`` (the method's per-row prediction diagnostics) before the
+    parties are let go."""
     import dataclasses
 
     from partialvfl.cli.tables import refuse_prior_only, used_parties
@@ -213,7 +219,8 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         if check is not None:
             check(fed)
         refuse_prior_only(view.observed, ids, args.allow_prior_only)
-        out, answered = orchestrated.predict_reporting_parties(model, fed, view, handle)
+        diagnostics: dict[str, np.ndarray] = {}
+        out, answered = orchestrated.predict_reporting_parties(model, fed, view, handle, diagnostics=diagnostics)
         fed.release(handle)
         failed = sorted({f[1] for f in fed.transport.failures[n_failures:]})
         if failed:
@@ -221,6 +228,6 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
                   "treated as missing", file=sys.stderr)
         # the parties whose blocks each row's prediction actually used (a party lost mid-prediction is not named)
         answered_view = dataclasses.replace(view, observed=answered)
-        then(model, out, used_parties(model, answered_view), answered_view)
+        then(model, out, used_parties(model, answered_view), answered_view, diagnostics)
     finally:
         fed.close()

@@ -122,6 +122,10 @@ def add_predict_command(sub: Any) -> None:
     p.add_argument("--allow-prior-only", action="store_true",
                    help="write rows that no party holds (or that every party failed to answer) as the training label "
                         "prior; without it such a prediction is an error")
+    p.add_argument("--ess", action="store_true",
+                   help="add a column importance_ess: the effective sample size of each row's importance weights "
+                        "(methods that predict by importance sampling, FALSE-VFL; empty for a row predicted from the "
+                        "label prior); the rows below the model's predict_low_ess are counted on stderr")
     add_privacy_options(p, labels=False)
     add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
@@ -176,7 +180,13 @@ def test_set_title(mechanism: str) -> str:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.methods import VFLMethod
-    from partialvfl.methods.evaluation import metrics_from_predictions
+    from partialvfl.methods.evaluation import (
+        ESS,
+        add_diagnostics,
+        ess_line,
+        metrics_from_predictions,
+        predict_with_diagnostics,
+    )
     from partialvfl.utils.threads import use_threads
 
     if args.federation:
@@ -214,10 +224,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.mode == "local" and not hasattr(model, "predict_output_local"):
         raise ValueError(f"method {model.name!r} has no locally independent inference")
     t0 = time.perf_counter()
+    diagnostics: dict = {}
     with use_threads(threads_for(args, model, test)):
-        output = model.predict_output_local(test, args.party) if args.mode == "local" else model.predict_output(test)
+        if args.mode == "local":
+            output = model.predict_output_local(test, args.party)
+        else:
+            output, diagnostics = predict_with_diagnostics(model, test)
     task = model.index_.task
     res = metrics_from_predictions(output, test, task.classes if task.is_classification else None)
+    add_diagnostics(res, model, diagnostics)
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
         "predict_seconds": time.perf_counter() - t0, "params": model.params_,
@@ -234,6 +249,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         lines.append(f"  {k} observed parties: {metric} {v[metric]:.4f} (n={v['n']})")
     if res["all_missing"]:
         lines.append(f"  ({res['all_missing']} samples with no observed party were predicted from the label prior)")
+    if res.get(ESS):
+        lines.append("  " + ess_line(res[ESS], res[ESS].get("samples")))
     emit(res, args.json, "\n".join(lines))
     return 0
 

@@ -200,6 +200,23 @@ def prediction_frame(model: Any, output: np.ndarray, used: np.ndarray, ids: np.n
     return df
 
 
+def add_ess_column(df: Any, model: Any, diagnostics: dict[str, np.ndarray], order: np.ndarray | None = None) -> None:
+    """``predict --ess``: the ``importance_ess`` column (the rows in ``order``), and a note on stderr of the rows whose
+    answer rests on few samples; a method that does not predict by importance sampling is refused by name."""
+    from partialvfl.methods.evaluation import ESS, ess_summary
+
+    if ESS not in diagnostics:
+        raise ValueError(f"--ess: {model.name} does not predict by importance sampling (it reports no effective "
+                         "sample size); leave --ess out")
+    values = diagnostics[ESS] if order is None else diagnostics[ESS][order]
+    df[ESS] = values
+    summary = ess_summary(values, float(model.params_.get("predict_low_ess", 10.0)))
+    if summary is not None and summary["below_low"]:
+        _say(f"note: {summary['below_low']} of {summary['rows']} predictions have an effective sample size below "
+             f"{summary['low']:g} (median {summary['median']:.1f}): their probabilities rest on few importance "
+             "samples")
+
+
 def write_predictions(df: Any, out: str | Path) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,15 +228,18 @@ def predict_tables(args: argparse.Namespace) -> int:
     """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
     from partialvfl.cli.privacy import predict_federation, print_predict_privacy
     from partialvfl.methods import VFLMethod
+    from partialvfl.methods.evaluation import predict_with_diagnostics
 
     fed = predict_federation(args)  # --party-dp: those parties answer within their budgets
     model = VFLMethod.load(args.model, federation=fed, **device_options(args))
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
-    output = model.predict_output(data)
+    output, diagnostics = predict_with_diagnostics(model, data)
     used = used_parties(model, data)
     order = np.argsort(data.ids, kind="stable")  # rows by ID, whatever the canonical sample order
     frame = prediction_frame(model, output[order], used[order], data.ids[order], id_column)
+    if getattr(args, "ess", False):
+        add_ess_column(frame, model, diagnostics, order)
     write_predictions(frame, args.out)
     if fed is not None:
         print_predict_privacy(fed)
@@ -232,7 +252,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods import VFLMethod
-    from partialvfl.methods.evaluation import evaluate
+    from partialvfl.methods.evaluation import add_diagnostics, evaluate, predict_with_diagnostics
     from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model, **device_options(args))
@@ -241,8 +261,9 @@ def evaluate_tables(args: argparse.Namespace) -> int:
         truth = read_truth(args.truth, id_column, _label_column(args, model))
         values = truth.aligned(data.ids, "the --table files")
         with use_threads(threads_for(args, model, data)):
-            output = model.predict_output(data)
+            output, diagnostics = predict_with_diagnostics(model, data)
         res = score_against_truth(model, output, data.coordinator_view(), values, truth)
+        add_diagnostics(res, model, diagnostics)
         title = f"{model.name} on the given tables, scored against --truth {args.truth}"
     else:
         try:

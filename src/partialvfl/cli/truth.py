@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from partialvfl.methods.evaluation import ESS, ess_line
+
 __all__ = ["Truth", "metric_lines", "read_truth", "score_against_truth"]
 
 
@@ -125,4 +127,6 @@ def metric_lines(title: str, res: dict[str, Any]) -> list[str]:
         lines.append(f"  ({res['all_missing']} samples no party holds were predicted from the label prior)")
     if res.get("unscored_empty_outcomes"):
         lines.append(f"  ({res['unscored_empty_outcomes']} users with an empty outcome were not scored)")
+    if res.get(ESS):
+        lines.append("  " + ess_line(res[ESS], res[ESS].get("samples")))
     return lines

@@ -15,7 +15,11 @@ import numpy as np
 
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 
-__all__ = ["evaluate", "metrics_from_predictions"]
+__all__ = ["ESS", "add_diagnostics", "ess_line", "ess_summary", "evaluate", "metrics_from_predictions",
+           "predict_with_diagnostics", "samples_per_row"]
+
+#: the per-row diagnostic of an importance-sampling prediction: the effective sample size of its weights
+ESS = "importance_ess"
 
 
 def _true_in_model_classes(data: VerticalDataset | CoordinatorView,
@@ -71,12 +75,59 @@ def metrics_from_predictions(output: np.ndarray, data: VerticalDataset | Coordin
     return res
 
 
+def predict_with_diagnostics(method: Any, data: VerticalDataset) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``method.predict_output(data)`` and the per-row diagnostics the method reports beside it (its
+    ``prediction_diagnostics``: e.g. :data:`ESS`; none for most methods)."""
+    diagnostics: dict[str, np.ndarray] = {}
+    if getattr(method, "prediction_diagnostics", ()):
+        return method.predict_output(data, diagnostics=diagnostics), diagnostics
+    return method.predict_output(data), diagnostics
+
+
+def ess_summary(ess: np.ndarray, low: float) -> dict[str, Any] | None:
+    """The importance weights' effective sample sizes of a prediction's rows summarised: median, 5th percentile,
+    how many rows fall below ``low`` (their answers rest on few samples), over the rows that have one (``None`` if
+    none has: every row was predicted from the label prior)."""
+    values = np.asarray(ess, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    return {"median": float(np.median(values)), "p5": float(np.percentile(values, 5)), "low": float(low),
+            "below_low": int(np.sum(values < low)), "rows": int(values.size)}
+
+
+def ess_line(summary: dict[str, Any], samples: int | None = None) -> str:
+    """One line for a report: the ESS summary of :func:`ess_summary` (and the samples each row drew)."""
+    of = f" of {samples} samples per row" if samples else ""
+    return (f"importance weights: effective sample size median {summary['median']:.1f}, 5th percentile "
+            f"{summary['p5']:.1f}{of}; {summary['below_low']} of {summary['rows']} rows below {summary['low']:g} "
+            "(their answers rest on few samples)")
+
+
 def evaluate(method: Any, data: VerticalDataset) -> dict[str, Any]:
-    """Predict ``data`` with a fitted method and return its metrics (labels matched by value) and the time taken."""
+    """Predict ``data`` with a fitted method and return its metrics (labels matched by value) and the time taken;
+    for an importance-sampling method, the ESS of its weights too (``importance_ess``: :func:`ess_summary`)."""
     t0 = time.perf_counter()
-    out = method.predict_output(data)  # matches the data's parties and columns to the model's (conform)
+    out, diagnostics = predict_with_diagnostics(method, data)  # conforms the data's parties and columns to the model
     task = getattr(getattr(method, "index_", None), "task", None)
     classes = task.classes if task is not None and task.is_classification else None
     res = metrics_from_predictions(out, data, classes)
     res["predict_seconds"] = time.perf_counter() - t0
+    add_diagnostics(res, method, diagnostics)
     return res
+
+
+def add_diagnostics(res: dict[str, Any], method: Any, diagnostics: dict[str, np.ndarray]) -> None:
+    """Put the summary of a prediction's diagnostics into an evaluation's results (``res[ESS]``)."""
+    if ESS in diagnostics:
+        summary = ess_summary(diagnostics[ESS], float(method.params_.get("predict_low_ess", 10.0)))
+        if summary is not None:
+            res[ESS] = {**summary, "samples": samples_per_row(method)}
+
+
+def samples_per_row(method: Any) -> int | None:
+    """How many importance samples each row of a prediction draws (``None`` for a method that draws none)."""
+    if not getattr(method, "prediction_diagnostics", ()):
+        return None
+    rounds = getattr(method, "_prediction_rounds", lambda: 1)()
+    return int(method.params_.get("predict_importance_samples", 0)) * int(rounds)

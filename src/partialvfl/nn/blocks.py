@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: rows per block of :func:`in_row_blocks`
-ROW_BLOCK = 64
+ROW_BLOCK = 256
 
 
 class MLP(nn.Sequential):

@@ -136,10 +136,12 @@ def _refuse_prior_only(view: CoordinatorView, options: PredictOptions) -> None:
 
 
 def predict_reporting_parties(model: VFLMethod, fed: Any, view: CoordinatorView, handle: str,
-                              chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                              chunk: int | None = None, diagnostics: dict[str, np.ndarray] | None = None
+                              ) -> tuple[np.ndarray, np.ndarray]:
     """Predict ``view``'s rows, attached under ``handle`` (in chunks of ``chunk`` rows; default: all at once,
     exactly as the model's own ``predict_output_federated``); returns the outputs and which parties each row's
-    prediction used.
+    prediction used.  ``diagnostics``: filled with the method's per-row prediction diagnostics, as
+    :meth:`~partialvfl.methods.base.VFLMethod.predict_output` does.
 
     A party that fails while a chunk is predicted is treated as absent from then on: the chunk is predicted again
     without it, so every row's output comes from exactly the parties its row of the returned mask names.
@@ -156,8 +158,10 @@ def predict_reporting_parties(model: VFLMethod, fed: Any, view: CoordinatorView,
             observed[rows] = used[rows]
             observed[:, sorted(lost)] = False
             before = len(fed.transport.failures)
+            found: dict[str, np.ndarray] | None = {} if diagnostics is not None else None
             try:
-                res = model.predict_output_federated(dataclasses.replace(view, observed=observed), handle)
+                res = model.predict_output_federated(dataclasses.replace(view, observed=observed), handle,
+                                                     diagnostics=found)
             except PartyUnavailable as e:
                 if e.party in lost:  # the method needs a party even when its blocks are missing: cannot go on
                     raise
@@ -171,6 +175,8 @@ def predict_reporting_parties(model: VFLMethod, fed: Any, view: CoordinatorView,
         used[rows] = observed[rows]
         out = res if out is None else out
         out[rows] = res[rows]
+        for name, values in (found or {}).items():
+            diagnostics.setdefault(name, np.full(n, np.nan))[rows] = values[rows]  # type: ignore[union-attr]
     if hasattr(fed, "absent"):
         fed.absent |= lost
-    return (out if out is not None else model.predict_output_federated(view, handle)), used
+    return (out if out is not None else model.predict_output_federated(view, handle, diagnostics=diagnostics)), used

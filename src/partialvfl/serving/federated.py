@@ -56,6 +56,7 @@ from partialvfl.serving.predictors import (
     FeatureError,
     _Base,
     counts_only,
+    ess_fields,
     model_version,
 )
 
@@ -304,8 +305,9 @@ class FederationPredictor(_Base):
         transport.late = {fed.party_names.index(p) for p, s in self.state.items() if s == "timed_out"}
         if deadline is not None:  # the rounds after a late party's must still end within the deadline
             transport.deadline_at = started + max(0.0, deadline - self.reserve)
+        diagnostics: dict[str, np.ndarray] = {}
         try:
-            out, used = self._attach_and_predict(ln, ids, features)
+            out, used = self._attach_and_predict(ln, ids, features, diagnostics)
         finally:
             transport.deadline_at = None
         ln.warm = True
@@ -327,10 +329,10 @@ class FederationPredictor(_Base):
             status[key] = OK if ok else (NO_ANSWER if holders and (timed_out or failed) else UNKNOWN)
             output[key] = out[i] if ok else None
             parties[key] = [names[k] for k in np.flatnonzero(used[i])]
-        return BatchOutcome(output, status, parties, timed_out, failed)
+        return BatchOutcome(output, status, parties, timed_out, failed, **ess_fields(ln.model, diagnostics))
 
     def _attach_and_predict(self, ln: _Lane, ids: Sequence[str], features: Mapping[str, np.ndarray],
-                            ) -> tuple[np.ndarray, np.ndarray]:
+                            diagnostics: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Attach (each ID from the first of the table sets, then the training tables, that holds it at a party;
         the active party's own ``features`` sent to it) and predict on lane ``ln``; a keyed party late for the ID
         lookup is avoided and the lookup asked again once."""
@@ -351,7 +353,7 @@ class FederationPredictor(_Base):
                 fed.absent.add(e.party)
                 if transport.deadline_at is not None:  # the lookup again, with an on-time round's time
                     transport.deadline_at = max(transport.deadline_at, time.monotonic() + transport.min_timeout)
-        return predict_reporting_parties(ln.model, fed, view, handle)
+        return predict_reporting_parties(ln.model, fed, view, handle, diagnostics=diagnostics)
 
     def _account(self, failures: list[tuple[int, int, str]]) -> tuple[list[str], list[str]]:
         """Sort the batch's failures into timed out and failed (down) parties; update :attr:`state`."""

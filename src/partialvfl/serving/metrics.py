@@ -13,10 +13,13 @@ __all__ = ["ServiceMetrics"]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+ESS_BUCKETS = (1.5, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
 class ServiceMetrics:
-    """Latency per request, batch sizes (requests and IDs), per-party timeouts and errors, the model version."""
+    """Latency per request, batch sizes (requests and IDs), per-party timeouts and errors, the model version, and
+    for an importance-sampling method each prediction's effective sample size (and how many fall below the model's
+    ``predict_low_ess``)."""
 
     def __init__(self, party_names: Sequence[str]) -> None:
         self.registry = r = CollectorRegistry()
@@ -34,6 +37,12 @@ class ServiceMetrics:
                               registry=r)
         self.model = Gauge("partialvfl_serve_model_info", "The model version serving (value 1)", ["version"],
                            registry=r)
+        self.ess = Histogram("partialvfl_serve_importance_ess", "Effective sample size of each prediction's "
+                             "importance weights (methods that predict by importance sampling: FALSE-VFL)",
+                             buckets=ESS_BUCKETS, registry=r)
+        self.low_ess = Counter("partialvfl_serve_low_ess_predictions", "Predictions whose importance weights' "
+                               "effective sample size was below the model's predict_low_ess (they rest on few "
+                               "samples)", registry=r)
         self._by_code: dict[int, Counter] = {}  # the requests counter's child per status (a lookup per request)
         for p in party_names:  # every party's series exists from the start (at 0)
             self.timeouts.labels(party=p)
@@ -53,6 +62,12 @@ class ServiceMetrics:
             self.timeouts.labels(party=p).inc()
         for p in outcome.failed:
             self.errors.labels(party=p).inc()
+        if outcome.ess is not None and len(outcome.ess):
+            for value in outcome.ess:
+                self.ess.observe(float(value))
+            low = int((outcome.ess < outcome.low_ess).sum())
+            if low:
+                self.low_ess.inc(low)
 
     def set_version(self, version: str) -> None:
         self.model.clear()

@@ -28,6 +28,7 @@ from partialvfl.data.ids import normalize_ids
 from partialvfl.data.tables import from_tables
 from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods.base import VFLMethod
+from partialvfl.methods.evaluation import ESS, predict_with_diagnostics
 from partialvfl.methods.model_files import read_model_meta
 
 __all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "model_version"]
@@ -60,6 +61,18 @@ class BatchOutcome:
     parties: dict[str, list[str]]
     timed_out: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: the importance weights' effective sample size of each predicted row (methods that report one, FALSE-VFL)
+    ess: np.ndarray | None = None
+    #: the model's threshold under which a prediction rests on few samples (``predict_low_ess``)
+    low_ess: float = 10.0
+
+
+def ess_fields(model: VFLMethod, diagnostics: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A batch outcome's ``ess`` and ``low_ess`` from a prediction's diagnostics (none for most methods)."""
+    if ESS not in diagnostics:
+        return {}
+    values = diagnostics[ESS]
+    return {"ess": values[np.isfinite(values)], "low_ess": float(model.params_.get("predict_low_ess", 10.0))}
 
 
 def counts_only() -> MessageLog:
@@ -188,9 +201,12 @@ class TablePredictor(_Base):
             batch = VerticalDataset([b[rows] for b in blocks], observed[rows], ids=[ids[i] for i in rows],
                                     active_party=a, feature_names=data.feature_names, party_names=data.party_names,
                                     feature_shapes=data.feature_shapes)
-            res = self.model.predict_output(batch)
+            res, diagnostics = predict_with_diagnostics(self.model, batch)
             for j, i in enumerate(rows):
                 out[ids[i]] = res[j]
+        else:
+            diagnostics = {}
         names = self.party_names
         return BatchOutcome(out, {key: OK if some[i] else UNKNOWN for i, key in enumerate(ids)},
-                            {key: [names[k] for k in np.flatnonzero(observed[i])] for i, key in enumerate(ids)})
+                            {key: [names[k] for k in np.flatnonzero(observed[i])] for i, key in enumerate(ids)},
+                            **ess_fields(self.model, diagnostics))
