@@ -245,9 +245,11 @@ def test_predict_writes_the_ess_column_when_asked_and_evaluate_reports_it(exampl
     assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(out), "--ess"]) == 0
     df = pd.read_csv(out)
     assert df.columns[-1] == ESS and (df[ESS] >= 1.0).all()
-    samples = TINY["predict_importance_samples"] * 4  # the default predict_rounds
+    samples = TINY["predict_importance_samples"] * 6  # the default predict_rounds
     assert (df[ESS] <= samples + 1e-6).all()
-    assert "importance samples" in capsys.readouterr().err  # most rows of so short a fit rest on few samples
+    low = int((df[ESS] < 10).sum())  # the model's predict_low_ess
+    err = capsys.readouterr().err
+    assert (f"note: {low} of {len(df)} predictions have an effective sample size below 10" in err) == (low > 0), err
     assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(tmp_path / "q.csv")]) == 0
     assert ESS not in pd.read_csv(tmp_path / "q.csv").columns  # opt-in
     assert main(["evaluate", "--model", str(model), *_tables(d, "new", bank="outcomes")]) == 0
@@ -279,3 +281,20 @@ def test_the_service_exports_every_predictions_ess(example_model) -> None:
     assert "partialvfl_serve_importance_ess_count 25.0" in body
     low = int((outcome.ess < outcome.low_ess).sum())
     assert f"partialvfl_serve_low_ess_predictions_total {float(low)}" in body
+
+
+def test_predict_and_evaluate_take_prediction_parameters_and_refuse_the_others(example_model, tmp_path,
+                                                                                capsys: pytest.CaptureFixture) -> None:
+    d, model = example_model
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(out), "--ess",
+                 "--param", "predict_estimator=paper"]) == 0
+    assert (pd.read_csv(out)[ESS] <= TINY["predict_importance_samples"] + 1e-6).all()  # the paper's L samples
+    assert main(["evaluate", "--model", str(model), *_tables(d, "new", bank="outcomes"), "--param",
+                 "predict_rounds=2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[ESS]["samples"] == 2 * TINY["predict_importance_samples"]
+    assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(out), "--param", "d_h=4"]) == 2
+    assert "'d_h' is not a prediction parameter" in capsys.readouterr().err
+    assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(out), "--param",
+                 "predict_rounds=0"]) == 2
+    assert "predict_rounds" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import device_options
+from partialvfl.cli.common import load_for_prediction
 from partialvfl.cli.params import method_from_args
 
 __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
@@ -200,7 +200,6 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
 
     from partialvfl.cli.tables import refuse_prior_only, used_parties
     from partialvfl.federation.grpc.federation import GrpcFederation
-    from partialvfl.methods.base import VFLMethod
     from partialvfl.orchestration import predict as orchestrated
     from partialvfl.orchestration import require_active_party
 
@@ -211,7 +210,7 @@ def _predict_across(args: argparse.Namespace, ids: np.ndarray,
         if fed.absent:
             print(f"parties {[fed.party_names[k] for k in sorted(fed.absent)]} are unreachable: predicting without "
                   "them", file=sys.stderr)
-        model = VFLMethod.load(args.model, federation=fed, **device_options(args))
+        model = load_for_prediction(args, federation=fed)
         idx = model.index_
         view, handle = fed.attach_ids(ids, task=idx.task, feature_dims=idx.feature_dims,
                                       feature_shapes=idx.feature_shapes, table=getattr(args, "table_set", None))

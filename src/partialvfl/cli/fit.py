@@ -17,11 +17,12 @@ from partialvfl.cli.common import (
     DEFAULT_METHOD,
     DEFAULT_PRESET,
     add_device_options,
+    add_prediction_param_option,
     add_protocol_options,
     add_table_options,
     add_threads_option,
-    device_options,
     emit,
+    load_for_prediction,
     non_negative,
     protocol_config,
     refuse_protocol_options,
@@ -97,6 +98,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
     add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
+    add_prediction_param_option(p)
     add_device_options(p, compile_option=False)
     p.set_defaults(func=cmd_evaluate)
 
@@ -127,6 +129,7 @@ def add_predict_command(sub: Any) -> None:
                         "(methods that predict by importance sampling, FALSE-VFL; empty for a row predicted from the "
                         "label prior); the rows below the model's predict_low_ess are counted on stderr")
     add_privacy_options(p, labels=False)
+    add_prediction_param_option(p)
     add_device_options(p, compile_option=False)
     p.set_defaults(func=_cmd_predict)
 
@@ -179,7 +182,6 @@ def test_set_title(mechanism: str) -> str:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
-    from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import (
         ESS,
         add_diagnostics,
@@ -204,7 +206,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.truth:
         raise ValueError("evaluate --truth needs the users' features: --table PARTY=FILE for every party (in process) "
                          "or --federation FILE")
-    model = VFLMethod.load(args.model, **device_options(args))
+    model = load_for_prediction(args)
     info = model.data_info_.get("protocol")
     if not info:
         raise ValueError(f"the model in {args.model} was not fitted under the protocol: evaluate it on labelled "

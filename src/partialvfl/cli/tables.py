@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import device_options, emit, parse_tables, threads_for
+from partialvfl.cli.common import emit, load_for_prediction, parse_tables, threads_for
 from partialvfl.data.ids import show_id
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",
@@ -227,11 +227,10 @@ def write_predictions(df: Any, out: str | Path) -> None:
 def predict_tables(args: argparse.Namespace) -> int:
     """Predict every ID of the ``--table`` files with a saved model; write the prediction CSV."""
     from partialvfl.cli.privacy import predict_federation, print_predict_privacy
-    from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import predict_with_diagnostics
 
     fed = predict_federation(args)  # --party-dp: those parties answer within their budgets
-    model = VFLMethod.load(args.model, federation=fed, **device_options(args))
+    model = load_for_prediction(args, federation=fed)
     data, _, id_column = _model_tables(args, model, labels=False)
     refuse_prior_only(data.observed, data.ids, args.allow_prior_only)
     output, diagnostics = predict_with_diagnostics(model, data)
@@ -251,11 +250,10 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     on tables without it against outcomes keyed by ID."""
     from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
-    from partialvfl.methods import VFLMethod
     from partialvfl.methods.evaluation import add_diagnostics, evaluate, predict_with_diagnostics
     from partialvfl.utils.threads import use_threads
 
-    model = VFLMethod.load(args.model, **device_options(args))
+    model = load_for_prediction(args)
     if args.truth:
         data, tables, id_column = _model_tables(args, model, labels=False)
         truth = read_truth(args.truth, id_column, _label_column(args, model))

@@ -201,6 +201,22 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         vars(self).update({k: v for k, v in vars(fresh).items() if k != "history_"})  # fitted state kept
         return self
 
+    def set_prediction_params(self, **params: Any) -> Self:
+        """Change how a fitted model predicts, without refitting: its declared ``predict_*`` parameters (FALSE-VFL's
+        estimator, rounds and samples, the prediction batch size, ...), validated by their declared types; returns
+        ``self``.  Any other parameter is refused, naming it: it would change what the model learnt (refit with it)."""
+        self._check_fitted()
+        space = self.param_space()
+        canonical = {}
+        for name, value in params.items():
+            key = space.canonical(name, owner=self.name)  # an unknown name is refused here, naming the known ones
+            if not key.startswith("predict_"):
+                raise ValueError(f"{self.name}: {name!r} is not a prediction parameter (predict_*): it changes what "
+                                 "the model learnt; refit with it")
+            canonical[key] = value
+        self.params_ = {**self.params_, **canonical}
+        return self
+
     @classmethod
     def _given_space(cls) -> ParamSpace:
         """Every declared parameter ``__init__`` takes: the method's and the privacy parameters (with every declared

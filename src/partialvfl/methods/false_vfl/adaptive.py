@@ -44,14 +44,14 @@ import torch
 from partialvfl.methods.false_vfl.rowwise import as_seeds, samples_last
 from partialvfl.nn.stats import gaussian_log_prob
 
-__all__ = ["TEMPERED_ESS_FRACTION", "Estimate", "Proposal", "fit_proposal", "mixture_log_density", "round_seeds",
-           "tempered_weights"]
+__all__ = ["TEMPERED_ESS_FRACTION", "Estimate", "MixtureSamples", "Proposal", "component_log_density", "fit_proposal",
+           "mixture_log_density", "round_seeds", "tempered_weights"]
 
 #: a proposal is fitted under tempered weights whose ESS is at least this share of the samples drawn so far
 TEMPERED_ESS_FRACTION = 0.2
 #: a fitted proposal's scale stays within these multiples of the encoder posterior's scale
 SCALE_RANGE = (0.05, 2.0)
-_BISECTION_STEPS = 30
+_BISECTION_STEPS = 20
 
 
 def round_seeds(seeds: np.ndarray | Sequence[int], round_index: int) -> np.ndarray:
@@ -87,18 +87,55 @@ class Proposal:
         return self.mean.to(dtype).float(), torch.exp(0.5 * self.logvar).to(dtype).float()
 
 
+def component_log_density(h: torch.Tensor, proposal: Proposal, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``log N(h; mean, scale^2)`` ``(S, B)`` of samples ``h`` ``(S, B, d_h)`` under one proposal, with its mean and
+    scale as the wire carried them (:meth:`Proposal.on_wire`); each (sample, row) alone."""
+    mean, scale = proposal.on_wire(dtype)
+    return gaussian_log_prob(h, mean, 2.0 * torch.log(scale)).sum(-1)
+
+
+def _mixture(parts: Sequence[torch.Tensor], proposals: Sequence[Proposal]) -> torch.Tensor:
+    total = sum(p.samples for p in proposals)
+    weighted = [part + math.log(p.samples / total) for part, p in zip(parts, proposals, strict=True)]
+    return weighted[0] if len(weighted) == 1 else torch.logsumexp(torch.stack(weighted, dim=-1), dim=-1)
+
+
 def mixture_log_density(h: torch.Tensor, proposals: Sequence[Proposal], dtype: torch.dtype = torch.float32
                         ) -> torch.Tensor:
     """``log sum_t (n_t / N) N(h; mean_t, scale_t^2)`` of samples ``h`` ``(S, B, d_h)`` -> ``(S, B)``, with each
     proposal's mean and scale as the wire carried them (:meth:`Proposal.on_wire`); each (sample, row) alone."""
-    total = sum(p.samples for p in proposals)
-    parts = []
-    for p in proposals:
-        mean, scale = p.on_wire(dtype)
-        parts.append(gaussian_log_prob(h, mean, 2.0 * torch.log(scale)).sum(-1) + math.log(p.samples / total))
-    if len(parts) == 1:
-        return parts[0]
-    return torch.logsumexp(torch.stack(parts, dim=-1), dim=-1)
+    return _mixture([component_log_density(h, p, dtype) for p in proposals], proposals)
+
+
+class MixtureSamples:
+    """A batch's samples round by round, each round's drawn from its own proposal, and their deterministic-mixture
+    log-densities: every sample's density under every proposal is computed once, when the later of the two
+    arrives."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self.proposals: list[Proposal] = []
+        self.rounds: list[torch.Tensor] = []  # each round's samples (S_t, B, d_h)
+        self._densities: list[list[torch.Tensor]] = []  # [round][proposal] (S_t, B)
+
+    def add(self, proposal: Proposal, h: torch.Tensor) -> None:
+        """A round's samples ``h``, drawn from ``proposal``."""
+        for t, samples in enumerate(self.rounds):
+            self._densities[t].append(component_log_density(samples, proposal, self.dtype))
+        self.proposals.append(proposal)
+        self.rounds.append(h)
+        self._densities.append([component_log_density(h, p, self.dtype) for p in self.proposals])
+
+    @property
+    def h(self) -> torch.Tensor:
+        """Every sample so far ``(S, B, d_h)``, round after round."""
+        return torch.cat(self.rounds)
+
+    def log_weights(self, targets: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Every sample's importance log-weight ``(S, B)``: its round's log-target (``targets``, one ``(S_t, B)`` per
+        round) minus the log-density of the mixture of all the proposals so far."""
+        mixture = torch.cat([_mixture(parts, self.proposals) for parts in self._densities])
+        return torch.cat(list(targets)) - mixture
 
 
 def _ess_rows(log_w_rows: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.base import VFLMethod
-from partialvfl.methods.false_vfl.adaptive import Estimate, Proposal, fit_proposal, mixture_log_density, round_seeds
+from partialvfl.methods.false_vfl.adaptive import Estimate, MixtureSamples, Proposal, fit_proposal, round_seeds
 from partialvfl.methods.false_vfl.formulas import effective_sample_size, predictive_log_probs, predictive_mean
 from partialvfl.methods.false_vfl.party import FalseVFLParty, FalseVFLSetup
 from partialvfl.methods.false_vfl.rounds import Pass, Rounds
@@ -332,25 +332,22 @@ class _FalseVFL(VFLMethod):
         and every sample is weighed against the mixture of the row's proposals."""
         p = self.settings_
         rounds = self._rounds
-        dtype = rounds.wire_dtype
-        proposals = [Proposal(first.mean_leaf, first.logvar_leaf, first.h.shape[0])]
+        samples = MixtureSamples(rounds.wire_dtype)
+        samples.add(Proposal(first.mean_leaf, first.logvar_leaf, first.h.shape[0]), first.h)
         passes = [first]
         base_scale = torch.exp(0.5 * first.logvar_leaf)
         floor = p.latent_scale_floor if p.wire == "bound" else 0.0
         for t in range(1, n_rounds):
-            h = torch.cat([q.h for q in passes])
-            log_w = torch.cat([rounds.target_terms(q) for q in passes]) - mixture_log_density(h, proposals, dtype)
-            mean, logvar = fit_proposal(h, log_w, base_scale, min_scale=floor,
+            log_w = samples.log_weights([rounds.target_terms(q) for q in passes])
+            mean, logvar = fit_proposal(samples.h, log_w, base_scale, min_scale=floor,
                                         logvar_range=p.encoder_logvar_range)
-            proposals.append(Proposal(mean, logvar, p.predict_importance_samples))
-            passes.append(rounds.refine(view, handle, first, proposals[-1],
-                                        noise_seed=derive_seed(noise_seed, "amis", t),
+            proposal = Proposal(mean, logvar, p.predict_importance_samples)
+            passes.append(rounds.refine(view, handle, first, proposal, noise_seed=derive_seed(noise_seed, "amis", t),
                                         row_seeds=None if seeds is None else round_seeds(seeds, t),
                                         next_rows=following if t == n_rounds - 1 else None))
+            samples.add(proposal, passes[-1].h)
         rounds.common_parties(passes)  # a party lost in some round loses its terms in every round
-        h = torch.cat([q.h for q in passes])
-        log_w = torch.cat([rounds.target_terms(q) for q in passes]) - mixture_log_density(h, proposals, dtype)
-        return Estimate(first.keep, h, log_w)
+        return Estimate(first.keep, samples.h, samples.log_weights([rounds.target_terms(q) for q in passes]))
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                  diagnostics: dict[str, np.ndarray] | None = None) -> np.ndarray:

@@ -98,7 +98,7 @@ PARAMS = ParamSpace(
               "importance sampling: predict_rounds rounds of L samples per row, each round's proposal fitted to the "
               "row's weighted samples so far) or paper (self-normalised importance sampling with L samples from "
               "q(h|x_obs), the paper's)", choices=ESTIMATORS),
-        Param("predict_rounds", 4, "int", "adaptive estimator: rounds of predict_importance_samples samples per row "
+        Param("predict_rounds", 6, "int", "adaptive estimator: rounds of predict_importance_samples samples per row "
               "(1 is the paper's estimator)", low=1),
         Param("predict_low_ess", 10.0, "float", "a prediction whose importance weights' effective sample size is "
               "below this is counted and reported as resting on few samples", low=0),
