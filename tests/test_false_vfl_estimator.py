@@ -298,3 +298,15 @@ def test_predict_and_evaluate_take_prediction_parameters_and_refuse_the_others(e
     assert main(["predict", "--model", str(model), *_tables(d, "new"), "--out", str(out), "--param",
                  "predict_rounds=0"]) == 2
     assert "predict_rounds" in capsys.readouterr().err
+
+
+def test_every_results_table_says_which_estimator_made_its_false_vfl_figures() -> None:
+    from partialvfl.bench.tables import estimator_note
+
+    adaptive = {"method": "false-vfl-1", "params": {"predict_estimator": "adaptive", "predict_rounds": 6,
+                                                    "predict_importance_samples": 50}}
+    older = {"method": "false-vfl-2", "params": {"predict_importance_samples": 50}}  # before the parameter existed
+    assert estimator_note([adaptive]) == ("FALSE-VFL predicted with the adaptive estimator (6 rounds of L = 50 per "
+                                          "row).")
+    assert "the paper's estimator (self-normalised importance sampling, L = 50)" in estimator_note([older, adaptive])
+    assert estimator_note([{"method": "laser-vfl", "params": {}}]) == ""

@@ -29,7 +29,7 @@ from typing import Any
 from partialvfl.bench.aggregate import Aggregate, entry_key, is_validation, mean_std
 from partialvfl.bench.figures import label_styles, method_labels, new_figure, plot_band, save_figure
 from partialvfl.bench.naming import is_false_vfl, mech_key, mechanism_title, method_key
-from partialvfl.bench.tables import md_table, mean_std_text, tests_of
+from partialvfl.bench.tables import estimator_note, md_table, mean_std_text, tests_of
 from partialvfl.methods.registry import get_spec
 
 __all__ = ["Axis", "ablation_axes", "ablation_axis", "ablation_markdown", "axis_curves", "write_ablation_figures",
@@ -177,8 +177,10 @@ def ablation_markdown(rows: Sequence[dict[str, Any]], aggs: Sequence[Aggregate],
     :func:`axis_curves` of the same data, if the caller has them)."""
     curves = axis_curves(rows, aggs, axis) if curves is None else curves
     datasets = axis.ordered()
+    note = estimator_note(rows)
     parts = [f"Ablation over {axis.name} ({', '.join(axis.show(d) for d in datasets)}): accuracy (%) averaged over "
-             "the test mechanisms per seed, then mean (std) over seeds; the best of each column in bold.", ""]
+             "the test mechanisms per seed, then mean (std) over seeds; the best of each column in bold."
+             + (f" {note}" if note else ""), ""]
     titles = {a.label: a.title for a in aggs}
     methods = {a.label: a.method for a in aggs}
     wins = winners(aggs, axis)

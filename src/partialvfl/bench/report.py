@@ -42,6 +42,7 @@ from partialvfl.bench.naming import dataset_key, mech_key, mechanism_title, meth
 from partialvfl.bench.tables import (
     comparison_markdown,
     cost_markdown,
+    estimator_note,
     gaps_markdown,
     headline,
     md_table,
@@ -125,9 +126,9 @@ def _summary_line(store: str | Path, rows: Sequence[dict[str, Any]], failed: Seq
             + (f" {len({r['cell_hash'] for r in failed})} fit(s) failed and are left out." if failed else ""))
 
 
-def _tables(w: _Writer, aggs: Sequence[Aggregate], figures: bool) -> None:
+def _tables(w: _Writer, aggs: Sequence[Aggregate], figures: bool, note: str = "") -> None:
     for train in sorted({a.train for a in aggs}, key=mech_key):
-        w.part(f"table-{train}.md", f"Trained under {mechanism_title(train)}", table_markdown(aggs, train))
+        w.part(f"table-{train}.md", f"Trained under {mechanism_title(train)}", table_markdown(aggs, train, note))
         if figures:
             w.sections += [f"![trained under {mechanism_title(train)}](figure-{train}.png)", ""]
     columns: dict[tuple[str, str, str], list[Aggregate]] = defaultdict(list)
@@ -184,7 +185,7 @@ def write_report(store: str | Path, out: str | Path, *, figures: bool = True) ->
     comparison = paper_comparison(aggs, ratios)
     notice = pipeline_check_notice(rows)
     w.sections += ["# Benchmark report", "", *([notice, ""] if notice else []), _summary_line(store, rows, failed), ""]
-    _tables(w, aggs, figures)
+    _tables(w, aggs, figures, estimator_note(rows))
     w.part("gaps.md", "Gap summary (Table 2 layout)", (notice + "\n\n" if notice else "") + gaps_markdown(gaps))
     w.csv("gaps.csv", gaps.configs, ["dataset", "train", "test", "metric", "false_vfl", "false_vfl_mean",
                                      "best_other", "best_other_mean", "gap", "oracle_other", "oracle_gap",

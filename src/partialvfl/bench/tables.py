@@ -22,7 +22,7 @@ from partialvfl.bench.naming import (
 )
 from partialvfl.bench.paper_results import paper_accuracy, paper_ratio
 
-__all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "gaps_markdown", "headline", "md_table",
+__all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "estimator_note", "gaps_markdown", "headline", "md_table",
            "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of",
            "tuning_markdown"]
 
@@ -62,8 +62,25 @@ def rows_by_label(aggs: Sequence[Aggregate]) -> list[tuple[str, str, dict[str, A
     return [(lab, methods[lab], by[lab]) for lab in order]
 
 
-def table_markdown(aggs: Sequence[Aggregate], train: str) -> str:
-    """One of Tables 12-17: every dataset's section for training mechanism ``train``."""
+def estimator_note(rows: Sequence[dict[str, Any]]) -> str:
+    """Which estimator made the FALSE-VFL figures of ``rows`` (their fits' ``predict_*`` parameters; a row from before
+    the estimator was a parameter predicted with the paper's), as a sentence for every table ('' without FALSE-VFL)."""
+    kinds = set()
+    for r in rows:
+        params = r.get("params") or {}
+        if not str(r.get("method", "")).startswith("false-vfl"):
+            continue
+        samples = params.get("predict_importance_samples", "?")
+        if params.get("predict_estimator", "paper") == "paper":
+            kinds.add(f"the paper's estimator (self-normalised importance sampling, L = {samples})")
+        else:
+            kinds.add(f"the adaptive estimator ({params.get('predict_rounds')} rounds of L = {samples} per row)")
+    return f"FALSE-VFL predicted with {' and '.join(sorted(kinds))}." if kinds else ""
+
+
+def table_markdown(aggs: Sequence[Aggregate], train: str, note: str = "") -> str:
+    """One of Tables 12-17: every dataset's section for training mechanism ``train`` (``note``: a sentence for its
+    head, e.g. which estimator made the FALSE-VFL figures)."""
     sel = [a for a in aggs if a.train == train]
     tests = tests_of(sel)
     out_rows = []
@@ -96,7 +113,8 @@ def table_markdown(aggs: Sequence[Aggregate], train: str) -> str:
            + ("chosen on validation data." if chosen == {"validation"} else "chosen on TEST data (no validation "
               "rows in this store)."))
     head = (f"Trained under {mechanism_title(train)}: mean {metric} and std (in parentheses) over "
-            f"{'/'.join(map(str, seeds))} seed(s); best of each column in bold; * = labelled data only.{how}")
+            f"{'/'.join(map(str, seeds))} seed(s); best of each column in bold; * = labelled data only.{how}"
+            + (f" {note}" if note else ""))
     return head + "\n\n" + md_table(["Dataset", "Method"] + [mechanism_title(t) for t in tests], out_rows)
 
 
