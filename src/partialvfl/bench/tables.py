@@ -22,9 +22,9 @@ from partialvfl.bench.naming import (
 )
 from partialvfl.bench.paper_results import paper_accuracy, paper_ratio
 
-__all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "estimator_note", "gaps_markdown", "headline", "md_table",
-           "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown", "tests_of",
-           "tuning_markdown"]
+__all__ = ["comparison_markdown", "cost_markdown", "cost_rows", "estimator_note", "gaps_markdown", "headline",
+           "md_table", "mean_std_text", "paper_comparison", "ratios_markdown", "rows_by_label", "table_markdown",
+           "tests_of", "tuning_markdown"]
 
 
 def mean_std_text(mean: float, std: float, digits: int = 1) -> str:
