@@ -43,6 +43,7 @@ from partialvfl.bench.tables import md_table
 from partialvfl.data.protocol import ProtocolConfig, make_protocol, with_test_mechanism
 from partialvfl.data.sources import load_source
 from partialvfl.methods import VFLMethod, get_method
+from partialvfl.methods.evaluation import metrics_from_predictions
 
 SEEDS = (0, 1, 2, 3)
 #: (label, estimator parameters, which model) for every line of a table
@@ -102,9 +103,8 @@ def measure(model: VFLMethod, test: Any, params: dict[str, Any]) -> dict[str, An
             t0 = time.perf_counter()
             out = model.predict_output(test, diagnostics=diagnostics)
             seconds.append(time.perf_counter() - t0)
-            predicted = np.asarray(model.classes_)[out.argmax(axis=1)]
-            classes.append(predicted)
-            accs.append(float(np.mean(predicted.astype(str) == np.asarray(test.y).astype(str))))
+            classes.append(out.argmax(axis=1))
+            accs.append(metrics_from_predictions(out, test, model.index_.task.classes)["accuracy"])
             if ess is None:
                 ess = diagnostics["importance_ess"][np.isfinite(diagnostics["importance_ess"])]
         low = float(model.params_.get("predict_low_ess", 10.0))

@@ -36,10 +36,7 @@ from partialvfl.methods.false_vfl.adaptive import (
     round_seeds,
     tempered_weights,
 )
-
-TINY = dict(d_h=8, d_z=4, encoder_hidden=[32], decoder_hidden=[32], global_hidden=[32], discriminator_hidden=[32],
-            mask_hidden=[16, 16], importance_samples=4, predict_importance_samples=20, pretrain_batch_size=64,
-            batch_size=32)
+from test_false_vfl import TINY
 
 
 def _ess(w: torch.Tensor) -> torch.Tensor:
