@@ -200,11 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("out", type=Path)
     w.add_argument("--methods", nargs="+", default=list(TINY), choices=list(TINY))
     w.add_argument("--grpc", action="store_true", help="also fit across real party processes (slower)")
+    w.add_argument("--false-vfl-estimator", choices=["adaptive", "paper"], default=None,
+                   help="FALSE-VFL's prediction estimator (default: the method's default; 'paper' for a comparison "
+                        "with code from before the estimator was a parameter)")
     c = sub.add_parser("compare", help="compare two folders of golden predictions bitwise")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
     a = ap.parse_args(argv)
     if a.command == "write":
+        if a.false_vfl_estimator:
+            for method in ("false-vfl-1", "false-vfl-2"):
+                TINY[method] = {**TINY[method], "predict_estimator": a.false_vfl_estimator}
         return write(a.out, a.methods, a.grpc)
     return compare(a.old, a.new)
 
