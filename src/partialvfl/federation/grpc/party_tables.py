@@ -24,6 +24,7 @@ from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.trust.alignment import hash_ids
 from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.trust.psu import PartyAligner
+from partialvfl.federation.trust.token_index import TokenIndex
 from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.federation.wire.refusals import PolicyViolation
 
@@ -59,7 +60,7 @@ class PartyTable:
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
         self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
-        self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
+        self.index = TokenIndex(np.zeros((0, 32), np.uint8) if self.hashes is None else self.hashes)
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -155,13 +156,11 @@ class TableBuiltins:
                 continue
             table = self.tables[name]
             index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
-            local = np.empty(at.size, dtype=np.int64)
-            for i, h in enumerate(hashes[at]):
-                j = index.get(bytes(h))
-                if j is None:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
-                                                                    f"token {bytes(h).hex()[:16]}... in table {name!r}")
-                local[i] = j
+            local = index.lookup(hashes[at])
+            if (local < 0).any():
+                h = bytes(hashes[at][int(np.argmax(local < 0))])
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
+                                                                f"token {h.hex()[:16]}... in table {name!r}")
             feats[at], ids[at] = table.features[local], table.ids[local]
         feats[rows.size:], ids[rows.size:] = given, given_ids
         order = np.argsort(every, kind="stable")
