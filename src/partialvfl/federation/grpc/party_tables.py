@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 import torch
 
+from partialvfl.data.chunked import read_party_table
 from partialvfl.data.dataset import PartyView
-from partialvfl.data.tables import feature_values, read_table, select_features, table_ids
 from partialvfl.federation.grpc.limits import Refused
 from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig, PredictTable
 from partialvfl.federation.runtime.party import PartyRuntime
@@ -34,29 +34,30 @@ log = logging.getLogger("partialvfl.party")
 
 
 class PartyTable:
-    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only.
+    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file (or a
+    directory of files) only, in chunks (:func:`~partialvfl.data.chunked.read_party_table`: a table larger than
+    memory as text or as a DataFrame is read as long as its IDs and float32 features fit).
 
-    Read by the same functions as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
+    Read by the same rules as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
     IDs normalised by the one rule (:mod:`partialvfl.data.ids`; empty and colliding IDs refused, naming them),
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
     def __init__(self, cfg: PartyConfig, key: bytes | None, *, training: bool = True) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
-        if not cfg.data_path.is_file():
+        if not cfg.data_path.exists():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
-        df, _ = read_table(where, cfg.data_path, cfg.id_column)
-        if not len(df) and training:
+        data = read_party_table(where, cfg.data_path, cfg.id_column, columns=cfg.feature_columns,
+                                exclude=cfg.exclude_columns)
+        if not len(data.ids) and training:
             raise ValueError(f"{where}: the training table {cfg.data_path} has no rows")
-        ids, _ = table_ids(where, df, cfg.id_column)
-        cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
-                               exclude=cfg.exclude_columns)
+        cols = data.feature_names
         shape = cfg.feature_shape or (len(cols),)
         if int(np.prod(shape)) != len(cols):
             raise ValueError(f"party {cfg.index} ({cfg.name!r}): feature_shape {shape} does not match its "
                              f"{len(cols)} columns")
-        self.ids = np.array(ids, dtype=object)
-        self.features = feature_values(where, df, cols, ids)
+        self.ids = data.ids
+        self.features = data.features
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
         self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
@@ -64,8 +65,12 @@ class PartyTable:
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
-    """A file's modification time and size (``None``: not there), to tell whether it changed."""
+    """A file's modification time and size (``None``: not there), to tell whether it changed; of a directory of
+    table files, the latest time and the total size of its files."""
     try:
+        if path.is_dir():
+            stats = [f.stat() for f in path.iterdir() if f.is_file()]
+            return max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats)
         st = path.stat()
     except OSError:
         return None
