@@ -292,6 +292,7 @@ class FederationPredictor(_Base):
         ln = self._lanes[lane]
         fed, transport = ln.fed, ln.fed.grpc_transport
         transport.failures.clear()  # only this batch's are read
+        transport.call_spans = calls = []  # the batch's calls, timed (the service's spans)
         fed.absent, fed.last_held = set(self.down), None
         warm = ln.warm
         if not warm:  # a lane's first batch: the parties build their networks lazily, give them time
@@ -327,7 +328,7 @@ class FederationPredictor(_Base):
             status[key] = OK if ok else (NO_ANSWER if holders and (timed_out or failed) else UNKNOWN)
             output[key] = out[i] if ok else None
             parties[key] = [names[k] for k in np.flatnonzero(used[i])]
-        return BatchOutcome(output, status, parties, timed_out, failed)
+        return BatchOutcome(output, status, parties, timed_out, failed, calls=calls)
 
     def _attach_and_predict(self, ln: _Lane, ids: Sequence[str], features: Mapping[str, np.ndarray],
                             ) -> tuple[np.ndarray, np.ndarray]:
