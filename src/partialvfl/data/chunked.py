@@ -13,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from partialvfl.data.dataset import DataValidationError
+from partialvfl.data.id_column import IdColumn
 from partialvfl.data.ids import normalize_ids
 from partialvfl.data.tables import (
     check_table_file,
@@ -36,9 +40,9 @@ CHUNK_ROWS = 65_536
 
 @dataclass(frozen=True)
 class PartyTableData:
-    """A party's table as it keeps it: normalised ID texts (object array), float32 features, their names."""
+    """A party's table as it keeps it: normalised ID texts (Arrow strings), float32 features, their names."""
 
-    ids: np.ndarray
+    ids: IdColumn
     features: np.ndarray
     feature_names: tuple[str, ...]
 
@@ -91,7 +95,7 @@ def read_party_table(where: str, path: str | Path, id_column: str, *, columns: S
     files, kind = table_files(where, path)
     for f in files:
         check_table_file(where, f, kind)
-    ids: list[np.ndarray] = []
+    ids: list[Any] = []
     values: list[np.ndarray] = []
     cols: list[str] | None = None
     first_row = 0
@@ -106,7 +110,7 @@ def read_party_table(where: str, path: str | Path, id_column: str, *, columns: S
             elif len(df):
                 select_features(where, df, id_column=id_column, columns=cols)
             values.append(feature_values(where, df, cols, texts))
-            ids.append(np.array(texts, dtype=object))
+            ids.append(pa.array(texts, type=pa.string()))
             first_row += len(df)
     except (OSError, ValueError) as e:
         if isinstance(e, DataValidationError):
@@ -115,19 +119,16 @@ def read_party_table(where: str, path: str | Path, id_column: str, *, columns: S
         raise DataValidationError(f"{where}: cannot read {path} as {'CSV' if kind == 'csv' else 'Parquet'} "
                                   f"({type(e).__name__}: {detail[:200]})") from None
     assert cols is not None
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=object)
+    all_ids = IdColumn(pa.chunked_array(ids, type=pa.string()))
     _check_unique(where, all_ids, files, kind, id_column)
     features = np.concatenate(values) if values else np.zeros((0, len(cols)), dtype=np.float32)
     return PartyTableData(all_ids, features, tuple(cols))
 
 
-def _check_unique(where: str, ids: np.ndarray, files: Sequence[Path], kind: str, id_column: str) -> None:
+def _check_unique(where: str, ids: IdColumn, files: Sequence[Path], kind: str, id_column: str) -> None:
     """Refuse two rows whose IDs are the same once normalised, as the in-memory reader does (its message: the
     rows and their IDs as written; found by reading the ID column alone again, only when there is a repeat)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if len(ids) < 2 or pc.count_distinct(pa.array(ids, type=pa.string())).as_py() == len(ids):
+    if len(ids) < 2 or pc.count_distinct(ids.data).as_py() == len(ids):
         return
     column = pd.concat([df[id_column] for df in _chunks(files, kind, id_column, CHUNK_ROWS)], ignore_index=True)
     raw = (csv_ids(column) if kind == "csv" else column).to_numpy(dtype=object)

@@ -18,6 +18,7 @@ import torch
 
 from partialvfl.data.chunked import read_party_table
 from partialvfl.data.dataset import PartyView
+from partialvfl.data.id_column import IdColumn
 from partialvfl.federation.grpc.limits import Refused
 from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig, PredictTable
 from partialvfl.federation.runtime.party import PartyRuntime
@@ -154,7 +155,7 @@ class TableBuiltins:
         if every.size and (every.min() < 0 or every.max() >= n or len(np.unique(every)) != every.size):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         feats = np.empty((every.size, self.table.features.shape[1]), dtype=self.table.features.dtype)
-        ids = np.empty(every.size, dtype=object)
+        pieces: list[tuple[np.ndarray, IdColumn]] = []  # (positions in ``every``, their IDs), table by table
         for t, name in enumerate(names):
             at = np.flatnonzero(which == t)
             if not at.size:
@@ -166,8 +167,10 @@ class TableBuiltins:
                 h = bytes(hashes[at][int(np.argmax(local < 0))])
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
                                                                 f"token {h.hex()[:16]}... in table {name!r}")
-            feats[at], ids[at] = table.features[local], table.ids[local]
-        feats[rows.size:], ids[rows.size:] = given, given_ids
+            feats[at] = table.features[local]
+            pieces.append((at, table.ids.take(local)))
+        feats[rows.size:] = given
+        pieces.append((np.arange(rows.size, every.size), IdColumn(given_ids.tolist())))
         order = np.argsort(every, kind="stable")
         labels = labeled = None
         if "labels" in req.tensors or "labeled" in req.tensors:
@@ -181,8 +184,12 @@ class TableBuiltins:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
         feats = feats[order]
         feats.flags.writeable = False
+        placed = np.concatenate([at for at, _ in pieces])
+        inverse = np.empty(every.size, dtype=np.int64)
+        inverse[placed] = np.arange(placed.size)
+        ids = IdColumn.concat([i for _, i in pieces]).take(inverse[order])  # the IDs in the view's row order
         view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every[order],
-                         ids=ids[order], feature_names=self.table.feature_names,
+                         ids=ids, feature_names=self.table.feature_names,
                          feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
         if names == [TRAINING_TABLE] and not given_rows.size:

@@ -104,6 +104,12 @@ def valid_chunk(raw: bytes, offset: int, where: str) -> None:
                                  "element")
 
 
+def _part(texts: Sequence[str], a: int, b: int) -> list[str]:
+    """IDs ``a`` to ``b`` as a list of ``str`` (from a list, an object array or an Arrow-backed ID column)."""
+    part = texts[a:b]
+    return part if isinstance(part, list) else list(part)
+
+
 def _as_points(raw: bytes, n: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8).reshape(n, POINT_BYTES)
 
@@ -132,11 +138,11 @@ class GroupWork:
     # -- the operations
     def hashed(self, texts: Sequence[str]) -> np.ndarray:
         """``H(t)`` for normalised ID texts, as an ``(n, 32)`` array."""
-        return self._map(len(texts), lambda a, b: (hash_chunk, (texts[a:b],)))
+        return self._map(len(texts), lambda a, b: (hash_chunk, (_part(texts, a, b),)))
 
     def tokens(self, texts: Sequence[str], scalar: bytes) -> np.ndarray:
         """``H(t)^scalar`` for normalised ID texts, as an ``(n, 32)`` array (a keyed party's tokens, a blinding)."""
-        return self._map(len(texts), lambda a, b: (tokens_chunk, (scalar, texts[a:b])))
+        return self._map(len(texts), lambda a, b: (tokens_chunk, (scalar, _part(texts, a, b))))
 
     def evaluate(self, points: np.ndarray, scalar: bytes, where: str) -> np.ndarray:
         """Every row of an ``(n, 32)`` uint8 array raised to ``scalar``; an invalid element names ``where`` and its

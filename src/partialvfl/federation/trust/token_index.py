@@ -15,6 +15,7 @@ import numpy as np
 __all__ = ["TokenIndex", "as_keys", "first_repeat"]
 
 TOKEN_BYTES = 32
+LOOKUP_CHUNK = 1 << 18
 
 
 def as_keys(tokens: np.ndarray) -> np.ndarray:
@@ -58,10 +59,15 @@ class TokenIndex(Mapping[bytes, int]):
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The row of each token of an ``(m, 32)`` uint8 array, ``-1`` for a token not in the index."""
         want = as_keys(tokens)
+        out = np.full(len(want), -1, dtype=np.int64)
         if not len(self.keys):
-            return np.full(len(want), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.keys, want), len(self.keys) - 1)
-        return np.where(self.keys[at] == want, self.rows[at], -1)
+            return out
+        for a in range(0, len(want), LOOKUP_CHUNK):  # a chunk at a time: temporaries of a chunk's size
+            part = want[a:a + LOOKUP_CHUNK]
+            at = np.minimum(np.searchsorted(self.keys, part), len(self.keys) - 1)
+            found = self.keys[at] == part
+            out[a:a + LOOKUP_CHUNK][found] = self.rows[at[found]]
+        return out
 
     # -- the mapping
     def __getitem__(self, token: bytes) -> int:
