@@ -28,6 +28,8 @@ import grpc
 
 from partialvfl.federation.grpc.frames import (
     CALL_METHOD,
+    CALL_ONE_METHOD,
+    CHUNK_BYTES,
     MAX_LANES,
     SECONDS_KEY,
     WireError,
@@ -121,10 +123,25 @@ class CallSpan:
         return max(0.0, self.seconds - self.party_seconds)
 
 
-def _timed(call: Callable[..., bytes], payload: bytes, timeout: float) -> tuple[bytes, float]:
-    """``call`` on the request's chunks, with the instant its reply arrived."""
-    data = call(chunks(payload), timeout=timeout)
-    return data, time.perf_counter()
+class _Caller:
+    """A party's two call methods (:data:`CALL_ONE_METHOD` for a request of one chunk, :data:`CALL_METHOD`'s stream
+    of chunks for a larger one); a party that does not know the first (an older version) is asked by the second."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stream = channel.stream_unary(CALL_METHOD)
+        self.one: Any = channel.unary_unary(CALL_ONE_METHOD)
+
+    def __call__(self, payload: bytes, timeout: float) -> tuple[bytes, float]:
+        """The reply to ``payload``, with the instant it arrived."""
+        one = self.one
+        if one is not None and len(payload) <= CHUNK_BYTES:
+            try:
+                return one(payload, timeout=timeout), time.perf_counter()
+            except grpc.RpcError as e:  # gRPC's own answer for a method the server lacks (not a party's refusal)
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() != "Method not found!":
+                    raise
+                self.one = None
+        return self.stream(chunks(payload), timeout=timeout), time.perf_counter()
 
 
 class GrpcTransport(Transport):
@@ -189,7 +206,7 @@ class GrpcTransport(Transport):
             ]
             ch = grpc.secure_channel(ep.address, creds, options=options)
             self._channels.append(ch)
-            self._calls.append(ch.stream_unary(CALL_METHOD))
+            self._calls.append(_Caller(ch))
         # call_many runs the parties' blocking calls on these long-lived threads: gRPC's ``.future()`` starts a
         # fresh "channel spin" thread per call, which was about half of a federated step's coordinator time
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)), thread_name_prefix="grpc-call")
@@ -289,8 +306,7 @@ class GrpcTransport(Transport):
             start = time.perf_counter()
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = req, self._pool.submit(_timed, self._calls[party], payload,
-                                                    self.call_timeout(party)), start
+            futures[party] = req, self._pool.submit(self._calls[party], payload, self.call_timeout(party)), start
         t0 = time.perf_counter()
         try:
             for party, (req, fut, start) in futures.items():
