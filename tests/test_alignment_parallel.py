@@ -103,3 +103,21 @@ def test_tokens_on_a_local_ray_cluster_equal_the_single_core_tokens() -> None:
             work.evaluate(bad, SCALAR, "on ray")
     finally:
         ray.shutdown()
+
+
+def test_a_party_file_says_where_its_alignment_arithmetic_runs(tmp_path: Path) -> None:
+    from partialvfl.federation.grpc.party_config import load_party_config
+
+    def party(extra: str) -> Path:
+        f = tmp_path / "bank.toml"
+        f.write_text(f'[party]\nname = "bank"\nindex = 0\n{extra}\n[data]\npath = "bank.csv"\nid_column = "id"\n'
+                     '[tls]\nca = "ca.pem"\ncert = "bank.pem"\nkey = "bank.key"\n')
+        return f
+
+    default = load_party_config(party(""))
+    assert default.alignment_threads == 0 and default.ray_address is None  # every core, no Ray
+    assert load_party_config(party('alignment_threads = "auto"')).alignment_threads == 0
+    one = load_party_config(party('alignment_threads = 1\nray_address = "10.0.0.5:6379"'))
+    assert one.alignment_threads == 1 and one.ray_address == "10.0.0.5:6379"
+    with pytest.raises(ValueError, match="alignment_threads must be an integer >= 0 or 'auto'"):
+        load_party_config(party("alignment_threads = -2"))
