@@ -108,8 +108,12 @@ def federated(tables: dict[str, Path], work: Path, args: argparse.Namespace) -> 
     kw: dict[str, Any] = {} if args.epochs is None else {"epochs": args.epochs}
     if args.batch_size is not None:
         kw["batch_size"] = args.batch_size
-    with LocalDeployment(work / "fed", data, deadline=1800.0, start_timeout=1800.0, max_message_mb=512.0,
-                         alignment=args.alignment) as dep:
+    # a party's attach of all its rows is one request of about 40 bytes per row (its token and its row, with the
+    # label holder's labels): beyond the default [policy] max_peer_mb of 64, a party of millions of rows raises it
+    limit_mb = max(64.0, 64.0 * (1 + args.users // 1_000_000))
+    policy = {"preset": "research", "max_peer_mb": limit_mb}
+    with LocalDeployment(work / "fed", data, deadline=1800.0, start_timeout=1800.0, max_message_mb=limit_mb,
+                         alignment=args.alignment, policy=policy) as dep:
         del data  # the parties read their own tables
         t0 = time.perf_counter()
         dep.start()
@@ -147,6 +151,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="work in DIR and keep it")
     args = ap.parse_args()
+    try:
+        run(args)
+    except BaseException:
+        import traceback
+
+        print(json.dumps({"users": args.users, "mode": args.mode, "failed": traceback.format_exc()[-3000:]}),
+              flush=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         t0 = time.perf_counter()
