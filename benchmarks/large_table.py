@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from alignment import peak_rss_mb  # benchmarks/alignment.py: a process's VmHWM
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
 
@@ -59,16 +61,6 @@ def write_tables(d: Path, users: int, seed: int) -> dict[str, Path]:
         out[party] = d / f"{party}.parquet"
         df.to_parquet(out[party], index=False, row_group_size=262_144)
     return out
-
-
-def peak_rss_mb(pid: int | str = "self") -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
 
 
 def timed_command(argv: list[str], log: Path) -> tuple[float, float]:
