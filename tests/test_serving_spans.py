@@ -110,3 +110,4 @@ def test_the_spans_are_exported_as_metrics_and_opentelemetry_traces() -> None:
     assert call.attributes["partialvfl.compute_seconds"] == pytest.approx(0.004)
     assert batches[0].start_time <= call.start_time <= call.end_time <= batches[0].end_time
     assert batches[0].attributes["partialvfl.party_compute_seconds"] == pytest.approx(0.004)
+
