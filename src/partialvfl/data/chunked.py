@@ -32,7 +32,7 @@ from partialvfl.data.tables import (
     table_format,
 )
 
-__all__ = ["CHUNK_ROWS", "PartyTableData", "read_party_table", "table_files"]
+__all__ = ["CHUNK_ROWS", "PartyTableData", "read_party_table", "release_arrow_memory", "table_files"]
 
 #: rows read at a time
 CHUNK_ROWS = 65_536
@@ -74,7 +74,8 @@ def _chunks(files: Sequence[Path], kind: str, id_column: str, rows: int) -> Iter
 
         dataset = ds.dataset([str(f) for f in files], format="parquet")
         empty = True
-        for batch in dataset.to_batches(batch_size=rows):
+        # one batch and one file ahead at most (the defaults, 16 and 4, decode hundreds of MB ahead of the reader)
+        for batch in dataset.to_batches(batch_size=rows, batch_readahead=1, fragment_readahead=1):
             if batch.num_rows:
                 empty = False
                 yield batch.to_pandas()
@@ -122,13 +123,25 @@ def read_party_table(where: str, path: str | Path, id_column: str, *, columns: S
     all_ids = IdColumn(pa.chunked_array(ids, type=pa.string()))
     _check_unique(where, all_ids, files, kind, id_column)
     features = np.concatenate(values) if values else np.zeros((0, len(cols)), dtype=np.float32)
+    release_arrow_memory()
     return PartyTableData(all_ids, features, tuple(cols))
+
+
+def release_arrow_memory() -> None:
+    """Hand the memory Arrow's allocator keeps for reuse back to the system (after reading a large table it held
+    several hundred MB of decoded chunks no longer used: measured 650 MB at 5M rows)."""
+    pa.default_memory_pool().release_unused()
 
 
 def _check_unique(where: str, ids: IdColumn, files: Sequence[Path], kind: str, id_column: str) -> None:
     """Refuse two rows whose IDs are the same once normalised, as the in-memory reader does (its message: the
     rows and their IDs as written; found by reading the ID column alone again, only when there is a repeat)."""
-    if len(ids) < 2 or pc.count_distinct(ids.data).as_py() == len(ids):
+    if len(ids) < 2:
+        return
+    ordered = ids.data.take(pc.sort_indices(ids.data)).combine_chunks()  # sorted: a repeat sits beside its twin
+    repeats = pc.any(pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))).as_py()
+    del ordered
+    if not repeats:  # (a hash table of every ID, pc.count_distinct, measured 430 MB at 5M IDs; this about 100)
         return
     column = pd.concat([df[id_column] for df in _chunks(files, kind, id_column, CHUNK_ROWS)], ignore_index=True)
     raw = (csv_ids(column) if kind == "csv" else column).to_numpy(dtype=object)

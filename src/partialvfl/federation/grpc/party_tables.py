@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import torch
 
-from partialvfl.data.chunked import read_party_table
+from partialvfl.data.chunked import read_party_table, release_arrow_memory
 from partialvfl.data.dataset import PartyView
 from partialvfl.data.id_column import IdColumn
 from partialvfl.federation.grpc.limits import Refused
@@ -32,6 +32,8 @@ from partialvfl.federation.wire.refusals import PolicyViolation
 __all__ = ["PartyTable", "TableBuiltins", "file_stamp"]
 
 log = logging.getLogger("partialvfl.party")
+#: rows of an attach after which the party hands Arrow's spare memory back (a training handle, not a served batch)
+LARGE_ATTACH = 100_000
 
 
 class PartyTable:
@@ -61,8 +63,18 @@ class PartyTable:
         self.features = data.features
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
-        self.index = TokenIndex(np.zeros((0, 32), np.uint8) if self.hashes is None else self.hashes)
+        self.keyed = key is not None  # alignment = "hmac": the rows' HMAC hashes, kept as the index only
+        self.index = TokenIndex(np.zeros((0, 32), np.uint8) if key is None
+                                else hash_ids(self.ids, key, normalized=True))  # normalised already
+
+    @property
+    def hashes(self) -> np.ndarray | None:
+        """The rows' HMAC hashes in row order (``alignment = "hmac"``; ``None`` otherwise), from the index."""
+        if not self.keyed:
+            return None
+        place = np.empty(len(self.index.rows), dtype=np.int64)
+        place[self.index.rows] = np.arange(len(self.index.rows))
+        return self.index.sorted_tokens()[place]
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -192,6 +204,8 @@ class TableBuiltins:
                          ids=ids, feature_names=self.table.feature_names,
                          feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
+        if every.size > LARGE_ATTACH:  # Arrow keeps the memory of the IDs' gathering for reuse: hand it back
+            release_arrow_memory()
         if names == [TRAINING_TABLE] and not given_rows.size:
             self.prediction_handles.discard(handle)
         else:  # rows of a prediction table, or values the coordinator gave: only ever predicted
@@ -245,7 +259,7 @@ class TableBuiltins:
                           f"party {self.cfg.name!r} aligns by private set union (alignment = 'psu'): it sends no "
                           "ID hashes; set alignment = 'hmac' in the coordinator's and every party's file to use them")
         _, table = self._table(req)
-        return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
+        return Reply({"hashes": torch.from_numpy(table.index.sorted_tokens())})  # sorted: the order says nothing
 
     def _release(self, req: Request) -> Reply:
         handle: str = req.meta["handle"]

@@ -53,8 +53,8 @@ class TokenIndex(Mapping[bytes, int]):
             raise ValueError("the tokens are not distinct")
 
     def sorted_tokens(self) -> np.ndarray:
-        """The tokens in order, as an ``(n, 32)`` uint8 array."""
-        return self.keys.view(np.uint8).reshape(len(self.keys), TOKEN_BYTES).copy()
+        """The tokens in order, as an ``(n, 32)`` uint8 array (a view of the index: not to be written to)."""
+        return self.keys.view(np.uint8).reshape(len(self.keys), TOKEN_BYTES)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The row of each token of an ``(m, 32)`` uint8 array, ``-1`` for a token not in the index."""
