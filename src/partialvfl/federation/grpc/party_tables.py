@@ -77,6 +77,13 @@ class PartyTable:
         return self.index.sorted_tokens()[place]
 
 
+def _repeats(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` (positions in ``[0, n)``) holds a position twice (a bitmap of ``n`` bytes, no sort)."""
+    seen = np.zeros(n, dtype=bool)
+    seen[rows] = True
+    return int(seen.sum()) != rows.size
+
+
 def file_stamp(path: Path) -> tuple[int, int] | None:
     """A file's modification time and size (``None``: not there), to tell whether it changed; of a directory of
     table files, the latest time and the total size of its files."""
@@ -164,7 +171,7 @@ class TableBuiltins:
                                                             f"{names}")
         given, given_rows, given_ids = self._given_features(req)
         every = np.concatenate([rows, given_rows])
-        if every.size and (every.min() < 0 or every.max() >= n or len(np.unique(every)) != every.size):
+        if every.size and (every.min() < 0 or every.max() >= n or _repeats(every, n)):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         feats = np.empty((every.size, self.table.features.shape[1]), dtype=self.table.features.dtype)
         pieces: list[tuple[np.ndarray, IdColumn]] = []  # (positions in ``every``, their IDs), table by table
@@ -183,7 +190,8 @@ class TableBuiltins:
             pieces.append((at, table.ids.take(local)))
         feats[rows.size:] = given
         pieces.append((np.arange(rows.size, every.size), IdColumn(given_ids.tolist())))
-        order = np.argsort(every, kind="stable")
+        in_order = bool(np.all(every[1:] > every[:-1]))  # the coordinator sends a handle's rows in order
+        order = None if in_order else np.argsort(every, kind="stable")
         labels = labeled = None
         if "labels" in req.tensors or "labeled" in req.tensors:
             if names != [TRAINING_TABLE] or given_rows.size:
@@ -191,16 +199,20 @@ class TableBuiltins:
                                                                 f"with prediction table {names[-1]!r}")
             if "labels" not in req.tensors or "labeled" not in req.tensors:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send both 'labels' and 'labeled'")
-            labels, labeled = req.tensors["labels"].numpy(), req.tensors["labeled"].numpy()
+            # copies: views would keep the whole request's buffer (every row's token) alive with the handle
+            labels, labeled = req.tensors["labels"].numpy().copy(), req.tensors["labeled"].numpy().copy()
             if labels.shape != (n,) or labeled.shape != (n,):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
-        feats = feats[order]
-        feats.flags.writeable = False
         placed = np.concatenate([at for at, _ in pieces])
-        inverse = np.empty(every.size, dtype=np.int64)
-        inverse[placed] = np.arange(placed.size)
-        ids = IdColumn.concat([i for _, i in pieces]).take(inverse[order])  # the IDs in the view's row order
-        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every[order],
+        ids = IdColumn.concat([i for _, i in pieces])
+        if order is not None or not np.array_equal(placed, np.arange(placed.size)):
+            inverse = np.empty(every.size, dtype=np.int64)
+            inverse[placed] = np.arange(placed.size)
+            ids = ids.take(inverse if order is None else inverse[order])  # the IDs in the view's row order
+        if order is not None:
+            feats, every = feats[order], every[order]
+        feats.flags.writeable = False
+        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every,
                          ids=ids, feature_names=self.table.feature_names,
                          feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
