@@ -11,9 +11,20 @@ table labels ``--labels`` of party 0's customers.  One JSON line per run:
 * ``bytes_per_id``: bytes on the wire (both directions, whole frames) during ``align()``, per ID a party holds;
 * ``lookup_seconds``: tokens of ``--lookup`` new IDs in an aligned session (one round to one keyed party);
   ``predict_lookup_seconds``: ``attach_ids`` of those IDs from the parties' ``new-users`` prediction tables in a fresh
-  session (the whole of what ``predict --table-set`` does before predicting).
+  session (the whole of what ``predict --table-set`` does before predicting);
+* ``party_peak_rss_mb``: each party process's peak resident memory (``VmHWM``) after the alignment, and
+  ``coordinator_peak_rss_mb`` this process's; ``load_before``: the machine's 1-minute load average at the start.
+
+Before and after a change: run it with the old code first (``PYTHONPATH=OLD/src``: this script runs on both), then
+with this checkout; ``--skip-hmac`` leaves out the HMAC comparison.
 
     PYTHONPATH=src python benchmarks/alignment.py --parties 4 --ids 100000
+    PYTHONPATH=OLD/src python benchmarks/alignment.py --parties 4 --ids 1000000 --lookup 0 --skip-hmac   # before
+    PYTHONPATH=src python benchmarks/alignment.py --parties 4 --ids 1000000 --lookup 0 --skip-hmac       # after
+
+``--ray-party N --ray ADDRESS``: instead, one keyed party's ``psu_tokens`` step (the hash into the group and the
+multiplication, for N IDs) with its group arithmetic on the Ray cluster at ADDRESS (``local``: Ray started here on
+this machine's cores), against the same on this machine's cores: seconds and this process's peak memory.
 """
 
 from __future__ import annotations
@@ -61,6 +72,17 @@ def per_core_rates(n: int = 20_000) -> tuple[float, float]:
     psu.evaluate(points, psu.random_scalar(), "benchmark")
     t2 = time.perf_counter()
     return n / (t2 - t1), n / (t1 - t0)
+
+
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's peak resident memory (``VmHWM``) in MB, ``None`` if it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
 def timed_align(dep: LocalDeployment) -> tuple[float, int, Any]:
@@ -113,15 +135,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert view.n_samples == data.n_samples and view.observed.sum() == data.observed.sum()
             out["seconds"] = round(seconds, 2)
             out["bytes_per_id"] = round(wire / (args.parties * args.ids), 1)
+            out["party_peak_rss_mb"] = [peak_rss_mb(dep.procs[k].pid) for k in sorted(dep.procs)]
+            out["coordinator_peak_rss_mb"] = peak_rss_mb()
             if args.lookup:
                 lookup, predict = lookups(dep, new.ids)
                 out.update(lookup_ids=args.lookup, lookup_seconds=round(lookup, 3),
                            predict_lookup_seconds=round(predict, 3))
+        if args.skip_hmac:
+            return out
         with LocalDeployment(Path(d) / "hmac", data, alignment="hmac", **kw) as dep:
             dep.start()
             seconds, wire, _ = timed_align(dep)
             out["hmac_seconds"] = round(seconds, 2)
             out["hmac_bytes_per_id"] = round(wire / (args.parties * args.ids), 1)
+    return out
+
+
+def ray_party(args: argparse.Namespace) -> dict[str, Any]:
+    """One keyed party's ``psu_tokens`` of ``--ray-party`` IDs on the Ray cluster, then on this machine's cores."""
+    from partialvfl.federation.trust.group_work import GroupWork
+
+    ids = np.array([f"C{i:09d}" for i in range(args.ray_party)], dtype=object)
+    out: dict[str, Any] = {"ids": args.ray_party, "ray": args.ray, "cpu_cores": os.cpu_count(),
+                           "load_before": round(os.getloadavg()[0], 2)}
+    with tempfile.TemporaryDirectory() as d:
+        for where, work in (("ray", GroupWork(ray_address=args.ray)), ("local", GroupWork())):
+            if where == "local" and args.skip_local:
+                continue
+            party = psu.PartyAligner("p1", b"k" * 32, lambda table: ids, Path(d) / where)
+            party.work = work
+            party.nonce = "ab" * 32
+            t0 = time.perf_counter()
+            tokens, _ = party.tokens("training", ["ab" * 32])
+            out[f"{where}_seconds"] = round(time.perf_counter() - t0, 1)
+            out[f"{where}_peak_rss_mb"] = peak_rss_mb()
+            if where == "ray":
+                import ray
+
+                out["ray_cluster_cpus"] = ray.cluster_resources().get("CPU")
+            del tokens, party
     return out
 
 
@@ -135,9 +187,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads per party process ([party] threads)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hmac", action="store_true", help="leave out the HMAC comparison")
+    ap.add_argument("--ray-party", type=int, default=0, metavar="N", help="measure one party's tokens of N IDs on Ray")
+    ap.add_argument("--ray", default="local", metavar="ADDRESS", help="the Ray cluster for --ray-party")
+    ap.add_argument("--skip-local", action="store_true", help="with --ray-party: not on this machine's cores too")
     args = ap.parse_args()
     for _ in range(args.repeats):
-        print(json.dumps(run(args)), flush=True)
+        print(json.dumps(ray_party(args) if args.ray_party else {"load_before": round(os.getloadavg()[0], 2),
+                                                                   **run(args)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,74 @@ class ServiceProcess:
         return [line for line in text.splitlines() if '"status": 5' in line or "failed" in line][-5:]
 
 
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The service's ``/metrics`` as {(name, labels): value} (an old service without the span metrics: fewer)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, rest = head.partition("{")
+        labels = tuple(sorted(tuple(kv.split("=", 1)) for kv in rest.rstrip("}").split(",") if kv)) if rest else ()
+        out[(name, tuple((k, v.strip('"')) for k, v in labels))] = float(value)
+    return out
+
+
+def _quantile(delta: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, q: float,
+              **labels: str) -> float | None:
+    """The ``q`` quantile of a histogram's observations in ``delta`` (linear within a bucket, as Prometheus'
+    histogram_quantile does)."""
+    want = tuple(sorted(labels.items()))
+    buckets = sorted((float(dict(lab)["le"]), v) for (n, lab), v in delta.items() if n == f"{name}_bucket"
+                     and tuple((k, x) for k, x in lab if k != "le") == want)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
+
+
+def breakdown(before: dict, after: dict, parties: tuple[str, ...]) -> dict[str, Any]:
+    """Where the batches of one case spent their time (the difference of two scrapes): per batch, the mean of each
+    part and the median batch, in ms; each party's mean compute and wire per call; the mean queue wait."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+    def mean(name: str, **labels: str) -> float | None:
+        want = tuple(sorted(labels.items()))
+        count = delta.get((f"{name}_count", want), 0.0)
+        return None if not count else 1000 * delta[(f"{name}_sum", want)] / count
+
+    batch = mean("partialvfl_serve_batch_seconds")
+    if batch is None:
+        return {}
+    out: dict[str, Any] = {"batches": int(delta[("partialvfl_serve_batch_seconds_count", ())]),
+                           "batch_ms_mean": round(batch, 2),
+                           "batch_ms_p50": round(1000 * (_quantile(delta, "partialvfl_serve_batch_seconds", 0.5)
+                                                         or 0.0), 2),
+                           "queue_ms_mean": round(mean("partialvfl_serve_queue_seconds") or 0.0, 2)}
+    for part in ("coordinator", "party_compute", "wire"):
+        value = mean("partialvfl_serve_batch_part_seconds", part=part)
+        if value is not None:
+            out[f"{part}_ms_mean"] = round(value, 2)
+    for p in parties:
+        for part in ("compute", "wire"):
+            value = mean("partialvfl_serve_party_call_seconds", party=p, part=part)
+            if value is not None:
+                out[f"{p}_{part}_ms_per_call"] = round(value, 2)
+    return out
+
+
 def load(port: int, ids: list[str], concurrency: int, seconds: float, max_requests: int,
          deadline_ms: float | None, seed: int, record: list[tuple[str, Any, list[str]]] | None = None,
          timeline: list[tuple[float, bool, list[str]]] | None = None) -> dict[str, Any]:
@@ -235,8 +303,10 @@ def federated_cases(method: str, dep: LocalDeployment, work: Path, ids: list[str
         try:
             load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
             for c in args.concurrency if "on-time" in cases else ():
+                before = scrape(service.port)
                 rows.append({"method": method, "case": "all parties on time",
                              **load(service.port, ids, c, args.seconds, args.max_requests, None, args.seed)})
+                rows[-1]["spans"] = breakdown(before, scrape(service.port), PARTIES)
                 print(rows[-1], file=sys.stderr)
             if "killed" in cases:
                 rows.append({"method": method, "case": f"{PARTIES[KILLED]} killed and restarted",
@@ -245,9 +315,11 @@ def federated_cases(method: str, dep: LocalDeployment, work: Path, ids: list[str
                 service.wait_ready(ids[0])  # the next case starts with every party in the service's session
             if "delayed" in cases:
                 proxy.delay = args.delay_ms / 1000
+                before = scrape(service.port)
                 rows.append({"method": method, "case": f"{PARTIES[SLOW]} delayed {args.delay_ms:g} ms",
                              **load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests,
                                     args.deadline_ms, args.seed, answers)})
+                rows[-1]["spans"] = breakdown(before, scrape(service.port), PARTIES)
                 if rows[-1]["errors"]:
                     print("errors in the service's log:", *service.errors(), sep="\n  ", file=sys.stderr)
         finally:
@@ -277,7 +349,9 @@ def in_process(method: str, work: Path, ids: list[str], args: argparse.Namespace
     service = ServiceProcess(model, None, work, tables=tables, **service_kw(args))
     try:
         load(service.port, ids, 4, 2.0, 200, None, args.seed)  # warm-up, not reported
-        return load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests, None, args.seed)
+        before = scrape(service.port)
+        row = load(service.port, ids, args.slow_concurrency, args.seconds, args.max_requests, None, args.seed)
+        return {**row, "spans": breakdown(before, scrape(service.port), PARTIES)}
     finally:
         service.stop()
 
@@ -405,6 +479,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "".join(lines)
 
 
+def spans_table(rows: list[dict[str, Any]]) -> str:
+    """Where each case's batches spent their time (the service's span metrics; empty for a service without
+    them)."""
+    head = ("| method | case | batches | queue ms (mean) | batch ms (p50 / mean) | coordinator ms | party compute ms | "
+            "wire ms | wire / batch | " + " | ".join(f"{p} compute / wire ms per call" for p in PARTIES) + " |\n|"
+            + "---|" * (9 + len(PARTIES)) + "\n")
+    lines = []
+    for r in rows:
+        sp = r.get("spans") or {}
+        if not sp:
+            continue
+        def get(key: str, sp: dict[str, Any] = sp) -> Any:
+            return sp.get(key, "-")
+
+        share = f"{sp['wire_ms_mean'] / sp['batch_ms_mean']:.0%}" if "wire_ms_mean" in sp else "-"
+        per_party = " | ".join(f"{get(f'{p}_compute_ms_per_call')} / {get(f'{p}_wire_ms_per_call')}"
+                               for p in PARTIES)
+        lines.append(f"| {r['method']} | {r['case']} | {sp['batches']} | {sp['queue_ms_mean']} | "
+                     f"{sp['batch_ms_p50']} / {sp['batch_ms_mean']} | {get('coordinator_ms_mean')} | "
+                     f"{get('party_compute_ms_mean')} | {get('wire_ms_mean')} | {share} | {per_party} |\n")
+    return head + "".join(lines) if lines else ""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", nargs="+", default=["laser-vfl", "false-vfl-1"])
@@ -450,6 +547,11 @@ def main() -> int:
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "python": platform.python_version(), "load_average": os.getloadavg()}
     print(table(rows))
+    spans = spans_table(rows)
+    if spans:
+        print("Where the batches spent their time (the service's span metrics; ms per batch along its critical "
+              "path: coordinator + party compute + wire = batch):\n")
+        print(spans)
     for r in rows:
         if "accuracy_served" in r:
             print(f"{r['method']}, {r['case']}: accuracy of the answers without {PARTIES[SLOW]} "

@@ -629,7 +629,7 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
     # ... while the server keeps serving, and serves the kind it refused in the same step and round (not a replay)
     t = remote.grpc_transport
     payload = t._encode(Request("pair", good, {**good_meta, "step": t.step, "round": t.round}))
-    assert decode_reply(t._calls[0](chunks(payload), timeout=PATIENCE)).tensors["y"].shape == (4, 2)
+    assert decode_reply(t._calls[0].stream(chunks(payload), timeout=PATIENCE)).tensors["y"].shape == (4, 2)
 
 
 @pytest.mark.slow

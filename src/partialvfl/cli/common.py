@@ -120,25 +120,6 @@ def add_device_options(p: argparse.ArgumentParser, *, compile_option: bool = Tru
                             "(inductor, on-disk cache; needs a C++ compiler, falls back to eager with a message)")
 
 
-def add_prediction_param_option(p: argparse.ArgumentParser) -> None:
-    """``--param NAME=VALUE`` of ``predict`` and ``evaluate``: the model's prediction parameters (``predict_*``)."""
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="change how the saved model predicts without refitting: one of its prediction parameters "
-                        "(predict_*, e.g. FALSE-VFL's predict_estimator=paper or predict_rounds=2; `partialvfl "
-                        "methods` lists them), repeatable; any other parameter is refused")
-
-
-def load_for_prediction(args: argparse.Namespace, **kwargs: Any) -> Any:
-    """The saved model ``--model`` on ``--device``, with ``--param``'s prediction parameters set (``kwargs``: to
-    :meth:`~partialvfl.methods.base.VFLMethod.load`, e.g. a federation)."""
-    from partialvfl.cli.params import parse_params
-    from partialvfl.methods import VFLMethod
-
-    model = VFLMethod.load(args.model, **kwargs, **device_options(args))
-    params = parse_params(getattr(args, "param", None))
-    return model.set_prediction_params(**params) if params else model
-
-
 def device_options(args: argparse.Namespace) -> dict[str, Any]:
     """``device``, ``precision`` (and ``compile``) for a method or a loaded model; a device this machine lacks is
     refused here, naming ``--device``."""

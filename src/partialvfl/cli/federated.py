@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import load_for_prediction
-from partialvfl.cli.params import method_from_args
+from partialvfl.cli.params import load_for_prediction, method_from_args
 
 __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate", "run_federated_fit",
            "run_federated_predict"]

@@ -17,19 +17,17 @@ from partialvfl.cli.common import (
     DEFAULT_METHOD,
     DEFAULT_PRESET,
     add_device_options,
-    add_prediction_param_option,
     add_protocol_options,
     add_table_options,
     add_threads_option,
     emit,
-    load_for_prediction,
     non_negative,
     protocol_config,
     refuse_protocol_options,
     seed_form,
     threads_for,
 )
-from partialvfl.cli.params import method_from_args
+from partialvfl.cli.params import add_prediction_param_option, load_for_prediction, method_from_args
 from partialvfl.cli.privacy import add_privacy_options, check_privacy, party_dp, print_privacy
 
 __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["epoch_params", "method_from_args", "parse_params", "parse_value", "progress_setting",
-           "report_last_epochs"]
+__all__ = ["add_prediction_param_option", "epoch_params", "load_for_prediction", "method_from_args", "parse_params",
+           "parse_value", "progress_setting", "report_last_epochs"]
 
 
 def parse_value(text: str) -> Any:
@@ -33,6 +33,25 @@ def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
         k, v = item.split("=", 1)
         out[k.strip().replace("-", "_")] = parse_value(v.strip())
     return out
+
+
+def add_prediction_param_option(p: argparse.ArgumentParser) -> None:
+    """``--param NAME=VALUE`` of ``predict`` and ``evaluate``: the model's prediction parameters (``predict_*``)."""
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="change how the saved model predicts without refitting: one of its prediction parameters "
+                        "(predict_*, e.g. FALSE-VFL's predict_estimator=paper or predict_rounds=2; `partialvfl "
+                        "methods` lists them), repeatable; any other parameter is refused")
+
+
+def load_for_prediction(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The saved model ``--model`` on ``--device``, with ``--param``'s prediction parameters set (``kwargs``: to
+    :meth:`~partialvfl.methods.base.VFLMethod.load`, e.g. a federation)."""
+    from partialvfl.cli.common import device_options
+    from partialvfl.methods import VFLMethod
+
+    model = VFLMethod.load(args.model, **kwargs, **device_options(args))
+    params = parse_params(getattr(args, "param", None))
+    return model.set_prediction_params(**params) if params else model
 
 
 def epoch_params(method_cls: Any, epochs: int) -> dict[str, Any]:

@@ -50,6 +50,10 @@ def add_commands(sub: Any) -> None:
                    help="wait this long after a request for others to batch with it (default: in process 2 ms once "
                         "requests arrive together, none while they come one at a time; across a federation none: "
                         "batch what queued while the previous batch ran)")
+    p.add_argument("--otel-traces", default=None, metavar="otlp|console|FILE",
+                   help="export each batch's spans (queue, coordinator, each party's compute and wire) as "
+                        "OpenTelemetry traces: to an OTLP collector (OTEL_* environment variables), to stderr, or "
+                        "to FILE as JSON lines (needs the otel extra)")
     p.add_argument("--max-ids", type=int, default=1000, help="IDs per request at most (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size at most "
                                                                         "(default: %(default)s)")
@@ -104,7 +108,8 @@ def _config(args: argparse.Namespace) -> Any:
             raise ValueError(f"--token-file: {f} holds {len(token)} characters; use at least 16 random ones")
     return ServiceConfig(token=token, max_ids=args.max_ids, max_body_bytes=args.max_body_bytes,
                          deadline=None if args.deadline_ms is None else args.deadline_ms / 1000,
-                         batch_window=None if args.batch_window_ms is None else args.batch_window_ms / 1000)
+                         batch_window=None if args.batch_window_ms is None else args.batch_window_ms / 1000,
+                         otel_traces=args.otel_traces)
 
 
 def run_serve(args: argparse.Namespace) -> int:

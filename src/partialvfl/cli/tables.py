@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from partialvfl.cli.common import emit, load_for_prediction, parse_tables, threads_for
+from partialvfl.cli.common import emit, parse_tables, threads_for
+from partialvfl.cli.params import load_for_prediction
 from partialvfl.data.ids import show_id
 
 __all__ = ["fit_tables", "evaluate_tables", "predict_tables", "prediction_frame", "refuse_prior_only",

@@ -81,16 +81,18 @@ def normalize_id(value: Any) -> str:
     return text
 
 
-def normalize_ids(values: Sequence[Any] | np.ndarray, where: str, *, unique: bool = True) -> list[str]:
-    """Every ID of ``values`` normalised; an error names ``where`` (a party, a file) and the row of a refused ID,
-    and with ``unique`` the two rows whose IDs normalise to the same text."""
+def normalize_ids(values: Sequence[Any] | np.ndarray, where: str, *, unique: bool = True,
+                  first_row: int = 0) -> list[str]:
+    """Every ID of ``values`` normalised; an error names ``where`` (a party, a file) and the row of a refused ID
+    (counted from ``first_row``: a chunk of a larger table), and with ``unique`` the two rows whose IDs normalise to
+    the same text."""
     out: list[str] = []
     first: dict[str, int] = {}
     for row, value in enumerate(values):
         try:
             text = normalize_id(value)
         except _Refused as e:
-            raise DataValidationError(f"{where}: the ID at row {row} {e}") from None
+            raise DataValidationError(f"{where}: the ID at row {first_row + row} {e}") from None
         if unique:
             seen = first.setdefault(text, row)
             if seen != row:

@@ -28,7 +28,8 @@ from partialvfl.data.dataset import DataValidationError, Task, VerticalDataset
 from partialvfl.data.ids import normalize_ids, sample_order, show_id
 from partialvfl.data.labels import encode_labels
 
-__all__ = ["MAX_EXPANSION", "MissingLabelColumn", "TableLike", "check_table_file", "columns_hint", "feature_values",
+__all__ = ["MAX_EXPANSION", "MissingLabelColumn", "TableLike", "check_table_file", "columns_hint", "csv_ids",
+           "feature_values",
            "from_csv", "from_parquet", "from_tables", "read_table", "select_features", "table_format", "table_ids"]
 
 TableLike = pd.DataFrame | str | Path
@@ -82,11 +83,17 @@ def read_table(where: str, table: TableLike, id_column: str, fmt: str | None = N
     if kind == "parquet":
         return df, str(path)
     if id_column in df.columns:
-        ids = df[id_column]
-        text = ids[ids.notna()].astype(str)
-        if len(text) and ids.notna().all() and text.map(lambda s: bool(_CANONICAL_INT.fullmatch(s))).all():
-            df[id_column] = text.astype(np.int64)
+        df[id_column] = csv_ids(df[id_column])
     return df, str(path)
+
+
+def csv_ids(ids: pd.Series) -> pd.Series:
+    """A CSV table's ID column (read as text) as :func:`read_table` keeps it: integers if every entry is a plain
+    integer (``"007"`` stays the text ``"007"``), else the text."""
+    text = ids[ids.notna()].astype(str)
+    if len(text) and ids.notna().all() and text.map(lambda s: bool(_CANONICAL_INT.fullmatch(s))).all():
+        return text.astype(np.int64)
+    return ids
 
 
 #: a compressed CSV may expand to at most this many times its size (or MIN_DECOMPRESSED_LIMIT, if larger): beyond

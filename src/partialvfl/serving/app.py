@@ -51,6 +51,7 @@ class ServiceConfig:
     deadline: float | None = None  # seconds; None: the federation file's deadline (no deadline in process)
     batch_window: float | None = None  # seconds; None: in process AUTO_WINDOW under load, across a federation 0
     max_batch_ids: int = 4096
+    otel_traces: str | None = None  # export each batch's spans as OpenTelemetry traces: otlp, console or a file
 
 
 class PredictRequest(BaseModel):
@@ -208,17 +209,34 @@ def _json_value(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def create_app(predictor: Any, config: ServiceConfig | None = None) -> FastAPI:
-    """The service over ``predictor`` (:mod:`partialvfl.serving.predictors`); started and stopped with the app."""
+def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_provider: Any = None) -> FastAPI:
+    """The service over ``predictor`` (:mod:`partialvfl.serving.predictors`); started and stopped with the app.
+    ``tracer_provider``: an OpenTelemetry SDK tracer provider for the batches' spans (else one made for
+    ``config.otel_traces``, if set; shut down with the app)."""
     cfg = config or ServiceConfig()
     metrics = ServiceMetrics(predictor.party_names)
     metrics.set_version(predictor.version)
+    tracer = None
+    if tracer_provider is None and cfg.otel_traces:
+        from partialvfl.serving.tracing import tracer_provider as make_provider
+
+        tracer_provider = make_provider(cfg.otel_traces)
+    if tracer_provider is not None:
+        from partialvfl.serving.tracing import BatchTracer
+
+        tracer = BatchTracer(tracer_provider, predictor.party_names)
+
+    def on_batch(n_requests: int, n_ids: int, outcome: Any) -> None:
+        metrics.batch(n_requests, n_ids, outcome)
+        if tracer is not None:
+            tracer.batch(n_requests, n_ids, outcome)
+
     if getattr(predictor, "on_event_loop", False):
         batcher: MicroBatcher | LoopBatcher = LoopBatcher(predictor, window=cfg.batch_window,
-                                                          max_ids=cfg.max_batch_ids, on_batch=metrics.batch)
+                                                          max_ids=cfg.max_batch_ids, on_batch=on_batch)
     else:
         batcher = MicroBatcher(predictor, window=cfg.batch_window or 0.0, max_ids=cfg.max_batch_ids,
-                               on_batch=metrics.batch)
+                               on_batch=on_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
@@ -227,6 +245,8 @@ def create_app(predictor: Any, config: ServiceConfig | None = None) -> FastAPI:
         close = getattr(batcher.predictor, "close", None)
         if close is not None:
             close()
+        if tracer is not None:
+            tracer.shutdown()
 
     app = FastAPI(title="partialvfl prediction service", version="1", lifespan=lifespan,
                   description="Predictions from whichever parties answer in time (any-subset prediction).")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from partialvfl.serving.predictors import BatchOutcome
+from partialvfl.serving.spans import BatchTiming
 
 __all__ = ["AUTO_WINDOW", "Job", "LoopBatcher", "MicroBatcher"]
 
@@ -42,6 +43,7 @@ class Job:
     features: dict[str, np.ndarray]
     deadline_at: float | None
     future: Future = field(default_factory=Future)  # an asyncio future with LoopBatcher
+    arrived: float = field(default_factory=time.perf_counter)  # when it was queued (the queue span)
 
 
 @dataclass
@@ -171,6 +173,7 @@ class MicroBatcher:
 def _predict(predictor: Any, batch: list[Job], lane: int, lanes: int,
              on_batch: Callable[[int, int, BatchOutcome], None] | None) -> None:
     """Predict ``batch``'s distinct IDs together under the earliest of its deadlines; settle each job's future."""
+    timing = BatchTiming([job.arrived for job in batch], time.perf_counter(), lane=lane)
     ids = list(dict.fromkeys(i for job in batch for i in job.ids))
     features = {k: v for job in batch for k, v in job.features.items()}
     ends = [job.deadline_at for job in batch if job.deadline_at is not None]
@@ -183,6 +186,8 @@ def _predict(predictor: Any, batch: list[Job], lane: int, lanes: int,
         for job in batch:
             job.future.set_exception(e)
         return
+    timing.ended, timing.calls = time.perf_counter(), outcome.calls
+    outcome.timing = timing
     for job in batch:
         job.future.set_result(outcome)
     if on_batch is not None:

@@ -9,8 +9,10 @@ deadline (``GrpcTransport.deadline_at``); each ID is looked up once per session 
 party that has not answered by then is a missing block for the batch; the rest of the batch goes on without it.  Two
 kinds of party trouble are told apart:
 
-* *timed out* (``DEADLINE_EXCEEDED``): the party is slow but its session stands; the next batch asks it again, so a
-  party that is on time again is used again at once;
+* *timed out* (``DEADLINE_EXCEEDED``): the party is slow but its session stands; the batches that follow go without
+  it at once (not asked), except one per :attr:`FederationPredictor.late_probe_interval` (1 s), which asks it and
+  waits for it as usual, so a party that is on time again is used again within that interval, and a late party holds
+  at most one batch per interval;
 * *down* (connection refused, or its process restarted and lost the session): it is left out of the batches until
   its server accepts connections again; then, between two batches, every party gets a new session and the model is
   loaded again (:meth:`FederationPredictor.rejoin_if_back`).  The return is noticed by the party's channel itself
@@ -35,7 +37,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ class FederationPredictor(_Base):
 
     def __init__(self, model_dir: str | Path, federation: str | Path, *, min_timeout: float = 0.02,
                  connect_timeout: float = 10.0, rejoin_interval: float = 0.5, rejoin_timeout: float = 5.0,
-                 table_sets: Sequence[str] | None = None, lanes: int = 1) -> None:
+                 table_sets: Sequence[str] | None = None, lanes: int = 1, late_probe_interval: float = 1.0) -> None:
         if not 1 <= lanes < MAX_LANES:
             raise ValueError(f"batches in flight: between 1 and {MAX_LANES - 1}, got {lanes}")
         #: batches in flight at once (the service runs one batch thread per lane; lane 0 is the session's own)
@@ -115,6 +117,10 @@ class FederationPredictor(_Base):
         self._ready: dict[int, grpc.Future] = {}
         self._watching = threading.Lock()
         self._one_batch = threading.Lock()  # the batches of a method that cannot have several in flight
+        #: a party late in its last batch is asked (and waited for) by one batch per this many seconds; the batches
+        #: between go without it at once, so a late party holds at most one batch per interval
+        self.late_probe_interval = float(late_probe_interval)
+        self._probe_at = 0.0
         self._retry_at = 0.0  # no rejoin before this (time.monotonic()): after a rejoin, see rejoin_interval
         self._backoff = self.rejoin_interval
         self._announced = False
@@ -293,7 +299,9 @@ class FederationPredictor(_Base):
         ln = self._lanes[lane]
         fed, transport = ln.fed, ln.fed.grpc_transport
         transport.failures.clear()  # only this batch's are read
-        fed.absent, fed.last_held = set(self.down), None
+        transport.call_spans = calls = []  # the batch's calls, timed (the service's spans)
+        skipped = self._skipped_late()
+        fed.absent, fed.last_held = set(self.down) | skipped, None
         warm = ln.warm
         if not warm:  # a lane's first batch: the parties build their networks lazily, give them time
             deadline = max(deadline or 0.0, self.connect_timeout)
@@ -311,7 +319,7 @@ class FederationPredictor(_Base):
         finally:
             transport.deadline_at = None
         ln.warm = True
-        timed_out, failed = self._account(transport.failures)
+        timed_out, failed = self._account(transport.failures, skipped)
         if warm and not (timed_out or failed):  # a session's first batch (seconds) says nothing of the next ones
             took = time.monotonic() - started
             self.reserve = took if self.reserve == 0.0 else 0.8 * self.reserve + 0.2 * took
@@ -329,7 +337,8 @@ class FederationPredictor(_Base):
             status[key] = OK if ok else (NO_ANSWER if holders and (timed_out or failed) else UNKNOWN)
             output[key] = out[i] if ok else None
             parties[key] = [names[k] for k in np.flatnonzero(used[i])]
-        return BatchOutcome(output, status, parties, timed_out, failed, **ess_fields(ln.model, diagnostics))
+        return BatchOutcome(output, status, parties, timed_out, failed, calls=calls,
+                            **ess_fields(ln.model, diagnostics))
 
     def _attach_and_predict(self, ln: _Lane, ids: Sequence[str], features: Mapping[str, np.ndarray],
                             diagnostics: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -355,10 +364,23 @@ class FederationPredictor(_Base):
                     transport.deadline_at = max(transport.deadline_at, time.monotonic() + transport.min_timeout)
         return predict_reporting_parties(ln.model, fed, view, handle, diagnostics=diagnostics)
 
-    def _account(self, failures: list[tuple[int, int, str]]) -> tuple[list[str], list[str]]:
-        """Sort the batch's failures into timed out and failed (down) parties; update :attr:`state`."""
+    def _skipped_late(self) -> set[int]:
+        """The parties late in their last batch that this batch goes without, not asked (none when it is time to
+        probe them again: once per :attr:`late_probe_interval`, a batch asks and waits for them as usual)."""
         names = self.fed.party_names
-        timed_out, failed = set(), set()
+        late = {names.index(p) for p, s in self.state.items() if s == "timed_out"} - self.down
+        now = time.monotonic()
+        if not late or now >= self._probe_at:
+            self._probe_at = now + self.late_probe_interval
+            return set()
+        return late
+
+    def _account(self, failures: list[tuple[int, int, str]], skipped: Set[int] = frozenset()
+                 ) -> tuple[list[str], list[str]]:
+        """Sort the batch's failures into timed out and failed (down) parties (a late party the batch went
+        without, ``skipped``, stays timed out); update :attr:`state`."""
+        names = self.fed.party_names
+        timed_out, failed = set(skipped), set()
         for _, k, reason in failures:
             (timed_out if reason.startswith("DEADLINE_EXCEEDED") else failed).add(k)
         timed_out -= failed

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from partialvfl.serving.predictors import BatchOutcome
+from partialvfl.serving.spans import PARTS
 
 __all__ = ["ServiceMetrics"]
 
@@ -16,13 +17,32 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 ESS_BUCKETS = (1.5, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
+SPAN_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 class ServiceMetrics:
     """Latency per request, batch sizes (requests and IDs), per-party timeouts and errors, the model version, and
-    for an importance-sampling method each prediction's effective sample size (and how many fall below the model's
+    the spans of each batch (:mod:`partialvfl.serving.spans`): each request's wait in the queue, the batch, its
+    coordinator / party compute / wire parts, and each party's compute and wire per call; and for an
+    importance-sampling method each prediction's effective sample size (and how many fall below the model's
     ``predict_low_ess``)."""
 
     def __init__(self, party_names: Sequence[str]) -> None:
+        self.party_names = tuple(party_names)
         self.registry = r = CollectorRegistry()
+        self.queue = Histogram("partialvfl_serve_queue_seconds", "A request's wait in the service's queue (arrival "
+                               "to its batch's start)", buckets=SPAN_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("partialvfl_serve_batch_seconds", "A micro-batch's prediction, start to end",
+                                       buckets=SPAN_BUCKETS, registry=r)
+        self.batch_part = Histogram("partialvfl_serve_batch_part_seconds", "A batch's time along its critical "
+                                    "path: coordinator (outside party calls), party_compute (the slowest party's own "
+                                    "handling in each round), wire (the rest of each round)", ["part"],
+                                    buckets=SPAN_BUCKETS, registry=r)
+        self.party_call = Histogram("partialvfl_serve_party_call_seconds", "One call to a party: its compute (as "
+                                    "the party reports it) and the wire (the rest of the call)", ["party", "part"],
+                                    buckets=SPAN_BUCKETS, registry=r)
+        self._parts = {p: self.batch_part.labels(part=p) for p in PARTS}
         self.latency = Histogram("partialvfl_serve_request_seconds", "Time to answer POST /v1/predict",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("partialvfl_serve_requests", "POST /v1/predict requests by HTTP status", ["code"],
@@ -68,6 +88,21 @@ class ServiceMetrics:
             low = int((outcome.ess < outcome.low_ess).sum())
             if low:
                 self.low_ess.inc(low)
+        timing = outcome.timing
+        if timing is None:
+            return
+        for wait in timing.queue():
+            self.queue.observe(wait)
+        self.batch_seconds.observe(timing.seconds)
+        if not timing.calls:  # in process: the whole batch is the model's computation here
+            return
+        for part, seconds in timing.parts().items():
+            self._parts[part].observe(seconds)
+        for c in timing.calls:
+            if c.ok:
+                name = self.party_names[c.party]
+                self.party_call.labels(party=name, part="compute").observe(c.party_seconds)
+                self.party_call.labels(party=name, part="wire").observe(c.wire_seconds)
 
     def set_version(self, version: str) -> None:
         self.model.clear()

@@ -61,6 +61,10 @@ class BatchOutcome:
     parties: dict[str, list[str]]
     timed_out: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: the batch's calls to parties (:class:`~partialvfl.federation.grpc.transport.CallSpan`), when it made any
+    calls: list[Any] = field(default_factory=list)
+    #: where its time went (:class:`~partialvfl.serving.spans.BatchTiming`, set by the batcher)
+    timing: Any = None
     #: the importance weights' effective sample size of each predicted row (methods that report one, FALSE-VFL)
     ess: np.ndarray | None = None
     #: the model's threshold under which a prediction rests on few samples (``predict_low_ess``)

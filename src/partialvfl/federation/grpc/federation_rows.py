@@ -17,6 +17,7 @@ from partialvfl.data.ids import normalize_ids, show_id
 from partialvfl.federation.grpc.federation_file import LabelSource, read_labels
 from partialvfl.federation.grpc.party_config import TRAINING_TABLE
 from partialvfl.federation.trust.alignment import hex_ids, observed_from_hashes, positions_in
+from partialvfl.federation.trust.token_index import TokenIndex
 from partialvfl.federation.wire.messages import Request
 
 __all__ = ["RowAlignment"]
@@ -216,8 +217,7 @@ class RowAlignment:
         for s, held in reversed(list(enumerate(held_by))):  # the first table that holds a row wins
             for k, hashes in enumerate(held):
                 if hashes is not None:
-                    pos = positions_in(order, hashes)
-                    at = pos[pos >= 0]
+                    at = self._held_positions(order, hashes)
                     observed[at, k] = True
                     source[at, k] = s
         given = None
@@ -232,7 +232,7 @@ class RowAlignment:
         self._attach_order(order, observed, handle, table=table,
                            sources=None if tables is None else (names, source), given=given, carry=carry)
         self.last_held = observed.copy()  # which party holds which of the IDs, answering or not
-        self.last_unlisted = _unlisted(held, order)
+        self._unlisted_of: tuple[Any, Any] | None = (held, order)  # counted when asked (last_unlisted)
         observed[:, sorted(self.absent)] = False
         dims, shapes = self.feature_dims()
         if feature_dims is not None:
@@ -244,6 +244,32 @@ class RowAlignment:
                                active_party=self.active_party, party_names=self.party_names, feature_dims=dims,
                                feature_shapes=shapes)
         return view, handle
+
+    def _held_positions(self, order: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """The positions of ``order``'s tokens that ``hashes`` (a party's table's tokens, kept for the session)
+        holds: a batch's tokens searched in the table's sorted tokens (sorted once per table and session), not the
+        table's searched in the batch's."""
+        cache: dict[int, tuple[np.ndarray, TokenIndex]] = self.__dict__.setdefault("_held_index", {})
+        entry = cache.get(id(hashes))
+        if entry is None or entry[0] is not hashes:
+            if len(cache) > 64:  # tables of earlier sessions
+                cache.clear()
+            entry = cache[id(hashes)] = (hashes, TokenIndex(np.asarray(hashes)))
+        return np.flatnonzero(entry[1].lookup(np.asarray(order)) >= 0)
+
+    @property
+    def last_unlisted(self) -> dict[str, Any]:
+        """Of the last :meth:`attach_ids`: how many users of the parties' tables were not among its IDs (see
+        :func:`_unlisted`; counted when asked, not at every batch of a prediction service)."""
+        pending = self.__dict__.get("_unlisted_of")
+        if pending is not None:
+            self._last_unlisted = _unlisted(*pending)
+            self._unlisted_of = None
+        return self.__dict__.get("_last_unlisted", {"users": 0, "parties": {}})
+
+    @last_unlisted.setter
+    def last_unlisted(self, value: dict[str, Any]) -> None:
+        self._last_unlisted, self._unlisted_of = value, None
 
     def release(self, handle: str) -> None:
         self.transport.new_step()

@@ -143,8 +143,8 @@ class PartyServer(TableBuiltins):
         self.aligner = PartyAligner(  # the keyless alignment (unused with alignment = "hmac")
             cfg.name, read_alignment_key(cfg.alignment_key_file) if cfg.alignment_key_file else None,
             lambda name: self.tables[name].ids, self.state_dir, persist=cfg.policy.persist_alignment,
-            max_lookups=cfg.policy.max_lookups, threads=cfg.threads, ledger=self.lookups if limits else None,
-            resume_by_name=cfg.policy.resume_alignment_by_name)
+            max_lookups=cfg.policy.max_lookups, threads=cfg.alignment_threads, ledger=self.lookups if limits else None,
+            resume_by_name=cfg.policy.resume_alignment_by_name, ray_address=cfg.ray_address)
         builtins = {k: (SERVER_MESSAGES[k], h) for k, h in handlers.items()}
         if cfg.alignment == "psu":
             builtins.update(self.aligner.handlers(lambda req: self._table(req)[0]))

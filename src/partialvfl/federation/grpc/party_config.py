@@ -53,6 +53,8 @@ class PartyConfig:
     port_file: Path | None = None
     plugins: tuple[str, ...] = ()
     threads: int = 1
+    alignment_threads: int = 0  # threads of alignment's group arithmetic (0: every usable core)
+    ray_address: str | None = None  # run alignment's group arithmetic on this Ray cluster (the party's own)
     device: str = "cpu"  # where the party's programs compute (its own choice): cpu, cuda, cuda:N, mps, auto
     precision: str = "fp32"  # or bf16 (autocast)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -71,7 +73,7 @@ class PartyConfig:
 PARTY_KEYS: dict[str, tuple[str, ...] | None] = {
     "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
               "alignment_key_file", "allowed_peers", "max_message_mb", "plugins", "threads", "max_concurrent_rpcs",
-              "session_idle_seconds", "device", "precision"),
+              "session_idle_seconds", "device", "precision", "alignment_threads", "ray_address"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
     "policy": PartyPolicy.keys(),
@@ -114,6 +116,18 @@ def _device(party: dict[str, Any], p: Path) -> str:
     device = str(party.get("device", "cpu"))
     resolve_device(device, what=f"{p}: [party] device")
     return device
+
+
+def _alignment_threads(party: dict[str, Any], p: Path) -> int:
+    """``[party] alignment_threads``: threads of alignment's group arithmetic, ``"auto"`` or 0 (the default) for
+    every usable core."""
+    value = party.get("alignment_threads", 0)
+    if value == "auto":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{p}: [party] alignment_threads must be an integer >= 0 or 'auto' (0 and 'auto': every "
+                         f"core), got {value!r}")
+    return value
 
 
 def _alignment(party: dict[str, Any], p: Path) -> str:
@@ -176,6 +190,8 @@ def load_party_config(path: str | Path) -> PartyConfig:
         port_file=rel(party["port_file"]) if "port_file" in party else None,
         plugins=tuple(party.get("plugins", [])),
         threads=int(party.get("threads", 1)),
+        alignment_threads=_alignment_threads(party, p),
+        ray_address=str(party["ray_address"]) if party.get("ray_address") else None,
         device=_device(party, p),
         precision=check_precision(str(party.get("precision", "fp32")), what=f"{p}: [party] precision"),
         extra=raw,

@@ -16,55 +16,81 @@ import grpc
 import numpy as np
 import torch
 
+from partialvfl.data.chunked import read_party_table, release_arrow_memory
 from partialvfl.data.dataset import PartyView
-from partialvfl.data.tables import feature_values, read_table, select_features, table_ids
+from partialvfl.data.id_column import IdColumn
 from partialvfl.federation.grpc.limits import Refused
 from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig, PredictTable
 from partialvfl.federation.runtime.party import PartyRuntime
 from partialvfl.federation.trust.alignment import hash_ids
 from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.trust.psu import PartyAligner
+from partialvfl.federation.trust.token_index import TokenIndex
 from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.federation.wire.refusals import PolicyViolation
 
 __all__ = ["PartyTable", "TableBuiltins", "file_stamp"]
 
 log = logging.getLogger("partialvfl.party")
+#: rows of an attach after which the party hands Arrow's spare memory back (a training handle, not a served batch)
+LARGE_ATTACH = 100_000
 
 
 class PartyTable:
-    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file only.
+    """The party's rows: IDs, their HMAC hashes and the float32 feature matrix, read from its own file (or a
+    directory of files) only, in chunks (:func:`~partialvfl.data.chunked.read_party_table`: a table larger than
+    memory as text or as a DataFrame is read as long as its IDs and float32 features fit).
 
-    Read by the same functions as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
+    Read by the same rules as :func:`~partialvfl.data.builders.from_tables` (:mod:`partialvfl.data.tables`):
     IDs normalised by the one rule (:mod:`partialvfl.data.ids`; empty and colliding IDs refused, naming them),
     numeric feature columns only (a text or categorical column refused, naming it), every value of a held row given.
     """
 
     def __init__(self, cfg: PartyConfig, key: bytes | None, *, training: bool = True) -> None:
         where = f"party {cfg.index} ({cfg.name!r}), {cfg.data_path.name}"
-        if not cfg.data_path.is_file():
+        if not cfg.data_path.exists():
             raise FileNotFoundError(f"party {cfg.index} ({cfg.name!r}): data file not found: {cfg.data_path}")
-        df, _ = read_table(where, cfg.data_path, cfg.id_column)
-        if not len(df) and training:
+        data = read_party_table(where, cfg.data_path, cfg.id_column, columns=cfg.feature_columns,
+                                exclude=cfg.exclude_columns)
+        if not len(data.ids) and training:
             raise ValueError(f"{where}: the training table {cfg.data_path} has no rows")
-        ids, _ = table_ids(where, df, cfg.id_column)
-        cols = select_features(where, df, id_column=cfg.id_column, columns=cfg.feature_columns,
-                               exclude=cfg.exclude_columns)
+        cols = data.feature_names
         shape = cfg.feature_shape or (len(cols),)
         if int(np.prod(shape)) != len(cols):
             raise ValueError(f"party {cfg.index} ({cfg.name!r}): feature_shape {shape} does not match its "
                              f"{len(cols)} columns")
-        self.ids = np.array(ids, dtype=object)
-        self.features = feature_values(where, df, cols, ids)
+        self.ids = data.ids
+        self.features = data.features
         self.feature_names = tuple(cols)
         self.feature_shape = tuple(int(s) for s in shape)
-        self.hashes = None if key is None else hash_ids(self.ids, key, normalized=True)  # normalised already
-        self.index = {} if self.hashes is None else {bytes(h): i for i, h in enumerate(self.hashes)}
+        self.keyed = key is not None  # alignment = "hmac": the rows' HMAC hashes, kept as the index only
+        self.index = TokenIndex(np.zeros((0, 32), np.uint8) if key is None
+                                else hash_ids(self.ids, key, normalized=True))  # normalised already
+
+    @property
+    def hashes(self) -> np.ndarray | None:
+        """The rows' HMAC hashes in row order (``alignment = "hmac"``; ``None`` otherwise), from the index."""
+        if not self.keyed:
+            return None
+        place = np.empty(len(self.index.rows), dtype=np.int64)
+        place[self.index.rows] = np.arange(len(self.index.rows))
+        return self.index.sorted_tokens()[place]
+
+
+def _repeats(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` (positions in ``[0, n)``) holds a position twice (a bitmap of ``n`` bytes, no sort)."""
+    seen = np.zeros(n, dtype=bool)
+    seen[rows] = True
+    return int(seen.sum()) != rows.size
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
-    """A file's modification time and size (``None``: not there), to tell whether it changed."""
+    """A file's modification time and size (``None``: not there), to tell whether it changed; of a directory of
+    table files, the latest time and the total size of its files."""
     try:
+        if path.is_dir():
+            stats = [f.stat() for f in path.iterdir() if f.is_file()]
+            return max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats)
         st = path.stat()
     except OSError:
         return None
@@ -145,26 +171,27 @@ class TableBuiltins:
                                                             f"{names}")
         given, given_rows, given_ids = self._given_features(req)
         every = np.concatenate([rows, given_rows])
-        if every.size and (every.min() < 0 or every.max() >= n or len(np.unique(every)) != every.size):
+        if every.size and (every.min() < 0 or every.max() >= n or _repeats(every, n)):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: rows must be distinct positions in [0, {n})")
         feats = np.empty((every.size, self.table.features.shape[1]), dtype=self.table.features.dtype)
-        ids = np.empty(every.size, dtype=object)
+        pieces: list[tuple[np.ndarray, IdColumn]] = []  # (positions in ``every``, their IDs), table by table
         for t, name in enumerate(names):
             at = np.flatnonzero(which == t)
             if not at.size:
                 continue
             table = self.tables[name]
             index = table.index if self.cfg.alignment == "hmac" else self.aligner.row_index(name)
-            local = np.empty(at.size, dtype=np.int64)
-            for i, h in enumerate(hashes[at]):
-                j = index.get(bytes(h))
-                if j is None:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
-                                                                    f"token {bytes(h).hex()[:16]}... in table {name!r}")
-                local[i] = j
-            feats[at], ids[at] = table.features[local], table.ids[local]
-        feats[rows.size:], ids[rows.size:] = given, given_ids
-        order = np.argsort(every, kind="stable")
+            local = index.lookup(hashes[at])
+            if (local < 0).any():
+                h = bytes(hashes[at][int(np.argmax(local < 0))])
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"party {self.cfg.name!r} holds no row with ID "
+                                                                f"token {h.hex()[:16]}... in table {name!r}")
+            feats[at] = table.features[local]
+            pieces.append((at, table.ids.take(local)))
+        feats[rows.size:] = given
+        pieces.append((np.arange(rows.size, every.size), IdColumn(given_ids.tolist())))
+        in_order = bool(np.all(every[1:] > every[:-1]))  # the coordinator sends a handle's rows in order
+        order = None if in_order else np.argsort(every, kind="stable")
         labels = labeled = None
         if "labels" in req.tensors or "labeled" in req.tensors:
             if names != [TRAINING_TABLE] or given_rows.size:
@@ -172,15 +199,25 @@ class TableBuiltins:
                                                                 f"with prediction table {names[-1]!r}")
             if "labels" not in req.tensors or "labeled" not in req.tensors:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "attach: send both 'labels' and 'labeled'")
-            labels, labeled = req.tensors["labels"].numpy(), req.tensors["labeled"].numpy()
+            # copies: views would keep the whole request's buffer (every row's token) alive with the handle
+            labels, labeled = req.tensors["labels"].numpy().copy(), req.tensors["labeled"].numpy().copy()
             if labels.shape != (n,) or labeled.shape != (n,):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"attach: labels must cover all {n} samples")
-        feats = feats[order]
+        placed = np.concatenate([at for at, _ in pieces])
+        ids = IdColumn.concat([i for _, i in pieces])
+        if order is not None or not np.array_equal(placed, np.arange(placed.size)):
+            inverse = np.empty(every.size, dtype=np.int64)
+            inverse[placed] = np.arange(placed.size)
+            ids = ids.take(inverse if order is None else inverse[order])  # the IDs in the view's row order
+        if order is not None:
+            feats, every = feats[order], every[order]
         feats.flags.writeable = False
-        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every[order],
-                         ids=ids[order], feature_names=self.table.feature_names,
+        view = PartyView(party=self.cfg.index, name=self.cfg.name, features=feats, rows=every,
+                         ids=ids, feature_names=self.table.feature_names,
                          feature_shape=self.table.feature_shape, n_samples=n, labels=labels, labeled=labeled)
         self.runtime.attach(handle, view)
+        if every.size > LARGE_ATTACH:  # Arrow keeps the memory of the IDs' gathering for reuse: hand it back
+            release_arrow_memory()
         if names == [TRAINING_TABLE] and not given_rows.size:
             self.prediction_handles.discard(handle)
         else:  # rows of a prediction table, or values the coordinator gave: only ever predicted
@@ -234,7 +271,7 @@ class TableBuiltins:
                           f"party {self.cfg.name!r} aligns by private set union (alignment = 'psu'): it sends no "
                           "ID hashes; set alignment = 'hmac' in the coordinator's and every party's file to use them")
         _, table = self._table(req)
-        return Reply({"hashes": torch.from_numpy(table.hashes.copy())})
+        return Reply({"hashes": torch.from_numpy(table.index.sorted_tokens())})  # sorted: the order says nothing
 
     def _release(self, req: Request) -> Reply:
         handle: str = req.meta["handle"]

@@ -39,10 +39,9 @@ from partialvfl.federation.grpc.sessions import AlignmentTickets
 from partialvfl.federation.trust.psu import (
     AlignmentError,
     Blinding,
+    GroupWork,
+    as_points,
     check_distinct,
-    points_array,
-    points_list,
-    validate_points,
 )
 from partialvfl.federation.wire.messages import Request
 from partialvfl.federation.wire.transport import Transport
@@ -108,10 +107,11 @@ class PsuAlignment(_Base):
     ticket for it, kept in ``tickets`` (with a fit's checkpoints), which a later session presents to resume."""
 
     def __init__(self, transport: Transport, party_names: Sequence[str], *, alignment_id: str | None = None,
-                 threads: int = 1, tickets: AlignmentTickets | None = None) -> None:
+                 threads: int = 0, tickets: AlignmentTickets | None = None) -> None:
         super().__init__(transport, party_names)
         self.alignment_id = alignment_id
-        self.threads = threads
+        #: where the coordinator's own group arithmetic runs (blinding its IDs, checking replies): every core
+        self.work = GroupWork(threads)
         self.tickets = tickets if tickets is not None else AlignmentTickets()
         self.cache_tokens = False
         self.reset()
@@ -183,7 +183,7 @@ class PsuAlignment(_Base):
         requests = {k: Request("psu_tokens", {}, {**meta, "salt": self.salt}) if k in self.keyed
                     else Request("psu_blind", {}, dict(meta)) for k in parties}
         with ThreadPoolExecutor(2) as pool:  # the coordinator blinds its own IDs while the parties work
-            blinding = pool.submit(Blinding, list(own), self.threads) if own is not None else None
+            blinding = pool.submit(Blinding, list(own), self.work) if own is not None else None
             replies = self.transport.call_many(requests, tolerate=tolerate)
             mine = blinding.result() if blinding is not None else None
             return self._finish(replies, mine, meta, tolerate, expected or {}, table, pool)
@@ -193,13 +193,13 @@ class PsuAlignment(_Base):
                 ) -> tuple[dict[int, np.ndarray], np.ndarray | None]:
         tokens: dict[int, np.ndarray] = {}
         checks: dict[str, int] = {}
-        blinded: dict[int, list[bytes]] = {}
+        blinded: dict[int, np.ndarray] = {}
         for k, r in sorted(replies.items()):
             if k in self.keyed:
                 tokens[k] = self._checked(k, r.tensors["tokens"], expected.get(k), table)
                 checks.setdefault(str(r.meta.get("key_check")), k)
             else:
-                pts = points_list(r.tensors["points"], f"{self.who(k)}, psu_blind")
+                pts = as_points(r.tensors["points"], f"{self.who(k)}, psu_blind")
                 self._check_count(k, np.empty(len(pts)), expected.get(k), table)
                 check_distinct(pts, f"{self.who(k)}, psu_blind")
                 blinded[k] = pts
@@ -216,42 +216,45 @@ class PsuAlignment(_Base):
             tokens.update(self._unblind(dict(zip(blinded, evaluated, strict=True)), meta, tolerate))
         finally:
             checking.result()
-        return tokens, (points_array(unblinding.result()) if unblinding is not None else None)
+        return tokens, (unblinding.result() if unblinding is not None else None)
 
     def id_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens of the coordinator's own IDs: blinded, evaluated by one keyed party in one round, unblinded."""
         if self.salt is None:
             raise AlignmentError("align the parties first: this session's alignment is not open")
         if not self.cache_tokens:
-            mine = Blinding(list(texts), self.threads)
+            mine = Blinding(list(texts), self.work)
             evaluated = self._evaluate([mine.points])[0][0]
-            return points_array(mine.unblind(evaluated, "the keyed party's psu_eval reply"))
+            return mine.unblind(evaluated, "the keyed party's psu_eval reply")
         cache = self.token_cache
         todo = [t for t in dict.fromkeys(texts) if t not in cache]
         if todo:
-            mine = Blinding(todo, self.threads)
+            mine = Blinding(todo, self.work)
             evaluated = self._evaluate([mine.points])[0][0]
-            cache.update(zip(todo, mine.unblind(evaluated, "the keyed party's psu_eval reply"), strict=True))
-        return points_array([cache[t] for t in texts])
+            got = mine.unblind(evaluated, "the keyed party's psu_eval reply")
+            cache.update(zip(todo, (bytes(row) for row in got), strict=True))
+        if not texts:
+            return np.zeros((0, 32), dtype=np.uint8)
+        return np.frombuffer(b"".join(cache[t] for t in texts), dtype=np.uint8).reshape(len(texts), 32).copy()
 
     def _checked(self, k: int, arr: torch.Tensor, expected: int | None, table: str | None) -> np.ndarray:
-        tokens = arr.numpy()
+        tokens = as_points(arr, f"{self.who(k)}, psu_tokens")
         self._check_count(k, tokens, expected, table)
-        check_distinct(points_list(tokens, f"{self.who(k)}, psu_tokens"), f"{self.who(k)}, psu_tokens")
+        check_distinct(tokens, f"{self.who(k)}, psu_tokens")
         return tokens  # only compared: an invalid encoding would match nothing (the group operations check theirs)
 
-    def _validate(self, answers: dict[int, list[bytes]]) -> None:
+    def _validate(self, answers: dict[int, np.ndarray]) -> None:
         for k, got in answers.items():
-            validate_points(got, f"{self.who(k)}, psu_eval")
+            self.work.validate(got, f"{self.who(k)}, psu_eval")
 
-    def _evaluate(self, sets: list[list[bytes]], check: bool = True,
-                  ) -> tuple[list[list[bytes]], dict[int, list[bytes]]]:
+    def _evaluate(self, sets: list[np.ndarray], check: bool = True,
+                  ) -> tuple[list[np.ndarray], dict[int, np.ndarray]]:
         """Every set raised to the session key by the keyed parties: the concatenation split over them in one round
         (a single small set goes to one party, taking turns).  Also returns each party's answer, validated here
         with ``check``, else by the caller before another party uses it."""
-        flat = [p for s in sets for p in s]
-        if not flat:
-            return [[] for _ in sets], {}
+        flat = np.concatenate(sets) if sets else np.zeros((0, 32), dtype=np.uint8)
+        if not len(flat):
+            return [np.zeros((0, 32), dtype=np.uint8) for _ in sets], {}
         n_parts = len(self.keyed) if len(flat) >= 4096 else 1  # a lookup batch: one round to one party
         chunk = -(-len(flat) // n_parts)
         parts = {}
@@ -265,23 +268,24 @@ class PsuAlignment(_Base):
         self._next += 1
         self.transport.new_step()
         replies = self.transport.call_many({k: Request("psu_eval", {"points": torch.from_numpy(
-            points_array(flat[a:b]))}, {"salt": self.salt}) for k, (a, b) in parts.items()})
+            np.ascontiguousarray(flat[a:b]))}, {"salt": self.salt}) for k, (a, b) in parts.items()})
         for k, (a, b) in parts.items():  # what each party's budget has left, as it counts (a refusal charges none)
             if k in self.remaining:
                 self.remaining[k] -= b - a
-        out: list[bytes] = []
-        answers: dict[int, list[bytes]] = {}
+        out: list[np.ndarray] = []
+        answers: dict[int, np.ndarray] = {}
         for k, (a, b) in sorted(parts.items(), key=lambda kv: kv[1]):
-            got = points_list(replies[k].tensors["points"], f"{self.who(k)}, psu_eval")
+            got = as_points(replies[k].tensors["points"], f"{self.who(k)}, psu_eval")
             if len(got) != b - a:
                 raise AlignmentError(f"{self.who(k)} answered psu_eval with {len(got)} elements for {b - a} sent")
             answers[k] = got
-            out.extend(got)
+            out.append(got)
+        out_all = np.concatenate(out)
         if check:
             self._validate(answers)
         result, start = [], 0
         for s in sets:
-            result.append(out[start:start + len(s)])
+            result.append(out_all[start:start + len(s)])
             start += len(s)
         return result, answers
 
@@ -290,8 +294,8 @@ class PsuAlignment(_Base):
         if not evaluated:
             return {}
         self.transport.new_step()
-        replies = self.transport.call_many({k: Request("psu_unblind", {"points": torch.from_numpy(points_array(v))},
-                                                       dict(meta)) for k, v in evaluated.items()}, tolerate=tolerate)
+        replies = self.transport.call_many({k: Request("psu_unblind", {"points": torch.from_numpy(
+            np.ascontiguousarray(v))}, dict(meta)) for k, v in evaluated.items()}, tolerate=tolerate)
         return {k: self._checked(k, r.tensors["tokens"], len(evaluated[k]), meta.get("table"))
                 for k, r in replies.items()}
 

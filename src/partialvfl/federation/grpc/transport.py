@@ -28,6 +28,8 @@ import grpc
 
 from partialvfl.federation.grpc.frames import (
     CALL_METHOD,
+    CALL_ONE_METHOD,
+    CHUNK_BYTES,
     MAX_LANES,
     SECONDS_KEY,
     WireError,
@@ -38,7 +40,7 @@ from partialvfl.federation.grpc.frames import (
 from partialvfl.federation.wire.messages import MessageLog, Reply, Request
 from partialvfl.federation.wire.transport import PartyUnavailable, Transport
 
-__all__ = ["ATTACH_PREFIX", "DEFAULT_MAX_MESSAGE_BYTES", "GrpcTransport", "PartyEndpoint", "PartyError",
+__all__ = ["ATTACH_PREFIX", "DEFAULT_MAX_MESSAGE_BYTES", "CallSpan", "GrpcTransport", "PartyEndpoint", "PartyError",
            "RECONNECT_BACKOFF_MS", "RECONNECT_OPTIONS", "TlsFiles"]
 
 #: the names of an ``attach``'s tensors carried inside another request (:meth:`GrpcTransport.carry_attach`)
@@ -97,6 +99,51 @@ class PartyEndpoint:
     pin: Path | None = None
 
 
+@dataclass(frozen=True)
+class CallSpan:
+    """One call to a party, timed (``time.perf_counter()``): issued at ``start``, its reply (or failure) in at
+    ``end``; ``party_seconds``: the party's own handling time (its compute, as it reports it; 0 for a failed call),
+    the rest is the wire (framing, TLS, gRPC, the network, scheduling on both sides)."""
+
+    party: int
+    kind: str
+    step: int
+    round: int  # the transport's count of call_many rounds: calls with the same number were issued together
+    start: float
+    end: float
+    party_seconds: float
+    ok: bool = True
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def wire_seconds(self) -> float:
+        return max(0.0, self.seconds - self.party_seconds)
+
+
+class _Caller:
+    """A party's two call methods (:data:`CALL_ONE_METHOD` for a request of one chunk, :data:`CALL_METHOD`'s stream
+    of chunks for a larger one); a party that does not know the first (an older version) is asked by the second."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stream = channel.stream_unary(CALL_METHOD)
+        self.one: Any = channel.unary_unary(CALL_ONE_METHOD)
+
+    def __call__(self, payload: bytes, timeout: float) -> tuple[bytes, float]:
+        """The reply to ``payload``, with the instant it arrived."""
+        one = self.one
+        if one is not None and len(payload) <= CHUNK_BYTES:
+            try:
+                return one(payload, timeout=timeout), time.perf_counter()
+            except grpc.RpcError as e:  # gRPC's own answer for a method the server lacks (not a party's refusal)
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() != "Method not found!":
+                    raise
+                self.one = None
+        return self.stream(chunks(payload), timeout=timeout), time.perf_counter()
+
+
 class GrpcTransport(Transport):
     """A :class:`Transport` over gRPC with mutual TLS: one channel per party, a deadline on every call.
 
@@ -142,6 +189,9 @@ class GrpcTransport(Transport):
         self.bytes_received = 0
         self.party_seconds = 0.0  # sum of the parties' handling times (compute at the parties)
         self.wait_seconds = 0.0  # time the coordinator spent waiting for replies
+        #: with a list here, every call is timed into it (:class:`CallSpan`: the prediction service's spans)
+        self.call_spans: list[CallSpan] | None = None
+        self._delivery = 0
         ca, cert, key = tls.read()
         self._channels = []
         self._calls = []
@@ -156,7 +206,7 @@ class GrpcTransport(Transport):
             ]
             ch = grpc.secure_channel(ep.address, creds, options=options)
             self._channels.append(ch)
-            self._calls.append(ch.stream_unary(CALL_METHOD))
+            self._calls.append(_Caller(ch))
         # call_many runs the parties' blocking calls on these long-lived threads: gRPC's ``.future()`` starts a
         # fresh "channel spin" thread per call, which was about half of a federated step's coordinator time
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)), thread_name_prefix="grpc-call")
@@ -209,14 +259,15 @@ class GrpcTransport(Transport):
         other.deadline_at, other.late, other.carried = None, set(), {}
         other.bytes_sent = other.bytes_received = 0
         other.party_seconds = other.wait_seconds = 0.0
+        other.call_spans = None
         other._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)),
                                          thread_name_prefix=f"grpc-lane{number}")
         other._owns_channels = False
         return other
 
-    def _result(self, party: int, get: Callable[[], bytes]) -> Reply:
+    def _result(self, party: int, get: Callable[[], tuple[bytes, float]], req: Request, start: float) -> Reply:
         try:
-            data = get()
+            data, end = get()
         except grpc.RpcError as e:
             code, details = e.code(), e.details() or ""
             if "CERTIFICATE_VERIFY_FAILED" in details:  # the server is not the party this coordinator trusts
@@ -226,6 +277,7 @@ class GrpcTransport(Transport):
                                  f"the server at {ep.address} presented a certificate for {ep.identity!r} that "
                                  f"{trusted} does not vouch for: not party {ep.name!r} (TLS handshake refused)") \
                     from None
+            self._span(party, req, start, time.perf_counter(), 0.0, ok=False)
             if code in _UNAVAILABLE_CODES:
                 raise PartyUnavailable(party, f"{code.name}: {details}") from None
             raise PartyError(party, code, details) from None
@@ -235,24 +287,31 @@ class GrpcTransport(Transport):
         except WireError as e:
             raise PartyError(party, grpc.StatusCode.DATA_LOSS, f"malformed reply: {e}") from None
         seconds = reply.meta.pop(SECONDS_KEY, 0.0)
-        self.party_seconds += float(seconds) if isinstance(seconds, int | float) else 0.0
+        seconds = float(seconds) if isinstance(seconds, int | float) else 0.0
+        self.party_seconds += seconds
+        self._span(party, req, start, end, seconds)
         return reply
+
+    def _span(self, party: int, req: Request, start: float, end: float, seconds: float, ok: bool = True) -> None:
+        if self.call_spans is not None:
+            self.call_spans.append(CallSpan(party, req.kind, self.step, self._delivery, start, end, seconds, ok))
 
     def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
                     gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
         """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
-        futures: dict[int, tuple[Request, Any]] = {}
+        futures: dict[int, tuple[Request, Any, float]] = {}
+        self._delivery += 1
         for party, req in requests.items():
             req = self._admit(party, self._with_carried(party, req))
+            start = time.perf_counter()
             payload = self._encode(req)
             self.bytes_sent += len(payload)
-            futures[party] = req, self._pool.submit(self._calls[party], chunks(payload),
-                                                    timeout=self.call_timeout(party))
+            futures[party] = req, self._pool.submit(self._calls[party], payload, self.call_timeout(party)), start
         t0 = time.perf_counter()
         try:
-            for party, (req, fut) in futures.items():
+            for party, (req, fut, start) in futures.items():
                 try:
-                    reply = self._result(party, fut.result)
+                    reply = self._result(party, fut.result, req, start)
                 except PartyUnavailable as e:
                     log.warning("step %d: party %d (%s) unavailable for %r: %s", self.step, party,
                                 self.endpoints[party].name, req.kind, e.reason)

@@ -30,37 +30,35 @@ This module holds the group operations and the party's side (:class:`PartyAligne
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from partialvfl.data.ids import normalize_ids, read_key
+from partialvfl.federation.trust.group_work import DOMAIN, POINT_BYTES, AlignmentError, GroupWork
+from partialvfl.federation.trust.group_work import sodium as _sodium
 from partialvfl.federation.trust.lookups import LookupLedger
+from partialvfl.federation.trust.token_index import TokenIndex, as_keys, first_repeat
 from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.federation.wire.meta_keys import MetaKey
 from partialvfl.federation.wire.refusals import PolicyViolation
 from partialvfl.federation.wire.schema import MessageSpec, TensorSpec
 from partialvfl.utils.private_files import write_private_json
 
-__all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "PartyAligner", "evaluate",
-           "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key", "session_order",
-           "validate_points", "write_alignment_key"]
+__all__ = ["DOMAIN", "POINT_BYTES", "PSU_MESSAGES", "AlignmentError", "Blinding", "GroupWork", "PartyAligner",
+           "evaluate", "hash_to_group", "key_check", "points_array", "points_list", "random_scalar", "session_key",
+           "session_order", "validate_points", "write_alignment_key"]
 
-#: domain separation of the hash into the group and of the session key (version 1 of the protocol)
-DOMAIN = b"partialvfl/psu/v1/id->ristretto255\x00"
+#: domain separation of the session key (version 1 of the protocol; the hash into the group's: DOMAIN)
 KEY_DOMAIN = b"partialvfl/psu/v1/session-key\x00"
 CHECK_DOMAIN = b"partialvfl/psu/v1/key-check\x00"
-POINT_BYTES = 32
 NONCE_BYTES = 32
 
 #: a table the party serves (its training table when left out)
@@ -93,30 +91,7 @@ PSU_MESSAGES: dict[str, MessageSpec] = {
 }
 
 
-class AlignmentError(ValueError):
-    """Bad alignment input (an invalid group element, a wrong count, a replayed set...), naming who sent it."""
-
-
 # ---------------------------------------------------------------------- the group (libsodium, through rbcl)
-_SODIUM: Any = None
-
-
-def _sodium() -> Any:
-    """The ``rbcl`` module (imported once; its temporary copy of libsodium is removed once loaded)."""
-    global _SODIUM
-    if _SODIUM is None:
-        try:
-            import rbcl
-            from rbcl import _sodium as loaded
-        except ImportError as e:  # pragma: no cover - a dependency of the grpc extra
-            raise ImportError("keyless alignment needs the 'rbcl' package (libsodium's ristretto255): "
-                              "pip install 'partialvfl[grpc]'") from e
-        with contextlib.suppress(AttributeError, OSError):  # rbcl leaves a temporary copy of libsodium behind
-            os.unlink(loaded.lib_path)
-        _SODIUM = rbcl
-    return _SODIUM
-
-
 def random_scalar() -> bytes:
     """A uniformly random non-zero scalar (libsodium's ``crypto_core_ristretto255_scalar_random``)."""
     return _sodium().crypto_core_ristretto255_scalar_random()
@@ -126,42 +101,22 @@ def invert(scalar: bytes) -> bytes:
     return _sodium().crypto_core_ristretto255_scalar_invert(scalar)
 
 
-def hash_to_group(texts: Sequence[str]) -> list[bytes]:
+def hash_to_group(texts: Sequence[str], threads: int = 1) -> list[bytes]:
     """``H(id)`` for normalised ID texts: SHA-512 of the domain and the UTF-8 text, mapped into ristretto255."""
-    from_hash = _sodium().crypto_core_ristretto255_from_hash
-    return [from_hash(hashlib.sha512(DOMAIN + t.encode("utf-8")).digest()) for t in texts]
-
-
-def _mul_chunk(scalar: bytes, points: Sequence[bytes], offset: int, where: str) -> list[bytes]:
-    mul = _sodium().crypto_scalarmult_ristretto255
-    out = []
-    for i, p in enumerate(points):
-        try:
-            out.append(mul(scalar, p))
-        except (RuntimeError, ValueError, TypeError):
-            raise AlignmentError(f"{where}: element {offset + i} is not a valid ristretto255 group element") from None
-    return out
+    return points_list(GroupWork(threads).hashed(texts), "hashed IDs")
 
 
 def evaluate(points: Sequence[bytes], scalar: bytes, where: str, threads: int = 1) -> list[bytes]:
     """Every point raised to ``scalar``; an invalid encoding is an :class:`AlignmentError` naming ``where`` and the
     element (libsodium refuses non-canonical encodings, points off the group and the identity).  ``threads`` > 1
-    splits the work (libsodium runs without the GIL)."""
-    n = len(points)
-    if threads <= 1 or n < 4096:
-        return _mul_chunk(scalar, points, 0, where)
-    step = -(-n // threads)
-    with ThreadPoolExecutor(threads) as pool:
-        parts = pool.map(lambda s: _mul_chunk(scalar, points[s:s + step], s, where), range(0, n, step))
-        return [p for part in parts for p in part]
+    splits the work (libsodium runs without the GIL); :class:`GroupWork` does the same on arrays."""
+    return points_list(GroupWork(threads).evaluate(points_array(points), scalar, where), where)
 
 
-def validate_points(points: Sequence[bytes], where: str) -> None:
+def validate_points(points: Sequence[bytes] | np.ndarray, where: str, work: GroupWork | None = None) -> None:
     """Refuse an encoding that is not a ristretto255 group element (or is the identity), naming ``where``."""
-    valid = _sodium().crypto_core_ristretto255_is_valid_point
-    for i, p in enumerate(points):
-        if not valid(p):
-            raise AlignmentError(f"{where}: element {i} is not a valid ristretto255 group element")
+    arr = points if isinstance(points, np.ndarray) else points_array(points)
+    (work or GroupWork(1)).validate(arr, where)
 
 
 def points_array(points: Sequence[bytes]) -> np.ndarray:
@@ -180,8 +135,17 @@ def points_list(arr: Any, where: str) -> list[bytes]:
     return [raw[i:i + POINT_BYTES] for i in range(0, len(raw), POINT_BYTES)]
 
 
-def check_distinct(points: Sequence[bytes], where: str) -> None:
-    if len(set(points)) != len(points):
+def as_points(arr: Any, where: str) -> np.ndarray:
+    """An ``(n, 32)`` uint8 array of points from an array or tensor; anything else names ``where``."""
+    a = np.asarray(arr.numpy() if hasattr(arr, "numpy") else arr)
+    if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] != POINT_BYTES:
+        raise AlignmentError(f"{where}: expected an (n, {POINT_BYTES}) uint8 array of points, got {a.dtype} {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def check_distinct(points: Sequence[bytes] | np.ndarray, where: str) -> None:
+    arr = points if isinstance(points, np.ndarray) else points_array(points)
+    if first_repeat(arr) is not None:
         raise AlignmentError(f"{where}: the set holds the same element twice (a duplicated or replayed set)")
 
 
@@ -235,23 +199,24 @@ def session_order(ids: Sequence[str], secret: bytes, salt: Sequence[str]) -> np.
     """Positions that put normalised ``ids`` in the order a federation aligned with ``secret`` and ``salt`` built
     (sorted by token): for comparing an in-process fit with a federated one, by whoever holds every key."""
     texts = normalize_ids(ids, "IDs", unique=False)
-    tokens = evaluate(hash_to_group(texts), session_key(secret, check_salt(list(salt), "salt")), "IDs")
-    return np.array(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=np.int64)
+    tokens = GroupWork().tokens(texts, session_key(secret, check_salt(list(salt), "salt")))
+    return np.argsort(tokens.view("S32").ravel(), kind="stable").astype(np.int64)
 
 
 class Blinding:
-    """One set of the holder's own IDs, blinded with a fresh secret scalar ``r`` and unblinded after evaluation."""
+    """One set of the holder's own IDs, blinded with a fresh secret scalar ``r`` and unblinded after evaluation;
+    ``points`` and the unblinded tokens are ``(n, 32)`` uint8 arrays."""
 
-    def __init__(self, texts: Sequence[str], threads: int = 1) -> None:
+    def __init__(self, texts: Sequence[str], threads: int | GroupWork = 0) -> None:
         self.r = random_scalar()
-        self.threads = threads
-        self.points = evaluate(hash_to_group(texts), self.r, "own IDs", threads)
+        self.work = threads if isinstance(threads, GroupWork) else GroupWork(threads)
+        self.points = self.work.tokens(texts, self.r)
 
-    def unblind(self, evaluated: Sequence[bytes], where: str) -> list[bytes]:
+    def unblind(self, evaluated: np.ndarray, where: str) -> np.ndarray:
         """``H(x)^a`` from ``H(x)^(r a)``; a wrong count or an invalid element names ``where``."""
         if len(evaluated) != len(self.points):
             raise AlignmentError(f"{where}: {len(evaluated)} evaluated elements for {len(self.points)} sent")
-        return evaluate(evaluated, invert(self.r), where, self.threads)
+        return self.work.evaluate(evaluated, invert(self.r), where)
 
 
 # ---------------------------------------------------------------------- a party's side
@@ -265,13 +230,17 @@ class PartyAligner:
     runs, where a fit with the same seed gets the same tokens).  ``max_lookups``: points evaluated per coordinator
     session; ``ledger``: the party's lookup budget across sessions (:mod:`partialvfl.federation.trust.lookups`).  The
     server sets ``caller`` (the asking coordinator's certificate key fingerprint) and ``caller_name`` per request.
+    ``threads`` and ``ray_address``: where its group arithmetic runs (:class:`GroupWork`; by default every local
+    core); the results are the same wherever it runs.
     """
 
     def __init__(self, name: str, secret: bytes | None, texts: Callable[[str], Sequence[str]], state_dir: Path, *,
-                 persist: bool = True, max_lookups: int | None = None, threads: int = 1,
-                 ledger: LookupLedger | None = None, resume_by_name: bool = False) -> None:
+                 persist: bool = True, max_lookups: int | None = None, threads: int = 0,
+                 ledger: LookupLedger | None = None, resume_by_name: bool = False,
+                 ray_address: str | None = None) -> None:
         self.name, self.secret, self.texts = name, secret, texts
-        self.state_dir, self.persist, self.max_lookups, self.threads = state_dir, persist, max_lookups, threads
+        self.state_dir, self.persist, self.max_lookups = state_dir, persist, max_lookups
+        self.work = GroupWork(threads, ray_address)
         self.ledger, self.resume_by_name = ledger, resume_by_name
         self.caller, self.caller_name = "coordinator", ""
         self.lookups = 0
@@ -287,9 +256,9 @@ class PartyAligner:
         self.nonce: str | None = None
         self.salt: list[str] | None = None
         self.key: bytes | None = None
-        self.rows: dict[str, dict[bytes, int]] = {}
-        self.blinded: dict[str, tuple[Blinding, list[int]]] = {}
-        self.evaluated: set[bytes] = set()
+        self.rows: dict[str, TokenIndex] = {}
+        self.blinded: dict[str, tuple[Blinding, np.ndarray]] = {}
+        self.evaluated = np.zeros(0, dtype="S32")  # every point evaluated in this session, sorted
         if not resumed:
             self.lookups = 0
 
@@ -363,56 +332,58 @@ class PartyAligner:
             self.salt, self.key = salt, session_key(self.secret, salt)
         return self.key
 
-    def _index(self, table: str, tokens: Sequence[bytes], rows: Sequence[int], kind: str) -> np.ndarray:
+    def _index(self, table: str, tokens: np.ndarray, rows: np.ndarray | None, kind: str) -> np.ndarray:
         check_distinct(tokens, self._where(f"{kind} of table {table!r}"))
-        self.rows[table] = dict(zip(tokens, rows, strict=True))
-        return points_array(sorted(tokens))
+        self.rows[table] = index = TokenIndex(tokens, rows)
+        return index.sorted_tokens()
 
     # -- psu_tokens (keyed)
     def tokens(self, table: str, salt: Any) -> tuple[np.ndarray, dict[str, Any]]:
         key = self._session_key(salt, "psu_tokens")
-        texts = self.texts(table)
-        tokens = evaluate(hash_to_group(texts), key, self._where("tokens"), self.threads)
+        tokens = self.work.tokens(self.texts(table), key)
         assert self.secret is not None and self.salt is not None
-        return self._index(table, tokens, range(len(texts)), "psu_tokens"), {"key_check": key_check(self.secret,
+        return self._index(table, tokens, None, "psu_tokens"), {"key_check": key_check(self.secret,
                                                                                                      self.salt)}
 
     # -- psu_blind / psu_unblind (no key)
     def blind(self, table: str) -> np.ndarray:
         if self.keyed:
             raise AlignmentError(self._where("psu_blind: a keyed party reports its tokens (psu_tokens)"))
-        blinding = Blinding(self.texts(table), self.threads)
-        order = sorted(range(len(blinding.points)), key=blinding.points.__getitem__)
-        blinding.points = [blinding.points[i] for i in order]
+        blinding = Blinding(self.texts(table), self.work)
+        order = np.argsort(blinding.points.view("S32").ravel(), kind="stable").astype(np.int64)
+        blinding.points = blinding.points[order]
         self.blinded[table] = (blinding, order)
-        return points_array(blinding.points)
+        return blinding.points
 
     def unblind(self, table: str, points: Any) -> np.ndarray:
         if table not in self.blinded:
             raise AlignmentError(self._where(f"psu_unblind: table {table!r} was not blinded in this session"))
         blinding, order = self.blinded.pop(table)
-        tokens = blinding.unblind(points_list(points, self._where("psu_unblind")), self._where("psu_unblind"))
+        tokens = blinding.unblind(as_points(points, self._where("psu_unblind")), self._where("psu_unblind"))
         return self._index(table, tokens, order, "psu_unblind")
 
     # -- psu_eval (keyed): the oblivious lookup
     def evaluate(self, points: Any, salt: Any) -> np.ndarray:
         key = self._session_key(salt, "psu_eval")
-        pts = points_list(points, self._where("psu_eval"))
-        check_distinct(pts, self._where("psu_eval"))
-        if self.evaluated.intersection(pts):
+        arr = as_points(points, self._where("psu_eval"))
+        check_distinct(arr, self._where("psu_eval"))
+        keys = as_keys(arr)
+        seen = self.evaluated
+        if len(seen) and bool((seen[np.minimum(np.searchsorted(seen, keys), len(seen) - 1)] == keys).any()):
             raise AlignmentError(self._where("psu_eval: elements already evaluated in this session (a replayed set)"))
-        if self.max_lookups is not None and self.lookups + len(pts) > self.max_lookups:
-            raise PolicyViolation("max_lookups", f"evaluating {len(pts)} more IDs would make {self.lookups + len(pts)} "
-                                  f"in this session; at most {self.max_lookups}", self.lookups + len(pts),
-                                  {"max_lookups": self.lookups + len(pts)})
+        n = len(keys)
+        if self.max_lookups is not None and self.lookups + n > self.max_lookups:
+            raise PolicyViolation("max_lookups", f"evaluating {n} more IDs would make {self.lookups + n} "
+                                  f"in this session; at most {self.max_lookups}", self.lookups + n,
+                                  {"max_lookups": self.lookups + n})
         if self.ledger is not None:  # the party's budget across sessions: refused before anything is computed
-            self.ledger.check(self.caller, len(pts), self.caller_name)
-        out = evaluate(pts, key, self._where("psu_eval"), self.threads)
-        self.lookups += len(pts)
-        self.evaluated.update(pts)
+            self.ledger.check(self.caller, n, self.caller_name)
+        out = self.work.evaluate(arr, key, self._where("psu_eval"))
+        self.lookups += n
+        self.evaluated = np.sort(np.concatenate([seen, keys]))
         if self.ledger is not None:
-            self.ledger.record(self.caller, len(pts), self.caller_name)
-        return points_array(out)
+            self.ledger.record(self.caller, n, self.caller_name)
+        return out
 
     def handlers(self, table_name: Callable[[Request], str]) -> dict[str, tuple[MessageSpec, Callable[..., Reply]]]:
         """The party server's alignment kinds (``table_name(request)``: the table a request names, checked)."""
@@ -442,7 +413,7 @@ class PartyAligner:
         used = self.ledger.counts(self.caller)
         return {"limits": dict(self.ledger.limits), "used": {rule: used[rule] for rule in self.ledger.limits}}
 
-    def row_index(self, table: str) -> dict[bytes, int]:
+    def row_index(self, table: str) -> TokenIndex:
         """Token -> row of ``table`` in this session (``attach`` names rows by token)."""
         if table not in self.rows:
             raise AlignmentError(self._where(f"table {table!r} is not aligned in this session (psu_tokens or "
