@@ -44,6 +44,7 @@ in process and behind the gRPC server alike.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,15 +237,12 @@ class _Exchange:
         return self.bound.get((symbol, scope))
 
     def side(self, direction: Direction, specs: Sequence[TensorSpec], tensors: Mapping[str, torch.Tensor]) -> None:
-        specs = [s for s in specs if s.applies(self.config_all)]
+        specs, exact_first = _applicable(tuple(specs), self.config_all)
         matched: dict[str, tuple[TensorSpec, dict[str, str]]] = {}
-        exact_first = sorted(specs, key=lambda s: s.is_pattern)
         for name in sorted(tensors):  # a canonical order: the wire does not keep the sender's
-            for s in exact_first:
-                groups = s.match(name)
-                if groups is not None:
-                    matched[name] = (s, groups)
-                    break
+            hit = _first_match(exact_first, name)
+            if hit is not None:
+                matched[name] = (hit[0], dict(hit[1]))
         unexpected = sorted(n for n in tensors if n not in matched)
         if unexpected:
             name = unexpected[0]
@@ -253,7 +251,7 @@ class _Exchange:
             declared = ", ".join(s.name for s in specs) or "none"
             raise self.fail(direction, f"unexpected tensor {name!r}{why}; declared: {declared}", name)
         for s in specs:
-            hits = [g for n, (m, g) in matched.items() if m is s]
+            hits = [g for n, (m, g) in matched.items() if m == s]  # equal specs: one tensor (names are unique)
             if s.optional:
                 continue
             if not s.is_pattern and not hits:
@@ -312,6 +310,39 @@ class _Exchange:
 
     def all_specs(self, direction: Direction) -> Sequence[TensorSpec]:
         return self.spec.request if direction == "request" else self.spec.reply
+
+
+def _applicable(specs: tuple[TensorSpec, ...], config: Mapping[str, Any]
+                ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The tensors of ``specs`` that ``config`` admits, in declaration order and exact names first (every message
+    of a round asks the same: remembered by the values of the config keys their conditions name)."""
+    keys = sorted({k for t in specs for k, _ in t.when})
+    try:
+        return _applicable_cached(specs, tuple((k, config.get(k)) for k in keys))
+    except TypeError:  # a condition's config value that cannot be a key (a list): computed afresh
+        return _applicable_for(specs, config)
+
+
+def _applicable_for(specs: tuple[TensorSpec, ...], config: Mapping[str, Any]
+                    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    applicable = tuple(t for t in specs if t.applies(config))
+    return applicable, tuple(sorted(applicable, key=lambda t: t.is_pattern))
+
+
+@functools.lru_cache(maxsize=1024)
+def _applicable_cached(specs: tuple[TensorSpec, ...], config: tuple[tuple[str, Any], ...]
+                       ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    return _applicable_for(specs, dict(config))
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_match(specs: tuple[TensorSpec, ...], name: str) -> tuple[TensorSpec, tuple[tuple[str, str], ...]] | None:
+    """The first of ``specs`` that declares a tensor called ``name``, with its placeholder values."""
+    for t in specs:
+        groups = t.match(name)
+        if groups is not None:
+            return t, tuple(groups.items())
+    return None
 
 
 def _when(s: TensorSpec) -> str:
