@@ -31,15 +31,14 @@ from typing import Any
 
 import torch
 
-try:
-    from partialvfl.utils.opcount import count_ops, device_activity
-except ImportError:  # an older checkout on PYTHONPATH (the before of a before/after): this checkout's counter
-    _path = Path(__file__).resolve().parents[1] / "src" / "partialvfl" / "utils" / "opcount.py"
-    _spec = importlib.util.spec_from_file_location("_opcount", _path)
-    assert _spec is not None and _spec.loader is not None
-    _opcount = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_opcount)
-    count_ops, device_activity = _opcount.count_ops, _opcount.device_activity
+# this checkout's counter, also when an older checkout is on PYTHONPATH (the before of a before/after): one instrument
+# measures both (an older counter may lack a kind, e.g. the blocking copies of indexing with CPU indices)
+_path = Path(__file__).resolve().parents[1] / "src" / "partialvfl" / "utils" / "opcount.py"
+_spec = importlib.util.spec_from_file_location("_opcount", _path)
+assert _spec is not None and _spec.loader is not None
+_opcount = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_opcount)
+count_ops, device_activity = _opcount.count_ops, _opcount.device_activity
 
 __all__ = ["ops_section", "profile_steps"]
 
@@ -116,12 +115,19 @@ def _measured(step: Any, steps: int, device: torch.device, timed: Any, sync: Any
     out: dict[str, Any] = {**counts.as_dict(), "wall_ms_per_step": round(1e3 * statistics.median(wall), 2),
                            "wall_ms_min": round(1e3 * min(wall), 2), "steps_timed": steps,
                            "steps_per_epoch": getattr(step, "steps_per_epoch", None)}
-    activity = profile_steps(step, steps, device, sync)
+    try:  # a profiler failure costs its own figures, not the section's
+        activity = profile_steps(step, steps, device, sync)
+    except Exception as e:  # noqa: BLE001
+        activity = {"profiler_error": f"{type(e).__name__}: {e}"}
     if activity:
-        activity["kernel_share_of_wall_percent"] = round(
-            100 * activity["kernel_ms_per_step"] / out["wall_ms_per_step"], 1)
+        if "kernel_ms_per_step" in activity:
+            activity["kernel_share_of_wall_percent"] = round(
+                100 * activity["kernel_ms_per_step"] / out["wall_ms_per_step"], 1)
         out["device"] = activity
-        out["device"]["host_waits"] = sync_points(step, 2, device)
+        try:
+            out["device"]["host_waits"] = sync_points(step, 2, device)
+        except Exception as e:  # noqa: BLE001
+            out["device"]["host_waits"] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 

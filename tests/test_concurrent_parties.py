@@ -14,10 +14,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_test, tiny_train
 
+from helpers import tiny_test, tiny_train
 from partialvfl.federation import LocalFederation, MessageLog
 from partialvfl.federation.wire.concurrent import concurrent_default
+from partialvfl.federation.wire.messages import Request
 from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods import get_method
 
@@ -69,7 +70,6 @@ def test_rounds_run_in_several_threads_only_when_asked_or_on_cuda() -> None:
     seen: set[str] = set()
     for concurrent in (None, False, True):
         fed = LocalFederation.for_dataset(train, concurrent=concurrent)
-        program_cls = None
         model = get_method("false-vfl-1")("fast", seed=0, **dict(FALSE_VFL, pretrain_epochs=0, epochs=0))
         model.fit(train, federation=fed)
         program_cls = type(fed.runtimes[0].program)
@@ -100,7 +100,6 @@ def test_a_party_down_in_a_concurrent_round_is_left_out_and_the_others_answer() 
     requests = {k: ("encode", {"rows": rows}, {"data": fed.attach(train)}) for k in range(3)}
     fed.transport.down.add(2)
     fed.transport.new_step()
-    from partialvfl.federation.wire.messages import Request
     replies = fed.transport.call_many({k: Request(*r) for k, r in requests.items()}, tolerate=True)
     assert sorted(replies) == [0, 1] and all(r.tensors["mu"].shape == (4, 6) for r in replies.values())
     assert fed.transport.failures[-1][1:] == (2, "marked down")
