@@ -238,10 +238,7 @@ class LocalTransport(Transport):
         for party, req in requests.items():
             req = self._admit(party, req)
             if party in answers:
-                stamped, answer = answers[party]
-                reply = Reply(_detached(answer.tensors), dict(answer.meta))
-                self.runtimes[party].check(stamped, reply)
-                yield party, req, reply
+                yield party, req, self._batched_reply(party, answers[party])
                 continue
             try:
                 yield party, req, self._deliver(party, req)
@@ -251,6 +248,13 @@ class LocalTransport(Transport):
                 if not gather:
                     raise
                 yield party, req, e
+
+    def _batched_reply(self, party: int, answered: tuple[Request, Reply]) -> Reply:
+        """A reply of a batched round as the party's own would leave it: detached, checked against its declaration."""
+        stamped, answer = answered
+        reply = Reply(_detached(answer.tensors), dict(answer.meta))
+        self.runtimes[party].check(stamped, reply)
+        return reply
 
     def _concurrent_parties(self, requests: Mapping[int, Request], answered: Mapping[int, Any]) -> list[int]:
         """The parties of this round that answer at the same time (none unless at least two can)."""
@@ -279,10 +283,7 @@ class LocalTransport(Transport):
                                            lambda p=p: self._deliver(p, admitted[p])) for p in together})
         for party, req in admitted.items():
             if party in answers:
-                stamped, answer = answers[party]
-                reply = Reply(_detached(answer.tensors), dict(answer.meta))
-                self.runtimes[party].check(stamped, reply)
-                yield party, req, reply
+                yield party, req, self._batched_reply(party, answers[party])
                 continue
             if party in outcomes:
                 outcome = outcomes[party]
