@@ -143,16 +143,23 @@ fi
 export PARTIALVFL_FASHION_MNIST_DIR="$FM"
 echo "=== data: $DATA_NOTE"
 
+# wheels in .whl/ (an ignored folder: packages this machine lacks, e.g. cryptography for the tests, fetched elsewhere
+# with `pip download --only-binary=:all: --platform ... -d .whl NAME`) are installed into a temporary folder first
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:$WORK/site" && echo "=== installed from .whl/: $(cd .whl && ls | tr '\n' ' ')"
+fi
+
 # 1. tests: the device tests (their CUDA cases run where torch sees a GPU) and the contract on each device
 XDIST=()
 [ "$DRY" = 0 ] && "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)  # (a dry run: one process, a CPU is shared)
 if [ "$DRY" = 1 ]; then  # the dry run: the CUDA cases and the accelerator tests (CUDA cases skip on a CPU)
-  step "tests (cuda cases, accelerator, concurrent parties)" 120 "$PY" -m pytest -q -p no:cacheprovider -rs \
+  step "tests (cuda cases, accelerator, concurrent parties)" 120 "$PY" -m pytest -q -p no:cacheprovider -rfs \
     "${XDIST[@]}" tests/test_devices.py tests/test_contract.py tests/test_accelerator.py \
     tests/test_concurrent_parties.py -k "cuda or test_accelerator or concurrent"
 else
   step "tests (device tests, accelerator, concurrent parties, contract on each device)" 100 "$PY" -m pytest -q \
-    -p no:cacheprovider -rs "${XDIST[@]}" tests/test_devices.py tests/test_accelerator.py tests/test_gpus.py \
+    -p no:cacheprovider -rfs "${XDIST[@]}" tests/test_devices.py tests/test_accelerator.py tests/test_gpus.py \
     tests/test_concurrent_parties.py tests/test_contract.py -k "not test_contract or each_device"
 fi
 
