@@ -316,33 +316,24 @@ def _applicable(specs: tuple[TensorSpec, ...], config: Mapping[str, Any]
                 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """The tensors of ``specs`` that ``config`` admits, in declaration order and exact names first (every message
     of a round asks the same: remembered by the values of the config keys their conditions name)."""
-    keys = sorted({k for t in specs for k, _ in t.when})
+    key = tuple((k, config.get(k)) for k in sorted({k for t in specs for k, _ in t.when}))
     try:
-        return _applicable_cached(specs, tuple((k, config.get(k)) for k in keys))
+        return _applicable_for(specs, key)
     except TypeError:  # a condition's config value that cannot be a key (a list): computed afresh
-        return _applicable_for(specs, config)
-
-
-def _applicable_for(specs: tuple[TensorSpec, ...], config: Mapping[str, Any]
-                    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    applicable = tuple(t for t in specs if t.applies(config))
-    return applicable, tuple(sorted(applicable, key=lambda t: t.is_pattern))
+        return _applicable_for.__wrapped__(specs, key)
 
 
 @functools.lru_cache(maxsize=1024)
-def _applicable_cached(specs: tuple[TensorSpec, ...], config: tuple[tuple[str, Any], ...]
-                       ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    return _applicable_for(specs, dict(config))
+def _applicable_for(specs: tuple[TensorSpec, ...], config: tuple[tuple[str, Any], ...]
+                    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    applicable = tuple(t for t in specs if t.applies(dict(config)))
+    return applicable, tuple(sorted(applicable, key=lambda t: t.is_pattern))
 
 
 @functools.lru_cache(maxsize=4096)
 def _first_match(specs: tuple[TensorSpec, ...], name: str) -> tuple[TensorSpec, tuple[tuple[str, str], ...]] | None:
     """The first of ``specs`` that declares a tensor called ``name``, with its placeholder values."""
-    for t in specs:
-        groups = t.match(name)
-        if groups is not None:
-            return t, tuple(groups.items())
-    return None
+    return next(((t, tuple(g.items())) for t in specs if (g := t.match(name)) is not None), None)
 
 
 def _when(s: TensorSpec) -> str:
