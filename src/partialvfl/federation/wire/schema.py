@@ -44,7 +44,6 @@ in process and behind the gRPC server alike.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,12 +236,15 @@ class _Exchange:
         return self.bound.get((symbol, scope))
 
     def side(self, direction: Direction, specs: Sequence[TensorSpec], tensors: Mapping[str, torch.Tensor]) -> None:
-        specs, exact_first = _applicable(tuple(specs), self.config_all)
+        specs = [s for s in specs if s.applies(self.config_all)]
         matched: dict[str, tuple[TensorSpec, dict[str, str]]] = {}
+        exact_first = sorted(specs, key=lambda s: s.is_pattern)
         for name in sorted(tensors):  # a canonical order: the wire does not keep the sender's
-            hit = _first_match(exact_first, name)
-            if hit is not None:
-                matched[name] = (hit[0], dict(hit[1]))
+            for s in exact_first:
+                groups = s.match(name)
+                if groups is not None:
+                    matched[name] = (s, groups)
+                    break
         unexpected = sorted(n for n in tensors if n not in matched)
         if unexpected:
             name = unexpected[0]
@@ -251,7 +253,7 @@ class _Exchange:
             declared = ", ".join(s.name for s in specs) or "none"
             raise self.fail(direction, f"unexpected tensor {name!r}{why}; declared: {declared}", name)
         for s in specs:
-            hits = [g for n, (m, g) in matched.items() if m == s]  # equal specs: one tensor (names are unique)
+            hits = [g for n, (m, g) in matched.items() if m is s]
             if s.optional:
                 continue
             if not s.is_pattern and not hits:
@@ -310,30 +312,6 @@ class _Exchange:
 
     def all_specs(self, direction: Direction) -> Sequence[TensorSpec]:
         return self.spec.request if direction == "request" else self.spec.reply
-
-
-def _applicable(specs: tuple[TensorSpec, ...], config: Mapping[str, Any]
-                ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """The tensors of ``specs`` that ``config`` admits, in declaration order and exact names first (every message
-    of a round asks the same: remembered by the values of the config keys their conditions name)."""
-    key = tuple((k, config.get(k)) for k in sorted({k for t in specs for k, _ in t.when}))
-    try:
-        return _applicable_for(specs, key)
-    except TypeError:  # a condition's config value that cannot be a key (a list): computed afresh
-        return _applicable_for.__wrapped__(specs, key)
-
-
-@functools.lru_cache(maxsize=1024)
-def _applicable_for(specs: tuple[TensorSpec, ...], config: tuple[tuple[str, Any], ...]
-                    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    applicable = tuple(t for t in specs if t.applies(dict(config)))
-    return applicable, tuple(sorted(applicable, key=lambda t: t.is_pattern))
-
-
-@functools.lru_cache(maxsize=4096)
-def _first_match(specs: tuple[TensorSpec, ...], name: str) -> tuple[TensorSpec, tuple[tuple[str, str], ...]] | None:
-    """The first of ``specs`` that declares a tensor called ``name``, with its placeholder values."""
-    return next(((t, tuple(g.items())) for t in specs if (g := t.match(name)) is not None), None)
 
 
 def _when(s: TensorSpec) -> str:
