@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import platform
@@ -116,6 +117,8 @@ LASER_OFFICIAL = dict(encoder="mlp", encoder_hidden=[128, 128], latent_dim=128, 
 DEVICE = torch.device("cpu")
 #: how methods run besides the device (``--compile``, ``--precision``): only what differs from the default
 RUN: dict[str, Any] = {}
+#: how the in-process parties answer (``--concurrent``): only what differs from the code's default
+FEDERATION: dict[str, Any] = {}
 
 
 def machine() -> dict[str, Any]:
@@ -192,10 +195,17 @@ def on_device() -> dict[str, Any]:
 
 
 def federation(train: Any, batched: bool | None, log: MessageLog | None = None) -> Any:
-    """In-process parties, batched or per party (``None``: the code's default, also in a baseline checkout)."""
+    """In-process parties, batched or per party (``None``: the code's default, also in a baseline checkout), their
+    rounds concurrent or not as ``--concurrent`` says (where the code has the option)."""
+    known = inspect.signature(LocalFederation.for_dataset).parameters
+    extra = {k: v for k, v in FEDERATION.items() if k in known}
+    for k in sorted(set(FEDERATION) - set(extra)):
+        if ("federation", k) not in _DROPPED:
+            _DROPPED.add(("federation", k))
+            print(f"note: LocalFederation in this code has no option {k!r}; running without it", file=sys.stderr)
     if batched is None:
-        return LocalFederation.for_dataset(train, log=log, **on_device())
-    return LocalFederation.for_dataset(train, log=log, batched=batched, **on_device())
+        return LocalFederation.for_dataset(train, log=log, **on_device(), **extra)
+    return LocalFederation.for_dataset(train, log=log, batched=batched, **on_device(), **extra)
 
 
 _DROPPED: set[tuple[str, str]] = set()
@@ -232,6 +242,7 @@ def fvl_stepper(train: Any, batched: bool | None, params: dict[str, Any], varian
         return len(rows)
 
     step.steps_per_epoch = int(np.ceil(len(rows_all) / bs))  # type: ignore[attr-defined]
+    step.transport = fed.transport  # type: ignore[attr-defined]
     return step
 
 
@@ -256,6 +267,7 @@ def fit_stepper(train: Any, params: dict[str, Any], variant: int = 1) -> Any:
         return len(item[0])
 
     step.steps_per_epoch = len(items)  # type: ignore[attr-defined]
+    step.transport = fed.transport  # type: ignore[attr-defined]
     return step
 
 
@@ -561,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="fvl-step, laser, paper-step: methods with --compile")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                     help="fvl-step, laser, paper-step: methods at this precision")
+    ap.add_argument("--concurrent", default="auto", choices=("auto", "on", "off"),
+                    help="in-process parties answer each round at the same time (a thread and a CUDA stream each): "
+                         "auto (the code's default: on CUDA devices), on, off")
+    ap.add_argument("--paper-test", type=int, default=0, metavar="N",
+                    help="paper-epochs: after the timed fit, its test accuracy on N test images (0: none)")
     ap.add_argument("--paper-steps", type=int, default=3,
                     help="paper-step: timed steps per stage (after one warm-up step)")
     ap.add_argument("--paper-batch", type=int, default=None,
@@ -600,13 +617,16 @@ def main(argv: list[str] | None = None) -> int:
         RUN["compile"] = True
     if a.precision != "fp32":
         RUN["precision"] = a.precision
+    if a.concurrent != "auto":
+        FEDERATION["concurrent"] = a.concurrent == "on"
     if a.laser_official_cmd and not a.laser_official:
         ap.error("--laser-official-cmd needs --laser-official PATH (the directory it runs in)")
     if a.laser_official and not a.laser_official_cmd and not Path(a.laser_official, "methods", "laser.py").is_file():
         ap.error(f"--laser-official {a.laser_official}: not a checkout of Valdeira/LASER-VFL (no methods/laser.py); "
                  f"git clone https://github.com/Valdeira/LASER-VFL {a.laser_official}")
     official = {"path": a.laser_official, "cmd": a.laser_official_cmd} if a.laser_official else None
-    res: dict[str, Any] = {"machine": machine(), "quick": a.quick, "repeats": repeats}
+    res: dict[str, Any] = {"machine": machine(), "quick": a.quick, "repeats": repeats,
+                           "concurrent": a.concurrent, "precision": a.precision}
     peak = matmul_peak(repeats, [(2560, 196, 128), (2560, 128, 98)])
     if "peak" in wanted:
         res["peak"] = peak
@@ -621,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": lambda: baseline_section(a.baseline_src, a.quick, max(1, repeats // 3), a.threads),
         "paper-step": lambda: paper_step_section(a.paper_steps, a.quick, method, federation, timed,
                                                          a.paper_batch),
-        "paper-epochs": lambda: paper_epochs_section(a.paper_epochs, a.quick, method, sync, a.paper_batch),
+        "paper-epochs": lambda: paper_epochs_section(a.paper_epochs, a.quick, method, sync, a.paper_batch,
+                                                     federation=federation, test_images=a.paper_test),
         "ops": lambda: ops_section(sys.modules[__name__], a.quick, a.ops_steps or (2 if a.quick else 5),
                                    a.paper_batch),
     }

@@ -31,15 +31,14 @@ from typing import Any
 
 import torch
 
-try:
-    from partialvfl.utils.opcount import count_ops, device_activity
-except ImportError:  # an older checkout on PYTHONPATH (the before of a before/after): this checkout's counter
-    _path = Path(__file__).resolve().parents[1] / "src" / "partialvfl" / "utils" / "opcount.py"
-    _spec = importlib.util.spec_from_file_location("_opcount", _path)
-    assert _spec is not None and _spec.loader is not None
-    _opcount = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_opcount)
-    count_ops, device_activity = _opcount.count_ops, _opcount.device_activity
+# this checkout's counter, also when an older checkout is on PYTHONPATH (the before of a before/after): one instrument
+# measures both (an older counter may lack a kind, e.g. the blocking copies of indexing with CPU indices)
+_path = Path(__file__).resolve().parents[1] / "src" / "partialvfl" / "utils" / "opcount.py"
+_spec = importlib.util.spec_from_file_location("_opcount", _path)
+assert _spec is not None and _spec.loader is not None
+_opcount = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_opcount)
+count_ops, device_activity = _opcount.count_ops, _opcount.device_activity
 
 __all__ = ["ops_section", "profile_steps"]
 
@@ -69,18 +68,66 @@ def profile_steps(step: Any, steps: int, device: torch.device, sync: Any) -> dic
     return device_activity(events, steps, wall).as_dict()
 
 
+def counted(step: Any, steps: int) -> Any:
+    """:func:`count_ops` of ``step`` with its parties answering one by one (a dispatch mode sees only its own
+    thread, and a concurrent round runs each party in a thread of its own; the operators are the same)."""
+    transport = getattr(step, "transport", None)
+    concurrent = getattr(transport, "concurrent", "absent")
+    if concurrent != "absent":
+        transport.concurrent = False
+    try:
+        return count_ops(step, steps=steps, warmup=1)
+    finally:
+        if concurrent != "absent":
+            transport.concurrent = concurrent
+
+
+def sync_points(step: Any, steps: int, device: torch.device) -> dict[str, Any]:
+    """On a CUDA ``device``: the host's waits for the GPU per step (``torch.cuda.set_sync_debug_mode``: every
+    synchronising call warns, with the Python line that made it), and the most frequent lines; ``{}`` elsewhere."""
+    if device.type != "cuda":
+        return {}
+    import collections
+    import warnings
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    lines = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                                if "synchroniz" in str(w.message))
+    return {"syncs_per_step": round(sum(lines.values()) / max(steps, 1), 1),
+            "where": {k: round(v / max(steps, 1), 1) for k, v in lines.most_common(6)}}
+
+
 def _measured(step: Any, steps: int, device: torch.device, timed: Any, sync: Any) -> dict[str, Any]:
-    """Operators per step, wall time per step, and (on a GPU) the profiler's figures, for one stepper."""
-    counts = count_ops(step, steps=3, warmup=1)
+    """Operators per step, wall time per step, and (on a GPU) the profiler's figures and the host's waits, for one
+    stepper.  The operators are counted with the parties answering one by one (a dispatch mode sees only its own
+    thread; the operators are the same either way)."""
+    counts = counted(step, steps=3)
+    step()  # one step as measured below (concurrent rounds start their threads and streams here)
     wall = [timed(step, 1)[0] for _ in range(steps)]
     out: dict[str, Any] = {**counts.as_dict(), "wall_ms_per_step": round(1e3 * statistics.median(wall), 2),
                            "wall_ms_min": round(1e3 * min(wall), 2), "steps_timed": steps,
                            "steps_per_epoch": getattr(step, "steps_per_epoch", None)}
-    activity = profile_steps(step, steps, device, sync)
+    try:  # a profiler failure costs its own figures, not the section's
+        activity = profile_steps(step, steps, device, sync)
+    except Exception as e:  # noqa: BLE001
+        activity = {"profiler_error": f"{type(e).__name__}: {e}"}
     if activity:
-        activity["kernel_share_of_wall_percent"] = round(
-            100 * activity["kernel_ms_per_step"] / out["wall_ms_per_step"], 1)
+        if "kernel_ms_per_step" in activity:
+            activity["kernel_share_of_wall_percent"] = round(
+                100 * activity["kernel_ms_per_step"] / out["wall_ms_per_step"], 1)
         out["device"] = activity
+        try:
+            out["device"]["host_waits"] = sync_points(step, 2, device)
+        except Exception as e:  # noqa: BLE001
+            out["device"]["host_waits"] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
@@ -92,10 +139,10 @@ def _on_meta(engine: Any, quick: bool, train: Any, params: dict[str, Any]) -> di
 
     saved, engine.DEVICE = engine.DEVICE, torch.device("meta")
     try:
-        out = {"cpu_grid_stage1_fit_step": count_ops(engine.fit_stepper(train, params), steps=3).as_dict(top=8)}
+        out = {"cpu_grid_stage1_fit_step": counted(engine.fit_stepper(train, params), steps=3).as_dict(top=8)}
         steppers, config = paper_steppers(quick, engine.method, engine.federation, None)
         for name, step in steppers.items():
-            out[f"paper_{name}"] = count_ops(step, steps=2).as_dict(top=8)
+            out[f"paper_{name}"] = counted(step, steps=2).as_dict(top=8)
         out["paper_configuration"] = config
     finally:
         engine.DEVICE = saved

@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from partialvfl.data.protocol import ProtocolConfig, make_protocol
 
 PAPER_CONFIG = dict(encoder="resnet18", decoder="deconv")
@@ -37,12 +39,13 @@ REFERENCE = "FALSE-VFL Table 11, RTX 3090: 60 + 30 minutes (FashionMNIST)"
 TRAIN_IMAGES: dict[str, int | None] = {"max_train": None}
 
 
-def _paper_data(quick: bool) -> Any:
+def _paper_data(quick: bool, test_images: int = 0) -> Any:
     images = TRAIN_IMAGES["max_train"] or (4000 if quick else None)
     config = ProtocolConfig("fashion-mnist", parties=8, n_labels=min(1000, images or 1000),
                             n_aligned=min(200, (images or 1000) // 5), train_missing="mcar2", seed=0,
-                            max_train=images, max_test=100)
-    return make_protocol(config)[0]
+                            max_train=images, max_test=max(test_images, 100))
+    train, test = make_protocol(config)
+    return train if test_images <= 0 else (train, test)
 
 
 def _configuration(model: Any, train: Any, small: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -90,6 +93,7 @@ def paper_steppers(quick: bool, method: Any, federation: Any, batch: int | None 
             at[0] += 1
 
         one.steps_per_epoch = len(items)  # type: ignore[attr-defined]
+        one.transport = fed.transport  # type: ignore[attr-defined]
         steppers[name] = one
     return steppers, shown
 
@@ -126,11 +130,12 @@ def paper_step_section(steps: int, quick: bool, method: Any, federation: Any, ti
 
 
 def paper_epochs_section(epochs: tuple[int, int], quick: bool, method: Any, sync: Any,
-                         batch: int | None = None) -> dict[str, Any]:
+                         batch: int | None = None, federation: Any = None, test_images: int = 0) -> dict[str, Any]:
     """A fit of ``epochs`` (stage 1, stage 2) whole epochs of the paper configuration, every epoch timed, and the
-    paper fit (150 + 200 epochs) extrapolated from the measured epochs."""
+    paper fit (150 + 200 epochs) extrapolated from the measured epochs; ``test_images``: then the short fit's test
+    accuracy on that many test images (MCAR 2 missingness as in training; the accuracy effect of a precision)."""
     e1, e2 = (int(e) for e in epochs)
-    train = _paper_data(quick)
+    train, test = _paper_data(quick, test_images) if test_images > 0 else (_paper_data(quick), None)
     small = _small(batch)
     model = method("false-vfl-1", "paper", **PAPER_CONFIG, **small, pretrain_epochs=e1, epochs=e2, min_steps=0)
     paper, shown = _configuration(model, train, small)
@@ -142,11 +147,22 @@ def paper_epochs_section(epochs: tuple[int, int], quick: bool, method: Any, sync
         since = marks[-1][1] - (marks[-2][1] if len(marks) > 1 else t0)
         print(f"paper-epochs: {stage} epoch {epoch} took {since:.2f} s", file=sys.stderr, flush=True)  # if cut short
 
+    fed = federation(train, None) if federation is not None else None  # the engine's (--concurrent)
     sync()
     t0 = time.perf_counter()
-    model.fit(train, on_epoch=on_epoch)
+    model.fit(train, on_epoch=on_epoch, **({"federation": fed} if fed is not None else {}))
     sync()
     wall = time.perf_counter() - t0
+    accuracy: dict[str, Any] = {"stage1_bound_last_epoch": next(
+        (h.get("bound") for h in reversed(model.history_) if h.get("stage") == "pretrain"), None)}
+    if test is not None:
+        t1 = time.perf_counter()
+        test = test.subset(np.arange(min(test_images, test.n_samples)))
+        try:  # a failed prediction costs the accuracy, not the measured epochs
+            accuracy.update(test_images=int(test.n_samples), test_accuracy=round(float(model.score(test)), 4),
+                            predict_seconds=round(time.perf_counter() - t1, 2))
+        except Exception as e:  # noqa: BLE001
+            accuracy["test_error"] = f"{type(e).__name__}: {e}"
     seconds: dict[str, list[float]] = {"pretrain": [], "train": []}
     for i, (stage, t) in enumerate(marks):
         first = i == 0 or marks[i - 1][0] != stage
@@ -163,7 +179,7 @@ def paper_epochs_section(epochs: tuple[int, int], quick: bool, method: Any, sync
         "first_epoch_seconds": firsts,
         "stage1_epoch_seconds": [round(t, 2) for t in seconds["pretrain"]],
         "stage2_epoch_seconds": [round(t, 2) for t in seconds["train"]],
-        "paper_fit_minutes_from_epochs": round(total / 60, 1),
+        "paper_fit_minutes_from_epochs": round(total / 60, 1), **accuracy,
         "note": (f"{e1} stage-1 and {e2} stage-2 whole epochs measured (a fit through the training loop); the "
                  "first epoch of each stage (set-up, first kernels) apart; the paper fit "
                  f"({paper['pretrain_epochs']} + {paper['epochs']} epochs) extrapolated from the median measured "

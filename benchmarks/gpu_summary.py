@@ -1,13 +1,14 @@
 """The headline figures of a ``benchmarks/gpu_check.sh`` run in one table, read from the JSON files it wrote.
 
-    python benchmarks/gpu_summary.py OUT_DIR cuda
+    python benchmarks/gpu_summary.py JSON_DIR cuda
 
-Per step (cpu-grid stage 1 as the engine and as a fit run it; the paper configuration's stage 1 and 2), fp32 and
-bf16, and ``base`` (fp32, an older checkout's code on the same machine, where the check ran one): wall time, ATen
-operators, kernels and blocking copies dispatched, and from the profiler the GPU's kernels, kernel time and busy
-fraction; then the whole paper epochs measured, the paper fit extrapolated from them and from single steps, and
-LASER-VFL's epoch against the official code's.  A file that is missing (its step failed or was skipped) leaves its
-rows out.
+Per step (cpu-grid stage 1 as the engine and as a fit run it; the paper configuration's stage 1 and 2) and per code
+measured (each older checkout, ``base NAME``; this code with the parties of a round one by one, ``1by1``, and
+concurrently, ``conc``, the default on a GPU; ``conc bf16``): wall time, ATen operators, kernels and blocking copies
+dispatched, the host's waits for the GPU, and from the profiler the GPU's kernels, kernel time and busy fraction;
+then the whole paper epochs measured (fp32 and bf16, with the short fit's accuracy), the paper fit extrapolated from
+them, LASER-VFL's epoch against the official code's, and the issue's targets met or not.  A file that is missing (its
+step failed or was skipped) leaves its rows out.
 """
 
 from __future__ import annotations
@@ -32,38 +33,61 @@ def rows(ops: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
                   if k in ("paper_stage1", "paper_stage2")]
 
 
+def codes(out: Path, device: str) -> list[tuple[str, str]]:
+    """(label, file) of every ``ops`` run, older code first."""
+    found = [(f"base {p.name.removeprefix('ops-baseline-').removesuffix(f'-{device}.json')}", p.name)
+             for p in sorted(out.glob(f"ops-baseline-*-{device}.json"))]
+    return found + [("1by1", f"ops-seq-{device}.json"), ("conc", f"ops-{device}.json"),
+                    ("conc bf16", f"ops-bf16-{device}.json")]
+
+
+def _verdict(value: float, target: float, smaller: bool = True) -> str:
+    if value != value:  # NaN: not measured
+        return "not measured"
+    return "met" if (value <= target if smaller else value >= target) else "NOT met"
+
+
 def main(argv: list[str]) -> int:
     out, device = Path(argv[0]), argv[1]
     print(f"=== summary ({device}): per step; GPU figures from the PyTorch profiler (none on a CPU)")
-    print(f"{'step':30} {'prec':5} {'wall ms':>8} {'ops':>6} {'kernels':>8} {'blocking':>8} {'GPU kernels':>11} "
-          f"{'kernel ms':>9} {'busy %':>7}")
-    paper_steps: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for name, precision in ((f"ops-baseline-{device}.json", "base"), (f"ops-{device}.json", "fp32"),
-                            (f"ops-bf16-{device}.json", "bf16")):
+    print(f"{'step':28} {'code':14} {'wall ms':>8} {'ops':>6} {'kernels':>8} {'blocking':>8} {'syncs':>6} "
+          f"{'GPU kernels':>11} {'kernel ms':>9} {'busy %':>7}")
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for code, name in codes(out, device):
         ops = _load(out, name).get("ops", {})
         for label, r in rows(ops):
             d = r.get("device", {})
-            print(f"{label:30} {precision:5} {r['wall_ms_per_step']:8.1f} {r['ops']:6.0f} {r['kernels']:8.0f} "
-                  f"{r['blocking_transfers']:8.0f} {d.get('kernels_per_step', NAN):11.0f} "
-                  f"{d.get('kernel_ms_per_step', NAN):9.1f} {d.get('busy_percent', NAN):7.1f}")
-            if label.startswith("paper") and r.get("steps_per_epoch"):
-                paper_steps[f"{label} {precision}"] = (r, ops.get("paper_configuration", {}))
-    for label, (r, config) in paper_steps.items():
-        shape = (f"{config.get('train_images', '?')} images, batch {config.get('pretrain_batch_size', '?')} / "
-                 f"{config.get('batch_size', '?')}")
-        print(f"{label}: {r['wall_ms_per_step']:.1f} ms x {r['steps_per_epoch']} steps = "
-              f"{r['wall_ms_per_step'] * r['steps_per_epoch'] / 1e3:.1f} s per epoch, extrapolated from single steps "
-              f"({shape})")
-    epochs = _load(out, f"paper-epochs-{device}.json").get("paper-epochs", {})
-    if epochs:
-        print(f"paper configuration, whole epochs measured: stage 1 {epochs['stage1_epoch_seconds']} s, stage 2 "
-              f"{epochs['stage2_epoch_seconds']} s (the first of each stage apart: {epochs['first_epoch_seconds']});"
-              f" the paper fit extrapolated from them: {epochs['paper_fit_minutes_from_epochs']} min")
-        print(f"  ({epochs['note']})")
+            table[(label, code)] = r
+            print(f"{label:28} {code:14} {r['wall_ms_per_step']:8.1f} {r['ops']:6.0f} {r['kernels']:8.0f} "
+                  f"{r['blocking_transfers']:8.0f} {d.get('host_waits', {}).get('syncs_per_step', NAN):6.1f} "
+                  f"{d.get('kernels_per_step', NAN):11.0f} {d.get('kernel_ms_per_step', NAN):9.1f} "
+                  f"{d.get('busy_percent', NAN):7.1f}")
+    epochs = {p: _load(out, f"paper-epochs{s}-{device}.json").get("paper-epochs", {})
+              for p, s in (("fp32", ""), ("bf16", "-bf16"))}
+    for precision, e in epochs.items():
+        if e:
+            print(f"paper configuration {precision}, whole epochs measured: stage 1 {e['stage1_epoch_seconds']} s, "
+                  f"stage 2 {e['stage2_epoch_seconds']} s (the first of each stage apart: {e['first_epoch_seconds']});"
+                  f" the paper fit extrapolated from them: {e['paper_fit_minutes_from_epochs']} min; test accuracy "
+                  f"{e.get('test_accuracy', '-')} on {e.get('test_images', '-')} images after this short fit")
+            print(f"  ({e['note']})")
     laser = _load(out, f"engine-{device}.json").get("laser", {})
     if "ours_over_official" in laser:
         print(f"LASER-VFL epoch, ours / the official code's: {laser['ours_over_official']} (per-sample batching "
-              f"{laser['ours_per_sample_over_official']}; target <= 0.5)")
+              f"{laser.get('ours_per_sample_over_official')})")
+    conc = {label: r for (label, code), r in table.items() if code == "conc"}
+    paper1 = conc.get("paper stage1", {}).get("device", {}).get("busy_percent", NAN)
+    grid = conc.get("cpu-grid stage 1 (fit_step)", {}).get("wall_ms_per_step", NAN)
+    fit = epochs["fp32"].get("paper_fit_minutes_from_epochs", NAN)
+    s1 = {p: min(e.get("stage1_epoch_seconds") or [NAN]) for p, e in epochs.items()}
+    print("=== the issue's targets (this code, parties concurrent)")
+    print(f"paper stage-1 GPU busy >= 70 %: {paper1} % ({_verdict(paper1, 70, smaller=False)})")
+    print(f"paper fit <= 12 min from whole epochs: {fit} min ({_verdict(fit, 12)})")
+    print(f"cpu-grid stage-1 step (as a fit runs it) <= 12 ms: {grid} ms ({_verdict(grid, 12)})")
+    ratio = laser.get("ours_over_official", NAN)
+    print(f"LASER-VFL epoch <= 0.5 x the official code's: {ratio} ({_verdict(ratio, 0.5)})")
+    print(f"bf16 faster than fp32 (stage-1 epoch): {s1['bf16']} s against {s1['fp32']} s "
+          f"({_verdict(s1['bf16'], s1['fp32'])})")
     return 0
 
 

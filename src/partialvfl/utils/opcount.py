@@ -9,7 +9,9 @@ block dispatches (forward, backward and optimiser alike, after autograd), sorted
 * ``views``: aliasing and metadata operators (``view``, ``t``, ``detach``, ``expand``, slicing, profiler marks,
   empty allocations): no kernel on any device;
 * ``transfers``: copies between devices (host to device, device to host); ``blocking_transfers`` those that make the
-  host wait (on CUDA, every copy that is not ``non_blocking`` synchronises the stream);
+  host wait (on CUDA, every copy that is not ``non_blocking`` synchronises the stream).  An indexing operator given
+  CPU index tensors for a tensor on another device counts as one too: the kernel copies the indices over itself,
+  from pageable memory, and on CUDA that copy synchronises the stream (it appears as no operator of its own);
 * ``readbacks``: a value read back to Python (``.item()``, ``float(t)``, ``bool(t)``): on a GPU, each waits for every
   queued kernel;
 * ``optimizer``: the operators of optimiser steps (``torch.optim``), a subset of all of the above (fused Adam: a
@@ -41,6 +43,8 @@ NO_KERNEL = frozenset({
 })
 #: operators that copy (possibly between devices)
 COPIES = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
+#: indexing operators that accept CPU index tensors for a tensor on another device (and copy them over, blocking)
+INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"})
 
 
 @dataclass
@@ -113,6 +117,9 @@ class OpCounter(TorchDispatchMode):
                 self.kinds["blocking_transfers"] += 1
         elif name in COPIES:
             self._copy(name, args, kwargs, out)
+        elif name in INDEXING:
+            self.kinds["kernels"] += 1
+            self._implicit_copies(args)
         elif func.is_view or name in NO_KERNEL:
             self.kinds["views"] += 1
         else:
@@ -134,6 +141,15 @@ class OpCounter(TorchDispatchMode):
                                                                           and args[2]))
                 if not non_blocking:
                     self.kinds["blocking_transfers"] += 1
+
+    def _implicit_copies(self, args: Any) -> None:
+        """Indices on the CPU for a tensor elsewhere: the kernel copies them over, blocking (one per tensor)."""
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
+            return
+        for t in tree_leaves(args[1:2]):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0:
+                self.kinds["transfers"] += 1
+                self.kinds["blocking_transfers"] += 1
 
     def result(self, steps: int) -> OpCount:
         """The counts so far, per step over ``steps`` steps."""

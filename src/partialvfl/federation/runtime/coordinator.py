@@ -179,7 +179,9 @@ class LocalFederation(Federation):
     ``batched`` (default): a round whose parties run the same program is answered as one batched computation where
     the program supports it (:class:`~partialvfl.federation.wire.transport.LocalTransport`); ``False`` forces the
     per-party path.  ``device``, ``precision`` and ``compile``: where and how every party computes (a list or tuple
-    of devices gives each party its own).
+    of devices gives each party its own).  ``concurrent``: the parties of a round answer at the same time, a thread
+    (and on a GPU a CUDA stream) each, where their program allows it; ``None``: on CUDA devices only
+    (:mod:`partialvfl.federation.wire.concurrent`).
     """
 
     def __init__(
@@ -193,6 +195,7 @@ class LocalFederation(Federation):
         device: Any = "cpu",
         precision: str = "fp32",
         compile: bool = False,  # noqa: A002 - torch's word
+        concurrent: bool | None = None,
     ) -> None:
         chosen = _by_index(policies or {}, party_names, "policies")
         devices = list(device) if isinstance(device, list | tuple) else [device] * len(party_names)
@@ -200,16 +203,17 @@ class LocalFederation(Federation):
             raise ValueError(f"{len(devices)} devices for {len(party_names)} parties")
         self.runtimes = [PartyRuntime(k, n, policy=chosen.get(k), device=d, precision=precision, compile=compile)
                          for k, (n, d) in enumerate(zip(party_names, devices))]
-        super().__init__(LocalTransport(self.runtimes, active_party, log, batched=batched), party_names, active_party)
+        super().__init__(LocalTransport(self.runtimes, active_party, log, batched=batched, concurrent=concurrent),
+                         party_names, active_party)
 
     @classmethod
     def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None, batched: bool = True,
                     policies: Mapping[int | str, PartyPolicy] | None = None,
                     party_dp: Mapping[int | str, tuple[float, float]] | None = None,
-                    device: Any = "cpu", precision: str = "fp32",
-                    compile: bool = False) -> LocalFederation:  # noqa: A002 - torch's word
+                    device: Any = "cpu", precision: str = "fp32", compile: bool = False,  # noqa: A002
+                    concurrent: bool | None = None) -> LocalFederation:
         """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport);
-        ``device``/``precision``/``compile``: where and how the parties compute.
+        ``device``/``precision``/``compile``: where and how the parties compute; ``concurrent``: see the class.
 
         ``policies``: a party's own policy by name or index (default: research); ``party_dp``: ``{party: (epsilon,
         delta)}``, the research policy with that differential-privacy budget (the in-process ``[policy] dp_epsilon,
@@ -219,7 +223,7 @@ class LocalFederation(Federation):
         for k, (eps, delta) in _by_index(party_dp or {}, data.party_names, "party_dp").items():
             chosen[k] = chosen.get(k, PartyPolicy.research()).with_dp(eps, delta)
         return cls(data.party_names, data.active_party, log=log, batched=batched, policies=chosen, device=device,
-                   precision=precision, compile=compile)
+                   precision=precision, compile=compile, concurrent=concurrent)
 
     def private_parties(self) -> dict[int, dict[str, float]]:
         return {k: {"epsilon": rt.privacy.budget.epsilon, "delta": rt.privacy.budget.delta}

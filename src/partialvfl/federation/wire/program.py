@@ -126,6 +126,10 @@ class PartyProgram:
     #: the declaration of its set-up config (:mod:`partialvfl.federation.wire.setup_config`): keys, types, ranges;
     #: ``None``: the program takes the config as a plain dict, unchecked
     setup_config: ClassVar[type[SetupConfig] | None] = None
+    #: whether in one process several parties running it may answer a round at the same time, each in its own thread
+    #: (:mod:`partialvfl.federation.wire.concurrent`): its handlers touch no process-wide state (torch's global random
+    #: generator, an unlocked module-level cache) and nothing of another party's
+    answers_concurrently: ClassVar[bool] = False
 
     @classmethod
     def read_config(cls, config: Any, where: str = "") -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from partialvfl.federation.wire.concurrent import ConcurrentParties, concurrent_default
 from partialvfl.federation.wire.messages import MessageLog, Reply, Request, TensorDict
 from partialvfl.federation.wire.program import PartyProgram
 from partialvfl.federation.wire.refusals import PolicyViolation
@@ -203,14 +204,21 @@ class LocalTransport(Transport):
     path: each request and reply is checked against its declaration and logged per party with the same names, shapes and
     bytes, each party's weights and optimiser stay its own, and a party marked down fails alone. ``batched=False``
     answers every request by itself (for tests and comparisons).
+
+    ``concurrent``: the parties of a round answer at the same time, a thread each (and on a GPU a CUDA stream each:
+    :mod:`.concurrent`), where their program allows it; ``None`` (the default): when every party of the round
+    computes on a CUDA device.  Every party gets its request and the round finishes before a failure is raised (as
+    over gRPC); the replies, the log and the floats are those of the one-by-one path.
     """
 
     def __init__(self, runtimes: Sequence[Any], coordinator: int, log: MessageLog | None = None, *,
-                 batched: bool = True) -> None:
+                 batched: bool = True, concurrent: bool | None = None) -> None:
         super().__init__(len(runtimes), coordinator, log)
         self.runtimes = list(runtimes)
         self.down: set[int] = set()  # parties to treat as unreachable (fault-injection for tests)
         self.batched = batched
+        self.concurrent = concurrent
+        self._parallel = ConcurrentParties(len(self.runtimes))
 
     def _deliver(self, party: int, request: Request) -> Reply:
         if party in self.down:
@@ -223,13 +231,14 @@ class LocalTransport(Transport):
                     gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
         """Party by party, or the parties a program answers jointly as one batched computation first."""
         answers = self._batch_answers(requests, tolerate) if self.batched and not gather else {}
+        together = self._concurrent_parties(requests, answers)
+        if together:
+            yield from self._concurrent_deliveries(requests, answers, together, gather)
+            return
         for party, req in requests.items():
             req = self._admit(party, req)
             if party in answers:
-                stamped, answer = answers[party]
-                reply = Reply(_detached(answer.tensors), dict(answer.meta))
-                self.runtimes[party].check(stamped, reply)
-                yield party, req, reply
+                yield party, req, self._batched_reply(party, answers[party])
                 continue
             try:
                 yield party, req, self._deliver(party, req)
@@ -239,6 +248,57 @@ class LocalTransport(Transport):
                 if not gather:
                     raise
                 yield party, req, e
+
+    def _batched_reply(self, party: int, answered: tuple[Request, Reply]) -> Reply:
+        """A reply of a batched round as the party's own would leave it: detached, checked against its declaration."""
+        stamped, answer = answered
+        reply = Reply(_detached(answer.tensors), dict(answer.meta))
+        self.runtimes[party].check(stamped, reply)
+        return reply
+
+    def _concurrent_parties(self, requests: Mapping[int, Request], answered: Mapping[int, Any]) -> list[int]:
+        """The parties of this round that answer at the same time (none unless at least two can)."""
+        parties = []
+        for party, req in requests.items():
+            rt = self.runtimes[party]
+            program = getattr(rt, "program", None)
+            if (party in answered or party in self.down or program is None or req.kind not in program.messages
+                    or not getattr(program, "answers_concurrently", False) or getattr(rt, "privacy", None) is not None):
+                continue
+            parties.append(party)
+        if len(parties) < 2:
+            return []
+        wanted = self.concurrent
+        if wanted is None:
+            wanted = concurrent_default([torch.device(self.runtimes[p].device) for p in parties])
+        return parties if wanted else []
+
+    def _concurrent_deliveries(self, requests: Mapping[int, Request], answers: Mapping[int, tuple[Request, Reply]],
+                               together: list[int], gather: bool
+                               ) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
+        """Every request admitted (logged) in party order, ``together`` answered at the same time, the rest one by
+        one, the outcomes yielded in party order."""
+        admitted = {party: self._admit(party, req) for party, req in requests.items()}
+        outcomes = self._parallel.run({p: (torch.device(self.runtimes[p].device),
+                                           lambda p=p: self._deliver(p, admitted[p])) for p in together})
+        for party, req in admitted.items():
+            if party in answers:
+                yield party, req, self._batched_reply(party, answers[party])
+                continue
+            if party in outcomes:
+                outcome = outcomes[party]
+            else:
+                try:
+                    outcome = self._deliver(party, req)
+                except Exception as e:  # noqa: BLE001 - raised below as the one-by-one path would
+                    outcome = e
+            if isinstance(outcome, Exception) and not isinstance(outcome, PartyUnavailable) and not gather:
+                raise outcome
+            yield party, req, outcome
+
+    def close(self) -> None:
+        """Stop the threads of concurrent rounds."""
+        self._parallel.close()
 
     def _batch_answers(self, requests: Mapping[int, Request],
                        tolerate: bool) -> dict[int, tuple[Request, Reply]]:

@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -91,7 +92,7 @@ class _Draw:
 
     eps: torch.Tensor
     state_after: torch.Tensor
-    on: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+    on: dict[torch.device, tuple[torch.Tensor, Any]] = field(default_factory=dict)  # device -> (copy, its event)
 
 
 #: the last few batches' draws, by (noise seed, shape): a memo of a pure function (see :func:`latent_noise`)
@@ -129,11 +130,20 @@ def latent_noise(noise_seed: int, shape: tuple[int, ...], device: torch.device) 
     """
     drawn = _draw(noise_seed, shape)
     with _DRAWS_LOCK:
-        out = drawn.on.get(device)
-    if out is None:
+        kept = drawn.on.get(device)
+    if kept is None:
         out = to_device(drawn.eps, device)
+        made = None
+        if out.device.type == "cuda":  # queued on this stream: another stream must wait for the copy
+            made = torch.cuda.Event()
+            made.record(torch.cuda.current_stream(out.device))
         with _DRAWS_LOCK:
-            out = drawn.on.setdefault(device, out)
+            kept = drawn.on.setdefault(device, (out, made))
+    out, made = kept
+    if made is not None:  # parties answering concurrently compute on their own streams (federation.wire.concurrent)
+        stream = torch.cuda.current_stream(out.device)
+        stream.wait_event(made)
+        out.record_stream(stream)  # its memory is not reused while this stream may still read it
     return out
 
 

@@ -100,6 +100,7 @@ class FalseVFLParty(PartyProgram):
 
     program_name = "false-vfl/party"
     supports_privacy = True
+    answers_concurrently = True  # every draw from its own seeded generator; the shared noise memo is locked
     setup_config = FalseVFLSetup
     config: FalseVFLSetup
     # B: rows it holds in the batch, M: rows it lacks (II), S: latent samples, N: the next batch's rows it holds
@@ -185,6 +186,12 @@ class FalseVFLParty(PartyProgram):
         self._dec: dict[str, Any] = {}  # the pending decode's graph: leaves and outputs
 
     # -------------------------------------------------------------- helpers
+    def _mode(self, train: bool) -> None:
+        """The networks in training or evaluation mode (set only on a change: ``train()`` walks every submodule,
+        a ResNet-18's 60, on every message otherwise; only the handlers set the mode, always of the whole net)."""
+        if self.net.training != train:
+            self.net.train(train)
+
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the party's device."""
         return to_device(torch.randn(shape, generator=gen), self.device)
@@ -226,7 +233,9 @@ class FalseVFLParty(PartyProgram):
                 return {sfx: to_device(row_latent_noise(t[f"seed{sfx}"], meta["samples"], d_h)[0], self.device)
                         for sfx in suffixes}
             eps = self.shared_noise(meta, d_h) if suffixes else None
-            return {sfx: eps[:, t[f"pos{sfx}"]] for sfx in suffixes} if eps is not None else {}
+            # the positions arrive on the CPU: moved without blocking (indexing with CPU indices would copy them
+            # from pageable memory, which synchronises a GPU's stream)
+            return {sfx: eps[:, to_device(t[f"pos{sfx}"], self.device)] for sfx in suffixes} if eps is not None else {}
         batch, samples = meta["batch"], meta["samples"]
         pos = torch.cat([t[f"pos{sfx}"] for sfx in suffixes]) if suffixes else torch.zeros(0, dtype=torch.int64)
         if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= batch or len(torch.unique(pos)) != len(pos)):
@@ -261,7 +270,7 @@ class FalseVFLParty(PartyProgram):
         """Encode its rows (training: zero its gradients and keep the graph until ``update``; ``predict``: on fixed
         blocks of rows, the same floats for a row in any batch, :func:`~partialvfl.nn.blocks.in_row_blocks`)."""
         x = self.features(handle, rows)
-        self.net.train(train)
+        self._mode(train)
         if train:
             self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
@@ -301,7 +310,7 @@ class FalseVFLParty(PartyProgram):
         self._rows_of = {}
         train = req.meta.get("train", False)
         predict = req.meta.get("predict", False) and not train
-        self.net.train(train)
+        self._mode(train)
         leaves, h, h_mis = self._latents(req, train)
         if h is not None and len(self._enc.get("x", ())) != h.shape[1]:
             raise RuntimeError(f"party {self.party}: decode of {h.shape[1]} held rows without their encode")
