@@ -327,3 +327,11 @@ def test_docs_schedule_table_is_generated_by_the_rule() -> None:
     doc = (root / "docs" / "schedules.md").read_text()
     assert mod.render(doc) == doc, "run: python scripts/schedule_table.py"
     assert "| false-vfl-1 (paper, fashion-mnist) | 50 | 50 labelled | 128 | 1 | 200 | 1,000 | 1,000 epochs" in doc
+
+
+def test_the_step_floor_of_a_vanishing_learning_rate_is_a_finite_count() -> None:
+    """ceil(0.2 / lr) overflowed for a positive lr near the smallest float (a value the declaration admits)."""
+    from partialvfl.methods.schedule import MAX_FLOOR_STEPS, floor_steps
+
+    assert floor_steps(2e-4) == 1000 and floor_steps(3e-3) == 67
+    assert floor_steps(5e-324) == floor_steps(1e-300) == floor_steps(1e-10) == MAX_FLOOR_STEPS

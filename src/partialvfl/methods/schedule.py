@@ -81,11 +81,18 @@ SCHEDULE_PARAMS = (
 )
 
 
+#: the largest default step floor: a learning rate so small that ``MIN_DISTANCE / lr`` exceeds it (below about
+#: 2e-10) would never train in any number of steps; the floor stays a finite count instead of overflowing
+MAX_FLOOR_STEPS = 10**9
+
+
 def floor_steps(lr: float | None) -> int:
-    """The default step floor of a stage with learning rate ``lr``: ``ceil(MIN_DISTANCE / lr)`` (0 without one)."""
+    """The default step floor of a stage with learning rate ``lr``: ``ceil(MIN_DISTANCE / lr)`` (0 without one),
+    at most :data:`MAX_FLOOR_STEPS`."""
     if lr is None or not lr > 0:
         return 0
-    return math.ceil(round(MIN_DISTANCE / float(lr), 9))
+    steps = MIN_DISTANCE / float(lr)
+    return MAX_FLOOR_STEPS if not steps < MAX_FLOOR_STEPS else math.ceil(round(steps, 9))
 
 
 def resolve_min_steps(params: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
