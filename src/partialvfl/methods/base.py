@@ -93,6 +93,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
     #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
     parallel_inference: ClassVar[bool] = False
+    #: why the method cannot predict from a subset of its parties (``None``: it can, so it explains its predictions)
+    subset_refusal: ClassVar[str | None] = None
+    #: the opt-in post-hoc calibration applied to every prediction (:mod:`partialvfl.methods.calibration`)
+    calibration_: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -401,9 +405,29 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         if rows.size:
             t0 = time.perf_counter()
             out[rows] = self._predict(view, handle, rows)  # float32 here (heads, softmax); bf16 at the parties
+            if self.calibration_ is not None:
+                out[rows] = self.calibration_.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
             self.predict_seconds_ = time.perf_counter() - t0
         check_finite_output(self.name, out, view.ids)
         return out
+
+    def _coalition_predictions(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+                               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """For each coalition ``masks[m]`` (``(M, K)`` booleans), ``(m, rows, output)``: the raw outputs (as
+        :meth:`_predict`'s) of ``rows`` (those of ``wanted[m]`` with a party of the coalition) predicted with the
+        other parties treated as missing.  By default one masked prediction per coalition; a method shares what does
+        not depend on the coalition where it can (:mod:`partialvfl.methods.coalitions`)."""
+        from partialvfl.methods.coalitions import masked_predictions
+
+        return masked_predictions(self, view, handle, masks, wanted)
+
+    def explain(self, data: VerticalDataset, **options: Any) -> Any:
+        """Each party's contribution to each row's prediction (exact Shapley values; ``options``: see
+        :func:`~partialvfl.methods.explain.explain_attached`); an :class:`~partialvfl.methods.explain.Explanation`."""
+        from partialvfl.methods.explain import explain_attached
+
+        with self.attached(data) as (data, handle):
+            return explain_attached(self, data.coordinator_view(), handle, **options)
 
     def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
         """``(N, K)``: which parties' features the prediction of each row of ``view`` uses (its ``observed`` holds
