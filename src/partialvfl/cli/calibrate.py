@@ -6,7 +6,8 @@ labelled tables (``--table``, or ``--table ... --truth FILE``), users of a feder
 (``--federation FILE --truth FILE``, ``--table-set NAME``), or, for a model fitted under the protocol, the protocol's
 validation set (the training samples whose labels the protocol erased, under ``--validation-missing``).  It then saves
 the model again, with its calibration, in place or in ``--out``: ``predict``, ``evaluate``, ``explain`` and the
-prediction service use it from then on.  ``--remove`` saves it without.
+prediction service use it from then on.  ``--remove`` saves it without.  (``evaluate --reliability``:
+:mod:`.reliability`.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from partialvfl.cli.common import add_device_options, add_table_options, device_options
 
-__all__ = ["add_commands", "write_reliability"]
+__all__ = ["add_commands"]
 
 
 def _say(text: str) -> None:
@@ -183,22 +184,3 @@ def _save(args: argparse.Namespace, model: Any, calibration: Any) -> int:
     _say(f"model saved to {out} " + ("with its calibration: predict, evaluate, explain and serve apply it"
                                      if calibration is not None else "without calibration"))
     return 0
-
-
-def write_reliability(path: str | None, model: Any, output: np.ndarray, view: Any, title: str) -> None:
-    """``evaluate --reliability FILE``: the reliability diagram of ``output`` against ``view``'s labels (the
-    labelled rows; by how many parties each prediction used)."""
-    if not path:
-        return
-    if not model.index_.task.is_classification:
-        raise ValueError("--reliability: a regression model's predictions have no confidence to plot")
-    from partialvfl.bench.explain_figures import figure_path, reliability_diagram
-    from partialvfl.methods.evaluation import true_in_model_classes
-
-    target = figure_path(path, "--reliability")
-    true, _ = true_in_model_classes(view, model.index_.task.classes)
-    rows = np.flatnonzero(np.asarray(view.labeled))
-    used = np.asarray(model.parties_used(view), dtype=bool)
-    calibrated = "calibrated, " + model.calibration_.describe() if model.calibration_ is not None else "uncalibrated"
-    reliability_diagram(output[rows], true[rows], used[rows], target, title=f"{title} ({calibrated})")
-    _say(f"reliability diagram written to {target}")

@@ -175,7 +175,7 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
                   "were not checked against --truth", file=sys.stderr)
 
     def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any) -> None:
-        from partialvfl.cli.calibrate import write_reliability
+        from partialvfl.cli.reliability import write_reliability
         from partialvfl.cli.truth import labelled_view
 
         values = truth.aligned(ids, f"--truth {args.truth}")

@@ -176,7 +176,7 @@ def test_set_title(mechanism: str) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from partialvfl.cli.calibrate import write_reliability
+    from partialvfl.cli.reliability import write_reliability
     from partialvfl.cli.truth import calibration_lines
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.methods import VFLMethod

@@ -229,13 +229,11 @@ def predict_tables(args: argparse.Namespace) -> int:
 def evaluate_tables(args: argparse.Namespace) -> int:
     """Score a saved model on ``--table`` files that carry the label (matched by value), or, with ``--truth FILE``,
     on tables without it against outcomes keyed by ID."""
-    import time
-
-    from partialvfl.cli.calibrate import write_reliability
+    from partialvfl.cli.reliability import write_reliability
     from partialvfl.cli.truth import labelled_view, metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods import VFLMethod
-    from partialvfl.methods.evaluation import metrics_from_predictions
+    from partialvfl.methods.evaluation import evaluate
     from partialvfl.utils.threads import use_threads
 
     model = VFLMethod.load(args.model, **device_options(args))
@@ -256,16 +254,11 @@ def evaluate_tables(args: argparse.Namespace) -> int:
                              "evaluate scores tables that carry the outcomes (name the column with --label COLUMN), "
                              "or tables without them against outcomes in a separate file: --truth FILE "
                              "(IDs in --id COLUMN)") from None
-        t0 = time.perf_counter()
         with use_threads(threads_for(args, model, data)):
-            output = model.predict_output(data)
-        task = model.index_.task
-        conformed = model.conform(data)
-        res = metrics_from_predictions(output, conformed, task.classes if task.is_classification else None,
-                                       used=model.parties_used(conformed), party_names=model.index_.party_names)
-        res["predict_seconds"] = time.perf_counter() - t0
+            res = evaluate(model, data, calibration=True)
+            output = model.predict_output(data) if getattr(args, "reliability", None) else None  # the same floats
         title = f"{model.name} on the given tables"
-        scored = conformed.coordinator_view()
+        scored = model.conform(data).coordinator_view()
     write_reliability(getattr(args, "reliability", None), model, output, scored, title)
     res.update({"method": model.name, "tables": tables})
     emit(res, args.json, "\n".join(metric_lines(title, res)))

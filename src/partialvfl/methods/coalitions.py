@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +32,6 @@ from partialvfl.methods.shapley import mask_bits
 from partialvfl.methods.training import check_finite_output
 from partialvfl.utils.progress import progress as progress_bar
 
-if TYPE_CHECKING:
-    from partialvfl.methods.base import VFLMethod
-
 __all__ = ["SubsetPredictionRefused", "coalition_outputs", "masked_predictions", "prediction_view", "require_subsets"]
 
 
@@ -42,7 +39,7 @@ class SubsetPredictionRefused(ValueError):
     """A method that cannot predict from a subset of its parties was asked to (explanations, party values)."""
 
 
-def require_subsets(model: VFLMethod, what: str) -> None:
+def require_subsets(model: Any, what: str) -> None:
     """Raise :class:`SubsetPredictionRefused` naming the method and why, if it cannot predict from a subset."""
     why = getattr(model, "subset_refusal", None)
     if why is None:
@@ -63,7 +60,7 @@ def _registered_refusal(name: str) -> str | None:
         return "unavailable"
 
 
-def prediction_view(model: VFLMethod, view: CoordinatorView) -> CoordinatorView:
+def prediction_view(model: Any, view: CoordinatorView) -> CoordinatorView:
     """``view`` without its labels (a model predicts with its own task), as ``predict_output_federated`` uses it."""
     n = view.n_samples
     task = model.index_.task
@@ -71,7 +68,7 @@ def prediction_view(model: VFLMethod, view: CoordinatorView) -> CoordinatorView:
     return dataclasses.replace(view, task=task, y=no_labels, labeled=np.zeros(n, dtype=bool))
 
 
-def masked_predictions(model: VFLMethod, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+def masked_predictions(model: Any, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
                        ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """The default of :meth:`~partialvfl.methods.base.VFLMethod._coalition_predictions`: coalition by coalition,
     the rows that want it predicted with the observed matrix cut to it (one prediction per coalition)."""
@@ -83,7 +80,7 @@ def masked_predictions(model: VFLMethod, view: CoordinatorView, handle: str, mas
             yield m, rows, model._predict(dataclasses.replace(view, observed=cut), handle, rows)
 
 
-def coalition_outputs(model: VFLMethod, view: CoordinatorView, handle: str, coalitions: np.ndarray, *,
+def coalition_outputs(model: Any, view: CoordinatorView, handle: str, coalitions: np.ndarray, *,
                       rows: np.ndarray | None = None, what: str = "explain its predictions",
                       progress: bool = False) -> np.ndarray:
     """The model's output for ``rows`` of ``view`` (attached under ``handle``; default every row) from each
@@ -144,7 +141,7 @@ def coalition_outputs(model: VFLMethod, view: CoordinatorView, handle: str, coal
     return result
 
 
-def _announce(model: VFLMethod, handle: str, masks: np.ndarray, wanted: np.ndarray, used: np.ndarray) -> None:
+def _announce(model: Any, handle: str, masks: np.ndarray, wanted: np.ndarray, used: np.ndarray) -> None:
     """Tell each party how many extra predictions of its block the coalitions make (beyond each row's own
     prediction from all its parties) over how many rows; a party may refuse, or charge its lookup budget."""
     uses = wanted.T.astype(np.int64) @ masks.astype(np.int64)  # (N, K): predictions of each row using each party

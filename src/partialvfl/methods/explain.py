@@ -35,7 +35,6 @@ from partialvfl.utils.seeding import numpy_rng
 if TYPE_CHECKING:
     import pandas as pd
 
-    from partialvfl.methods.base import VFLMethod
 
 __all__ = ["EXACT_MAX_PARTIES", "PROBABILITY_FLOOR", "Explanation", "explain_attached", "log_odds"]
 
@@ -146,7 +145,7 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def explain_attached(model: VFLMethod, view: CoordinatorView, handle: str, *, explained_class: Any = None,
+def explain_attached(model: Any, view: CoordinatorView, handle: str, *, explained_class: Any = None,
                      permutations: int | None = None, max_exact_parties: int = EXACT_MAX_PARTIES, seed: int = 0,
                      progress: bool = False) -> Explanation:
     """Explain every row of ``view`` (attached at the parties under ``handle``): see the module docstring.

@@ -30,7 +30,6 @@ from partialvfl.utils.seeding import numpy_rng
 if TYPE_CHECKING:
     import pandas as pd
 
-    from partialvfl.methods.base import VFLMethod
 
 __all__ = ["SCORES", "PartyValues", "value_attached"]
 
@@ -123,7 +122,7 @@ def _auc(outputs: np.ndarray, true: np.ndarray, weights: np.ndarray) -> np.ndarr
     return out
 
 
-def value_attached(model: VFLMethod, view: CoordinatorView, handle: str, *, score: str | None = None,
+def value_attached(model: Any, view: CoordinatorView, handle: str, *, score: str | None = None,
                    permutations: int | None = None, max_exact_parties: int = EXACT_MAX_PARTIES, seed: int = 0,
                    bootstrap: int = 200, progress: bool = False) -> PartyValues:
     """Each party's value to ``model`` on the labelled rows of ``view`` (attached under ``handle``): see the module
