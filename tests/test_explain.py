@@ -190,7 +190,14 @@ def test_the_extra_predictions_are_charged_to_the_partys_lookup_budget(tmp_path:
     ledger = LookupLedger({"max_lookups_per_day": 100}, tmp_path / "ledger.json", where="party 1 ('shop')")
     runtime = PartyRuntime(1, "shop")
     runtime.attach("h", tiny_test().party(1))
-    runtime.charge_explanation = lambda n: (ledger.check("c" * 64, n), ledger.record("c" * 64, n))
+    def charge(n: int, check_only: bool) -> None:
+        ledger.check("c" * 64, n)
+        if not check_only:
+            ledger.record("c" * 64, n)
+
+    runtime.charge_explanation = charge
+    assert runtime.handle(Request("explain", {}, {"data": "h", "rows": 10, "predictions": 60, "check": True})
+                          ).meta["charged"] == 0 and ledger.counts("c" * 64)["max_lookups_per_day"] == 0
     reply = runtime.handle(Request("explain", {}, {"data": "h", "rows": 10, "predictions": 60}))
     assert reply.meta["charged"] == 60 and ledger.counts("c" * 64)["max_lookups_per_day"] == 60
     with pytest.raises(PolicyViolation, match="max_lookups_per_day"):

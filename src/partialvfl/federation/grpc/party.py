@@ -222,12 +222,13 @@ class PartyServer(TableBuiltins):
     def _bye(self, req: Request) -> Reply:
         return Reply()
 
-    def _charge_explanation(self, n: int) -> None:
+    def _charge_explanation(self, n: int, check_only: bool) -> None:
         """An explanation's extra predictions of this party's rows count as lookups of the coordinator that asked
         (the ledger of :mod:`partialvfl.federation.trust.lookups`): refused past its budget, charged before any."""
         who, name = self.aligner.caller, self.aligner.caller_name
         self.lookups.check(who, n, name)
-        self.lookups.record(who, n, name)
+        if not check_only:
+            self.lookups.record(who, n, name)
 
     # -- the gRPC entry point
     def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:

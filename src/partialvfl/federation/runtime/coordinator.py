@@ -87,18 +87,21 @@ class Federation(ABC):
     def request_explanation(self, handle: str, charges: Mapping[int, tuple[int, int]]) -> None:
         """Tell each party of ``charges`` (``{party: (rows, predictions)}``) that an explanation is about to predict
         that many of its rows from coalitions of parties, ``predictions`` predictions using its block beyond each
-        row's own; each party may refuse (its policy) or charge them to its lookup budget.  Every party is asked;
-        the refusals are raised together (:class:`ExplanationRefused`), before any coalition is predicted."""
+        row's own; each party may refuse (its policy) or charge them to its lookup budget.  Every party is asked
+        first whether it would accept (a round that charges nothing); the refusals are raised together
+        (:class:`ExplanationRefused`), before any party is charged or any coalition predicted."""
         absent = set(getattr(self, "absent", ()))
-        requests = {k: Request("explain", {}, {"data": handle, "rows": int(r), "predictions": int(p)})
-                    for k, (r, p) in charges.items() if p > 0 and k not in absent}
-        if not requests:
-            return
-        self.transport.new_step()
-        try:
-            self.transport.call_many(requests, gather=True)
-        except PartiesRefused as e:
-            raise ExplanationRefused(self.party_names, e.errors) from None
+        asked = {k: {"data": handle, "rows": int(r), "predictions": int(p)} for k, (r, p) in charges.items()
+                 if p > 0 and k not in absent}
+        for check in (True, False):
+            if not asked:
+                return
+            self.transport.new_step()
+            try:
+                self.transport.call_many({k: Request("explain", {}, {**meta, **({"check": True} if check else {})})
+                                          for k, meta in asked.items()}, gather=True)
+            except PartiesRefused as e:
+                raise ExplanationRefused(self.party_names, e.errors) from None
 
     def private_parties(self) -> dict[int, dict[str, float]]:
         """The parties that keep a differential-privacy budget for their rows: ``{party: {"epsilon", "delta"}}``

@@ -60,11 +60,13 @@ RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "load": MessageSpec(meta={"dir": _DIR}, optional_meta={"model": _MODEL},
                         doc="Restore the state saved in `dir`; refused if it belongs to another model than `model`."),
     "forget": MessageSpec(meta={"dir": _DIR}, doc="Delete the state saved in `dir` (a pruned checkpoint)."),
-    "explain": MessageSpec(meta={"data": HANDLE, "rows": COUNT, "predictions": COUNT},
+    "explain": MessageSpec(meta={"data": HANDLE, "rows": COUNT, "predictions": COUNT}, optional_meta={"check": FLAG},
                            doc="An explanation (or a party value) is about to predict `rows` of `data` from "
                                "coalitions of parties: `predictions` predictions that use this party's block "
                                "beyond each row's own. Refused unless the party's policy allows explanations; a "
-                               "party server charges `predictions` to the coordinator's lookup budget first."),
+                               "party server charges `predictions` to the coordinator's lookup budget first "
+                               "(refused past it). `check`: only say whether it would be accepted, charge nothing "
+                               "(the coordinator asks every party so before it charges any)."),
 }
 
 class NotSetUp(RuntimeError):
