@@ -240,15 +240,15 @@ def cmd_value(args: argparse.Namespace) -> int:
         data, _, id_column = _model_tables(args, model, labels=False)
         truth = read_truth(args.truth, id_column, _label_column(args, model))
         outcomes = (truth.aligned(data.ids, "the --table files"), truth)
-        where = f"the given tables, outcomes from --truth {args.truth}"
+        where = f"on the given tables, outcomes from --truth {args.truth}"
     elif args.table:
         data, _, _ = _model_tables(args, model, labels=True)
-        where = "the given tables"
+        where = "on the given tables"
     else:
         if args.truth:
             raise ValueError("value --truth needs the users' features: --table PARTY=FILE ... or --federation FILE")
         data = protocol_data(args, model)
-        where = f"the protocol's test set under {args.test_missing}"
+        where = f"on the protocol's test set under {args.test_missing}"
     from partialvfl.cli.truth import labelled_view
     from partialvfl.methods.party_value import value_attached
 
@@ -291,7 +291,7 @@ def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
 def _report_value(args: argparse.Namespace, values: Any, where: str) -> None:
     table = values.table()
     how = "exact" if values.estimate == "exact" else "a permutation estimate"
-    lines = [f"{values.method} on {where}: each party's value ({values.gain}; {how} over "
+    lines = [f"{values.method} {where}: each party's value ({values.gain}; {how} over "
              f"{len(values.coalitions)} coalitions, {values.n_rows} labelled rows)",
              f"  {values.score}: {values.full:.4f} with every party, {values.empty:.4f} with none (the label prior)",
              f"  {'party':<12} {'shapley':>9} {'s.e.':>8} {'leave-one-out':>14} {'alone':>8}"]

@@ -38,7 +38,9 @@ def shapley_weights(n_players: int) -> np.ndarray:
 def exact_shapley(values: np.ndarray) -> np.ndarray:
     """Each player's exact Shapley value ``(N, K)`` from ``values`` ``(2^K, N)`` (coalition ``m`` in row ``m``).
 
-    phi_k = sum over coalitions S without k of w(|S|) (v(S + k) - v(S)); they sum to v(all) - v(none) (efficiency)."""
+    phi_k = sum over coalitions S without k of w(|S|) (v(S + k) - v(S)); they sum to v(all) - v(none) (efficiency).
+    Summed coalition by coalition in one order for every item: an item's value never depends on its place among the
+    others (a matrix product's kernel may round a column by its position)."""
     values = np.asarray(values, dtype=np.float64)
     n_coalitions = values.shape[0]
     k = int(round(np.log2(n_coalitions)))
@@ -50,10 +52,10 @@ def exact_shapley(values: np.ndarray) -> np.ndarray:
     out = np.zeros((values.shape[1], k))
     index = np.arange(n_coalitions)
     for player in range(k):
-        without = index[~masks[:, player]]
-        with_player = without | (1 << player)
-        w = weights[sizes[without]]
-        out[:, player] = w @ (values[with_player] - values[without])
+        total = np.zeros(values.shape[1])
+        for s in index[~masks[:, player]]:
+            total += weights[sizes[s]] * (values[s | (1 << player)] - values[s])
+        out[:, player] = total
     return out
 
 
