@@ -201,7 +201,10 @@ def _write(model: Any, explanation: Any, id_column: str, out: str, seconds: floa
     """The CSV (rows by ID), then a summary: how it was estimated, the efficiency check, each party's mean
     contribution."""
     frame = explanation.to_frame(id_column)
-    order = np.argsort(np.array([str(i) for i in explanation.ids], dtype=object), kind="stable")
+    try:  # rows by ID, as predict writes them, whatever the canonical sample order
+        order = np.argsort(explanation.ids, kind="stable")
+    except TypeError:  # IDs of mixed types: by their text
+        order = np.argsort(np.array([str(i) for i in explanation.ids], dtype=object), kind="stable")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.iloc[order].to_csv(path, index=False)
