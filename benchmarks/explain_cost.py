@@ -13,7 +13,7 @@ Three parts, each printing Markdown tables (and JSON lines with ``--json``); fit
 * ``calibration``: the cpu grid's FashionMNIST entry (training MCAR 0.2, seed 0, every method of the grid without
   SimSiam pretraining): expected calibration error, Brier score and log-loss at test MCAR 0 and 0.5, before and after
   temperature scaling fitted on the protocol's validation set (the training samples whose labels the protocol
-  erased, under the training mechanism).
+  erased, under the training mechanism): one temperature, and per pattern (``calibrate --per-pattern``).
 
     python benchmarks/explain_cost.py timing values calibration --work runs/explain   # ~40 minutes on 2 cores
     python benchmarks/explain_cost.py timing --quick                                  # a smoke run
@@ -173,25 +173,29 @@ def calibration(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
         vout = model.predict_output(validation)
         vtrue, _ = true_in_model_classes(validation, model.index_.task.classes)
         keep = validation.observed.any(axis=1)
-        cal = Calibration.fit(vout[keep], vtrue[keep], model.parties_used(validation)[keep], names)
+        vused = model.parties_used(validation)[keep]
+        fits = {how: Calibration.fit(vout[keep], vtrue[keep], vused, names, per_pattern=how == "per pattern")
+                for how in ("global", "per pattern")}
         for mech, test in tests.items():
             output = model.predict_output(test)
             true, _ = true_in_model_classes(test, model.index_.task.classes)
             used = model.parties_used(test)
             some = used.any(axis=1)
-            scaled = output.copy()
-            scaled[some] = cal.apply(output[some], used[some])
-            before, after = calibration_metrics(output, true, used, names), calibration_metrics(scaled, true, used,
-                                                                                                 names)
+            metrics = {"before": calibration_metrics(output, true, used, names)}
+            for how, cal in fits.items():
+                scaled = output.copy()
+                scaled[some] = cal.apply(output[some], used[some])
+                metrics[how] = calibration_metrics(scaled, true, used, names)
             accuracy = float((output.argmax(1) == true).mean())
-            out.append({"part": "calibration", "method": name, "test": mech, "temperature": cal.temperature,
-                        "accuracy": accuracy, "before": {k: before[k] for k in ("ece", "brier", "log_loss")},
-                        "after": {k: after[k] for k in ("ece", "brier", "log_loss")}})
-            rows.append([name, mech, f"{100 * accuracy:.1f}", f"{cal.temperature:.2f}",
-                         f"{before['ece']:.4f} → {after['ece']:.4f}", f"{before['brier']:.4f} → {after['brier']:.4f}",
-                         f"{before['log_loss']:.4f} → {after['log_loss']:.4f}"])
-    print(md_table(["method", "test", "accuracy (%)", "temperature", "ECE before → after", "Brier before → after",
-                    "log-loss before → after"], rows))
+            out.append({"part": "calibration", "method": name, "test": mech, "accuracy": accuracy,
+                        "temperature": fits["global"].temperature, "per_count": fits["per pattern"].by_count,
+                        **{how: {k: m[k] for k in ("ece", "brier", "log_loss")} for how, m in metrics.items()}})
+            rows.append([name, mech, f"{100 * accuracy:.1f}", f"{fits['global'].temperature:.2f}",
+                         *(f"{metrics[h]['ece']:.4f}" for h in ("before", "global", "per pattern")),
+                         *(f"{metrics[h]['brier']:.4f}" for h in ("before", "per pattern")),
+                         *(f"{metrics[h]['log_loss']:.3f}" for h in ("before", "per pattern"))])
+    print(md_table(["method", "test", "accuracy (%)", "T (one)", "ECE before", "ECE, one T", "ECE, per pattern",
+                    "Brier before", "Brier, per pattern", "log-loss before", "log-loss, per pattern"], rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,10 @@ def test_temperature_scaling_recovers_a_known_overconfidence_and_keeps_every_cla
     cal = Calibration.fit(half, true, used, ["bank", "shop"], per_pattern=True)
     assert cal.by_pattern["bank"] == pytest.approx(2.0, rel=0.1) and cal.by_pattern["bank+shop"] == pytest.approx(
         1.0, rel=0.1)
+    rare = used.copy()  # a pattern of too few rows takes its number of parties' temperature
+    rare[:40] = [False, True]
+    fallback = Calibration.fit(half, true, rare, ["bank", "shop"], per_pattern=True, min_rows=100)
+    assert "shop" not in fallback.by_pattern and fallback.temperatures(rare[:1])[0] == fallback.by_count[1]
     after = cal.apply(half, used)
     assert (after.argmax(axis=1) == half.argmax(axis=1)).all()
     assert cal.fitted_on["after"]["ece"] < cal.fitted_on["before"]["ece"]
@@ -102,7 +106,7 @@ def test_calibrate_saves_temperatures_that_every_prediction_then_applies(example
     assert main(["calibrate", "--model", str(example / "model"), *tables(example, "train"), "--out",
                  str(calibrated), "--per-pattern", "--min-rows", "50"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("laser-vfl: temperature ") and "fitted on " in out and "  after  ECE " in out
+    assert out.startswith("laser-vfl: temperature ") and "\n  fitted on " in out and "  after  ECE " in out
     meta = json.loads((calibrated / "model.json").read_text())["calibration"]
     assert meta["method"] == "temperature" and meta["fitted_on"]["per_pattern"]
     assert meta["fitted_on"]["after"]["log_loss"] <= meta["fitted_on"]["before"]["log_loss"]

@@ -172,7 +172,8 @@ def _fit_and_save(args: argparse.Namespace, model: Any, output: np.ndarray, view
     cal = Calibration.fit(output[rows], true[rows], used[rows], names, per_pattern=args.per_pattern,
                           min_rows=args.min_rows, about={**about, "rows": int(rows.size)})
     before, after = cal.fitted_on["before"], cal.fitted_on["after"]
-    print(f"{model.name}: {cal.describe()}, fitted on {rows.size} validation rows ({about['data']})")
+    print(f"{model.name}: {cal.describe()}")
+    print(f"  fitted on {rows.size} validation rows: {about['data']}")
     for title, m in (("before", before), ("after", after)):
         print(f"  {title:<6} ECE {m['ece']:.4f}, Brier {m['brier']:.4f}, log-loss {m['log_loss']:.4f}")
     return _save(args, model, cal)

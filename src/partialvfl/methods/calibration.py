@@ -7,10 +7,11 @@
   probability clipped to 1e-15), overall and per availability pattern (which parties a row's prediction used).
 * :class:`Calibration`: temperature scaling.  A probability vector p becomes ``p^(1/T) / sum(p^(1/T))``, i.e. the
   softmax of ``log p / T``: for a softmax output, the logits divided by T (T > 1 softens overconfident
-  predictions; the predicted class never changes).  One temperature for every row, and optionally one per
-  availability pattern that has at least ``min_rows`` validation rows (a pattern changes how confident a method is:
-  fewer parties, other errors); patterns with fewer rows use the overall one.  Fitted by minimising the validation
-  log-loss over log T (a bounded one-dimensional search, deterministic).
+  predictions; the predicted class never changes).  One temperature for every row, and optionally (``per_pattern``)
+  one per availability pattern that has at least ``min_rows`` validation rows (a pattern changes how confident a
+  method is: fewer parties, other errors), else one per number of parties with at least ``min_rows`` rows (with many
+  parties most patterns are rare), else the overall one.  Fitted by minimising the validation log-loss over log T (a
+  bounded one-dimensional search, deterministic).
 * The model keeps it (``model.calibration_``, saved in ``model.json``): ``predict``, ``evaluate``, explanations and
   the prediction service all apply it (:meth:`~partialvfl.methods.base.VFLMethod.predict_output_federated`).
 """
@@ -151,7 +152,8 @@ def fit_temperature(probs: np.ndarray, true: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Temperature scaling, overall and per availability pattern (by party names, ``"bank+shop"``).
+    """Temperature scaling, overall, per availability pattern (by party names, ``"bank+shop"``) and per number of
+    parties; a row takes its pattern's temperature, else its number of parties', else the overall one.
 
     ``fitted_on``: what it was fitted on (rows, data, and the validation metrics before and after)."""
 
@@ -159,14 +161,24 @@ class Calibration:
     by_pattern: dict[str, float] = field(default_factory=dict)
     party_names: tuple[str, ...] = ()
     fitted_on: dict[str, Any] = field(default_factory=dict)
+    by_count: dict[int, float] = field(default_factory=dict)
+
+    def temperatures(self, used: np.ndarray) -> np.ndarray:
+        """The temperature of each row of ``used`` ``(n, K)`` (the parties its prediction used)."""
+        used = np.asarray(used, dtype=bool)
+        if not self.by_pattern and not self.by_count:
+            return np.full(len(used), self.temperature)
+        names = [pattern_name(u, self.party_names) for u in used]
+        counts = used.sum(axis=1).tolist()
+        return np.array([self.by_pattern.get(n, self.by_count.get(c, self.temperature))
+                         for n, c in zip(names, counts)])
 
     def apply(self, probs: np.ndarray, used: np.ndarray) -> np.ndarray:
-        """``probs`` ``(n, C)`` scaled by the temperature of each row's pattern (``used`` ``(n, K)``)."""
+        """``probs`` ``(n, C)`` scaled by the temperature of each row (``used`` ``(n, K)``: its pattern)."""
         probs = np.asarray(probs, dtype=np.float64)
-        if not self.by_pattern:
+        if not self.by_pattern and not self.by_count:
             return _scaled(probs, self.temperature)
-        names = [pattern_name(u, self.party_names) for u in np.asarray(used, dtype=bool)]
-        temps = np.array([self.by_pattern.get(n, self.temperature) for n in names])
+        temps = self.temperatures(used)
         out = np.empty_like(probs)
         for t in np.unique(temps):
             rows = temps == t
@@ -181,21 +193,30 @@ class Calibration:
         ``per_pattern``: a temperature of its own for each pattern of at least ``min_rows`` rows."""
         overall = fit_temperature(probs, true)
         by: dict[str, float] = {}
+        by_count: dict[int, float] = {}
         if per_pattern:
-            names = np.array([pattern_name(u, party_names) for u in np.asarray(used, dtype=bool)], dtype=object)
+            used = np.asarray(used, dtype=bool)
+            scored = _scored(probs, true)
+            names = np.array([pattern_name(u, party_names) for u in used], dtype=object)
             for name in dict.fromkeys(names.tolist()):
-                rows = (names == name) & _scored(probs, true)
+                rows = (names == name) & scored
                 if rows.sum() >= min_rows:
                     by[str(name)] = fit_temperature(probs[rows], np.asarray(true)[rows])
-        cal = cls(overall, by, tuple(party_names))
+            counts = used.sum(axis=1)
+            for c in sorted(set(counts.tolist())):
+                rows = (counts == c) & scored
+                if rows.sum() >= min_rows:
+                    by_count[int(c)] = fit_temperature(probs[rows], np.asarray(true)[rows])
+        cal = cls(overall, by, tuple(party_names), by_count=by_count)
         after = cal.apply(probs, used)
         fitted_on = {**(about or {}), "per_pattern": bool(per_pattern), "min_rows": int(min_rows),
                      "before": calibration_metrics(probs, true, used, party_names),
                      "after": calibration_metrics(after, true, used, party_names)}
-        return cls(overall, by, tuple(party_names), fitted_on)
+        return cls(overall, by, tuple(party_names), fitted_on, by_count)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "temperature", "temperature": self.temperature, "by_pattern": dict(self.by_pattern),
+                "by_count": {str(c): t for c, t in self.by_count.items()},
                 "party_names": list(self.party_names), "fitted_on": self.fitted_on}
 
     @classmethod
@@ -203,9 +224,14 @@ class Calibration:
         if d.get("method") != "temperature":
             raise ValueError(f"unknown calibration {d.get('method')!r} (this version knows 'temperature')")
         return cls(float(d["temperature"]), {str(k): float(v) for k, v in d.get("by_pattern", {}).items()},
-                   tuple(d.get("party_names", ())), dict(d.get("fitted_on", {})))
+                   tuple(d.get("party_names", ())), dict(d.get("fitted_on", {})),
+                   {int(k): float(v) for k, v in d.get("by_count", {}).items()})
 
     def describe(self) -> str:
         """One line: the temperatures."""
-        per = "".join(f", {n} {t:.3f}" for n, t in self.by_pattern.items())
-        return f"temperature {self.temperature:.3f}" + (f" (per pattern{per})" if per else "")
+        parts = [f"temperature {self.temperature:.3f}"]
+        if self.by_pattern:
+            parts.append("per pattern " + ", ".join(f"{n} {t:.3f}" for n, t in self.by_pattern.items()))
+        if self.by_count:
+            parts.append("per number of parties " + ", ".join(f"{c}: {t:.3f}" for c, t in self.by_count.items()))
+        return "; ".join(parts)
