@@ -320,8 +320,8 @@ class PartyRuntime:
             raise PolicyViolation("allow_explanations", f"party {self.index} ({self.name!r}) does not take part in "
                                   "explanations (predictions of its rows from coalitions of parties)", False,
                                   {"allow_explanations": True})
-        self.raw_data(str(request.meta["data"]))  # a data set it holds (else a KeyError naming the handles)
-        n, check = int(request.meta["predictions"]), bool(request.meta.get("check", False))
+        self.raw_data(request.meta["data"])  # a data set it holds (else a KeyError naming the handles)
+        n, check = request.meta["predictions"], request.meta.get("check", False)  # typed by the declaration
         if self.charge_explanation is not None:
             self.charge_explanation(n, check)
         return Reply(meta={"charged": 0 if check else n})
