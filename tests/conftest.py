@@ -45,6 +45,7 @@ COSTLIEST_MODULES = (
     "test_lookup_budget",  # 58 s
     "test_contract",  # 58 s
     "test_kill_resume",  # 78 s before its killed coordinators were forked
+    "test_explain_doc",  # 65 s (docs/explain.md: fits in process and across party processes, two services)
     "test_serving_doc",  # 45 s
     "test_party_failure",  # 43 s
     "test_grpc",  # 42 s

@@ -9,6 +9,7 @@ torch, no gRPC).
 * :mod:`.bench`: ``bench``, ``report``;
 * :mod:`.deploy`: ``party serve``, ``certs init``; :mod:`.serve`: ``serve`` (the prediction service);
 * :mod:`.privacy`: ``mechanisms`` (the declared privacy mechanisms), and ``fit``'s privacy options;
+* :mod:`.explain`: ``explain``, ``value`` (party contributions and values); :mod:`.calibrate`: ``calibrate``;
 * :mod:`.params`: ``--param`` and ``--epochs`` (one parser, one rule); :mod:`.common`: the protocol options.
 """
 
@@ -18,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from partialvfl.cli import bench, data_commands, deploy, fit, privacy, serve
+from partialvfl.cli import bench, calibrate, data_commands, deploy, explain, fit, privacy, serve
 
 __all__ = ["build_parser", "main"]
 
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_predict_command(sub)
     serve.add_commands(sub)
     privacy.add_commands(sub)
+    explain.add_commands(sub)
+    calibrate.add_commands(sub)
     return parser
 
 

@@ -178,8 +178,14 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
                   "were not checked against --truth", file=sys.stderr)
 
     def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any, diagnostics: dict[str, np.ndarray]) -> None:
-        res = score_against_truth(model, out, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        from partialvfl.cli.reliability import write_reliability
+        from partialvfl.cli.truth import labelled_view
+
+        values = truth.aligned(ids, f"--truth {args.truth}")
+        res = score_against_truth(model, out, view, values, truth)
         add_diagnostics(res, model, diagnostics)
+        write_reliability(getattr(args, "reliability", None), model, out, labelled_view(model, view, values, truth),
+                          f"{model.name} across the federation ({where})")
         res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
         emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "
                                                       f"against --truth {args.truth}", res)))

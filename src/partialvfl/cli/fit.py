@@ -95,6 +95,8 @@ def add_commands(sub: Any) -> None:
                    help="collaborative (any observed parties) or local (one party alone, methods that support it)")
     p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
+    p.add_argument("--reliability", metavar="FILE", default=None,
+                   help="write a reliability diagram (accuracy against confidence; .png or .svg) of the predictions")
     add_threads_option(p, "torch threads for prediction: a number, or auto (default: as for fit)")
     add_prediction_param_option(p)
     add_device_options(p, compile_option=False)
@@ -179,6 +181,8 @@ def test_set_title(mechanism: str) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from partialvfl.cli.reliability import write_reliability
+    from partialvfl.cli.truth import calibration_lines
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
     from partialvfl.methods.evaluation import (
         ESS,
@@ -231,7 +235,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         else:
             output, diagnostics = predict_with_diagnostics(model, test)
     task = model.index_.task
-    res = metrics_from_predictions(output, test, task.classes if task.is_classification else None)
+    res = metrics_from_predictions(output, test, task.classes if task.is_classification else None,
+                                   used=model.parties_used(test), party_names=model.index_.party_names)
     add_diagnostics(res, model, diagnostics)
     res.update({
         "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
@@ -251,6 +256,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         lines.append(f"  ({res['all_missing']} samples with no observed party were predicted from the label prior)")
     if res.get(ESS):
         lines.append("  " + ess_line(res[ESS], res[ESS].get("samples")))
+    lines += calibration_lines(res)
+    write_reliability(args.reliability, model, output, test.coordinator_view(),
+                      f"{model.name} on {cfg.get('dataset')}, test mechanism {args.test_missing}")
     emit(res, args.json, "\n".join(lines))
     return 0
 

@@ -249,7 +249,8 @@ def predict_tables(args: argparse.Namespace) -> int:
 def evaluate_tables(args: argparse.Namespace) -> int:
     """Score a saved model on ``--table`` files that carry the label (matched by value), or, with ``--truth FILE``,
     on tables without it against outcomes keyed by ID."""
-    from partialvfl.cli.truth import metric_lines, read_truth, score_against_truth
+    from partialvfl.cli.reliability import write_reliability
+    from partialvfl.cli.truth import labelled_view, metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods.evaluation import add_diagnostics, evaluate, predict_with_diagnostics
     from partialvfl.utils.threads import use_threads
@@ -264,6 +265,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
         res = score_against_truth(model, output, data.coordinator_view(), values, truth)
         add_diagnostics(res, model, diagnostics)
         title = f"{model.name} on the given tables, scored against --truth {args.truth}"
+        scored = labelled_view(model, model.conform(data).coordinator_view(), values, truth)
     else:
         try:
             data, tables, _ = _model_tables(args, model, labels=True)
@@ -273,8 +275,11 @@ def evaluate_tables(args: argparse.Namespace) -> int:
                              "or tables without them against outcomes in a separate file: --truth FILE "
                              "(IDs in --id COLUMN)") from None
         with use_threads(threads_for(args, model, data)):
-            res = evaluate(model, data)
+            res = evaluate(model, data, calibration=True)
+            output = model.predict_output(data) if getattr(args, "reliability", None) else None  # the same floats
         title = f"{model.name} on the given tables"
+        scored = model.conform(data).coordinator_view()
+    write_reliability(getattr(args, "reliability", None), model, output, scored, title)
     res.update({"method": model.name, "tables": tables})
     emit(res, args.json, "\n".join(metric_lines(title, res)))
     return 0

@@ -23,7 +23,7 @@ import numpy as np
 
 from partialvfl.methods.evaluation import ESS, ess_line
 
-__all__ = ["Truth", "metric_lines", "read_truth", "score_against_truth"]
+__all__ = ["Truth", "calibration_lines", "labelled_view", "metric_lines", "read_truth", "score_against_truth"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +90,12 @@ def read_truth(path: str | Path, id_column: str, label_column: str) -> Truth:
     return Truth(str(path), ids, df[label_column].to_numpy(dtype=object), label_column)
 
 
-def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.ndarray, truth: Truth
-                        ) -> dict[str, Any]:
-    """Accuracy (or RMSE) of ``output`` (rows of ``view``, which says which parties hold each row) against
-    ``values``, by observed-party count; classes matched by value (an unseen one is an error, named)."""
+def labelled_view(model: Any, view: Any, values: np.ndarray, truth: Truth) -> Any:
+    """``view`` (a coordinator's view or a dataset's) labelled with ``values``, the outcomes of its rows: classes by
+    value (an outcome the model never saw in training is a class of its own, an error when scored); an empty outcome
+    is no label."""
     from partialvfl.data.dataset import Task
     from partialvfl.data.labels import encode_labels, is_missing_label, plain_labels
-    from partialvfl.methods.evaluation import metrics_from_predictions
 
     task = model.index_.task
     where = f"--truth {truth.path}, column {truth.label_column!r}"
@@ -109,9 +108,21 @@ def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.nd
         out_task, y, labeled = encode_labels(labels, None, known + unseen, ids, where)
     else:
         out_task, y, labeled = encode_labels(values, Task.regression(), None, ids, where)
-    scored = dataclasses.replace(view, task=out_task, y=y, labeled=labeled)
-    res = metrics_from_predictions(output, scored, task.classes if task.is_classification else None)
-    res["unscored_empty_outcomes"] = int((~labeled).sum())
+    return dataclasses.replace(view, task=out_task, y=y, labeled=labeled)
+
+
+def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.ndarray, truth: Truth
+                        ) -> dict[str, Any]:
+    """Accuracy (or RMSE) of ``output`` (rows of ``view``, which says which parties hold each row) against
+    ``values``, by observed-party count, and a classifier's calibration; classes matched by value (an unseen one is
+    an error, named)."""
+    from partialvfl.methods.evaluation import metrics_from_predictions
+
+    task = model.index_.task
+    scored = labelled_view(model, view, values, truth)
+    res = metrics_from_predictions(output, scored, task.classes if task.is_classification else None,
+                                   used=model.parties_used(view), party_names=model.index_.party_names)
+    res["unscored_empty_outcomes"] = int((~scored.labeled).sum())
     return res
 
 
@@ -129,4 +140,25 @@ def metric_lines(title: str, res: dict[str, Any]) -> list[str]:
         lines.append(f"  ({res['unscored_empty_outcomes']} users with an empty outcome were not scored)")
     if res.get(ESS):
         lines.append("  " + ess_line(res[ESS], res[ESS].get("samples")))
+    return lines + calibration_lines(res)
+
+
+#: availability patterns listed one per line in the text of an evaluation (more: --json lists them all)
+SHOWN_PATTERNS = 16
+
+
+def calibration_lines(res: dict[str, Any]) -> list[str]:
+    """A classifier's calibration: expected calibration error, Brier score and log-loss, overall and per
+    availability pattern (up to :data:`SHOWN_PATTERNS` of them)."""
+    cal = res.get("calibration")
+    if not cal:
+        return []
+    lines = [f"  calibration: ECE {cal['ece']:.4f} ({cal['bins']} bins), Brier {cal['brier']:.4f}, log-loss "
+             f"{cal['log_loss']:.4f}"]
+    patterns = cal["by_pattern"]
+    if len(patterns) > SHOWN_PATTERNS:
+        return lines + [f"    ({len(patterns)} availability patterns: --json lists each one's)"]
+    for name, p in patterns.items():
+        lines.append(f"    {name}: ECE {p['ece']:.4f}, Brier {p['brier']:.4f}, log-loss {p['log_loss']:.4f} "
+                     f"(n={p['n']})")
     return lines

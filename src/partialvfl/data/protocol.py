@@ -36,7 +36,8 @@ from partialvfl.data.preprocessing import Standardizer
 from partialvfl.data.sources.base import RawSource
 from partialvfl.data.splitters import Splitter, parse_splitter, split_source_array
 
-__all__ = ["STAGES", "ProtocolConfig", "describe", "make_protocol", "stage_rng", "with_test_mechanism"]
+__all__ = ["STAGES", "ProtocolConfig", "describe", "make_protocol", "stage_rng", "validation_set",
+           "with_test_mechanism"]
 
 #: The stage number of each random stage; the generator of a stage is seeded by SeedSequence([seed, number]).
 STAGES = {
@@ -47,6 +48,7 @@ STAGES = {
     "aligned": 4,
     "train_mechanism": 5,
     "test_mechanism": 6,
+    "validation_mechanism": 7,
 }
 
 
@@ -251,6 +253,35 @@ def with_test_mechanism(config: ProtocolConfig, mechanism: str, source: RawSourc
     training side is rebuilt under the cheap ``mcar0`` and thrown away.  Pass ``source`` to avoid reloading it.
     """
     return make_protocol(replace(config, train_missing="mcar0", test_missing=mechanism), source)[1]
+
+
+def validation_set(config: ProtocolConfig, mechanism: str, source: RawSource | None = None) -> VerticalDataset:
+    """The protocol's validation set: the training samples whose labels the protocol erased (step 5), with their
+    labels, under ``mechanism`` (its own seeded stage).  No method trains on those labels (some see the samples'
+    features without them: FALSE-VFL's stage 1, SimSiam pretraining), and the test set is left alone, so a model's
+    post-hoc calibration can be fitted here and scored on the test set."""
+    if source is None:
+        from partialvfl.data.sources import load_source
+
+        source = load_source(config.dataset, config.data_dir)
+    train = make_protocol(replace(config, train_missing="mcar0", test_missing="mcar0"), source)[0]
+    rows = np.flatnonzero(~train.labeled)
+    if rows.size == 0:
+        raise DataValidationError(f"the protocol labels all {train.n_samples} training samples of "
+                                  f"{source.name!r}: none is left to validate on")
+    y_source = np.asarray(source.y_train)  # the training rows' IDs are their rows in the source's training split
+    held = train.subset(rows)
+    full = VerticalDataset(blocks=list(held.blocks), observed=np.ones_like(held.observed), ids=held.ids,
+                           y=y_source[np.asarray(held.ids, dtype=np.int64)], labeled=np.ones(len(rows), bool),
+                           task=source.task, active_party=held.active_party, feature_names=held.feature_names,
+                           party_names=held.party_names, feature_shapes=held.feature_shapes,
+                           name=f"{source.name}:validation")
+    mech = parse_mechanism(mechanism)
+    observed = mech.sample(full.blocks, stage_rng(config.seed, "validation_mechanism"))
+    out = full.with_observed(observed)
+    out.info.update({k: v for k, v in train.info.items() if k not in ("role", "mechanism", "aligned_ids")},
+                    role="validation", mechanism=mech.name)
+    return out
 
 
 def describe(train: VerticalDataset, test: VerticalDataset) -> dict[str, Any]:

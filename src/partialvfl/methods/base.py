@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -46,7 +45,6 @@ import numpy as np
 
 from partialvfl.data.conform import arrange
 from partialvfl.data.dataset import UNLABELED, CoordinatorView, VerticalDataset
-from partialvfl.data.ids import id_seeds
 from partialvfl.federation.runtime.coordinator import Federation
 from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods import lifecycle
@@ -64,6 +62,7 @@ from partialvfl.methods.private_fit import (
     privacy_space,
 )
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names
+from partialvfl.methods.row_seeds import RowSeeds
 from partialvfl.methods.run_options import RunOptions
 from partialvfl.methods.schedule import resolve_min_steps
 from partialvfl.methods.settings import TypedParams
@@ -79,7 +78,7 @@ __all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "
 
 
 
-class VFLMethod(PrivacyHooks, TypedParams, ABC):
+class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -96,6 +95,10 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
     #: service): not for a method whose parties keep state from one inference round to the next (FALSE-VFL's
     #: ``encode`` then ``decode``: another batch's ``encode`` in between would replace it)
     parallel_inference: ClassVar[bool] = False
+    #: why the method cannot predict from a subset of its parties (``None``: it can, so it explains its predictions)
+    subset_refusal: ClassVar[str | None] = None
+    #: the opt-in post-hoc calibration applied to every prediction (:mod:`partialvfl.methods.calibration`)
+    calibration_: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -298,36 +301,6 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
         return module.to(self.device_)
 
-    def _row_seeds(self, view: CoordinatorView, rows: np.ndarray, *keys: object, secret: bytes = b""
-                   ) -> np.ndarray | None:
-        """Each of ``rows``' own seed (int64) for what a prediction draws at random for it (Monte Carlo samples, a
-        tie-break), from the model's seed, ``secret`` (for seeds that cross to a party: something it does not hold,
-        e.g. :meth:`_label_side_digest`), ``keys`` and the row's normalised ID (:func:`~partialvfl.data.ids.
-        id_seeds`): a row's prediction then depends on its data and ID alone, never on the rest of its batch.
-
-        ``None`` while a fit validates for early stopping: those draws stay the training's own (by batch or
-        position), because a federation's training view knows its users by alignment tokens, not by ID, and a fit
-        must validate alike in one process and across a federation (and as it did before per-row seeds)."""
-        if self._validating:
-            return None
-        return id_seeds(np.asarray(view.ids)[np.asarray(rows, dtype=np.int64)], self.seed, *keys, secret=secret)
-
-    def _label_side_digest(self) -> bytes:
-        """SHA-256 of the active party's module weights: a secret of the fitted model that never leaves the label
-        side (the parties get the model's seed at setup, never these weights); the same for a saved and loaded
-        model, and for an in-process and a federated fit that are bit for bit the same model."""
-        import torch
-
-        digest = hashlib.sha256()
-        for name, module in sorted(self._coordinator_modules().items()):
-            for key, value in sorted(module.state_dict().items()):
-                digest.update(f"{name}.{key}".encode())
-                if value.is_meta:  # no data to hash (the meta device runs shapes only): its shape stands in
-                    digest.update(repr((tuple(value.shape), str(value.dtype))).encode())
-                    continue
-                digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        return digest.digest()
-
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
         from partialvfl.utils.devices import autocast
@@ -429,6 +402,8 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
             # float32 here (heads, softmax); bf16 at the parties
             out[rows] = self._predict(view, handle, rows, diagnostics=part) if wanted else self._predict(
                 view, handle, rows)
+            if self.calibration_ is not None:
+                out[rows] = self.calibration_.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
             self.predict_seconds_ = time.perf_counter() - t0
         if wanted:
             for name in self.prediction_diagnostics:
@@ -438,6 +413,24 @@ class VFLMethod(PrivacyHooks, TypedParams, ABC):
                 diagnostics[name] = full
         check_finite_output(self.name, out, view.ids)
         return out
+
+    def _coalition_predictions(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+                               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """For each coalition ``masks[m]`` (``(M, K)`` booleans), ``(m, rows, output)``: the raw outputs (as
+        :meth:`_predict`'s) of ``rows`` (those of ``wanted[m]`` with a party of the coalition) predicted with the
+        other parties treated as missing.  By default one masked prediction per coalition; a method shares what does
+        not depend on the coalition where it can (:mod:`partialvfl.methods.coalitions`)."""
+        from partialvfl.methods.coalitions import masked_predictions
+
+        return masked_predictions(self, view, handle, masks, wanted)
+
+    def explain(self, data: VerticalDataset, **options: Any) -> Any:
+        """Each party's contribution to each row's prediction (exact Shapley values; ``options``: see
+        :func:`~partialvfl.methods.explain.explain_attached`); an :class:`~partialvfl.methods.explain.Explanation`."""
+        from partialvfl.methods.explain import explain_attached
+
+        with self.attached(data) as (data, handle):
+            return explain_attached(self, data.coordinator_view(), handle, **options)
 
     def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
         """``(N, K)``: which parties' features the prediction of each row of ``view`` uses (its ``observed`` holds

@@ -16,13 +16,13 @@ import numpy as np
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 
 __all__ = ["ESS", "add_diagnostics", "ess_line", "ess_summary", "evaluate", "metrics_from_predictions",
-           "predict_with_diagnostics", "samples_per_row"]
+           "predict_with_diagnostics", "samples_per_row", "true_in_model_classes"]
 
 #: the per-row diagnostic of an importance-sampling prediction: the effective sample size of its weights
 ESS = "importance_ess"
 
 
-def _true_in_model_classes(data: VerticalDataset | CoordinatorView,
+def true_in_model_classes(data: VerticalDataset | CoordinatorView,
                            classes: Sequence[Any] | None) -> tuple[np.ndarray, list[Any]]:
     """The data's labels as indices into the model's ``classes`` (-1: a class the model does not know), and the
     data's classes the model does not know."""
@@ -37,13 +37,17 @@ def _true_in_model_classes(data: VerticalDataset | CoordinatorView,
 
 
 def metrics_from_predictions(output: np.ndarray, data: VerticalDataset | CoordinatorView,
-                             classes: Sequence[Any] | None = None) -> dict[str, Any]:
+                             classes: Sequence[Any] | None = None, *, used: np.ndarray | None = None,
+                             party_names: Sequence[str] | None = None) -> dict[str, Any]:
     """Accuracy (classification) or RMSE (regression) over labelled samples, overall and per observed-party count.
 
     ``output`` holds the model's probabilities (columns in the order of the model's ``classes``; without
     ``classes`` the data's and the model's classes are taken to be the same list).  ``by_observed_parties`` maps
     the number of observed parties (0..K) to ``{"n": count, metric: value}``; the 0 bucket holds the samples
-    predicted from the label prior.  ``unseen_classes`` lists the data's classes the model never saw.
+    predicted from the label prior.  ``unseen_classes`` lists the data's classes the model never saw.  With ``used``
+    (``(N, K)``, the parties each prediction used, in the order of ``party_names``, default the data's), a
+    classifier's ``calibration`` too: expected calibration error, Brier score and log-loss, overall and per
+    availability pattern (:func:`~partialvfl.methods.calibration.calibration_metrics`).
     """
     if data.task is None:
         raise DataValidationError("the data carries no labels to score (give the label column)")
@@ -54,10 +58,15 @@ def metrics_from_predictions(output: np.ndarray, data: VerticalDataset | Coordin
     if data.task.is_classification:
         if output.ndim != 2:
             raise DataValidationError("the data's labels are classes but the model predicts values (regression)")
-        true, unseen = _true_in_model_classes(data, classes)
+        true, unseen = true_in_model_classes(data, classes)
         correct = (output.argmax(axis=1) == true) & lab & (true >= 0)
         res["accuracy"] = float(correct.sum() / max(lab.sum(), 1))
         res["unseen_classes"] = unseen
+        if used is not None:
+            from partialvfl.methods.calibration import calibration_metrics
+
+            res["calibration"] = calibration_metrics(output[lab], true[lab], np.asarray(used, dtype=bool)[lab],
+                                                     party_names or data.party_names)
         for c in range(data.n_parties + 1):
             m = lab & (counts == c)
             if m.any():
@@ -104,14 +113,16 @@ def ess_line(summary: dict[str, Any], samples: int | None = None) -> str:
             "(their answers rest on few samples)")
 
 
-def evaluate(method: Any, data: VerticalDataset) -> dict[str, Any]:
+def evaluate(method: Any, data: VerticalDataset, *, calibration: bool = False) -> dict[str, Any]:
     """Predict ``data`` with a fitted method and return its metrics (labels matched by value) and the time taken;
-    for an importance-sampling method, the ESS of its weights too (``importance_ess``: :func:`ess_summary`)."""
+    ``calibration``: a classifier's calibration metrics too (by the parties each prediction used); for an
+    importance-sampling method, the ESS of its weights (``importance_ess``: :func:`ess_summary`)."""
     t0 = time.perf_counter()
     out, diagnostics = predict_with_diagnostics(method, data)  # conforms the data's parties and columns to the model
     task = getattr(getattr(method, "index_", None), "task", None)
     classes = task.classes if task is not None and task.is_classification else None
-    res = metrics_from_predictions(out, data, classes)
+    used = method.parties_used(method.conform(data)) if calibration else None
+    res = metrics_from_predictions(out, data, classes, used=used, party_names=method.index_.party_names)
     res["predict_seconds"] = time.perf_counter() - t0
     add_diagnostics(res, method, diagnostics)
     return res

@@ -189,6 +189,7 @@ def model_meta(method: Any) -> dict[str, Any]:
     """What ``model.json`` says about a fitted ``method``."""
     schedule = getattr(method, "schedule_", None)
     privacy = getattr(method, "privacy_", None)
+    calibration = getattr(method, "calibration_", None)
     return {
         "format": FORMAT_VERSION,
         "method": method.name,
@@ -204,6 +205,7 @@ def model_meta(method: Any) -> dict[str, Any]:
         "schedule": schedule.to_dict() if schedule is not None else None,
         "history": method.history_,
         **({"privacy": {**privacy, "dp_options": method.dp_options_}} if privacy else {}),
+        **({"calibration": calibration.to_dict()} if calibration is not None else {}),
     }
 
 
@@ -235,6 +237,14 @@ def method_from_meta(cls: Any, meta: dict[str, Any], d: Path, run: RunOptions | 
     obj.history_ = meta.get("history", [])
     obj.fit_seconds_ = meta.get("fit_seconds")
     obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
+    if meta.get("calibration"):
+        from partialvfl.methods.calibration import Calibration
+
+        try:
+            obj.calibration_ = Calibration.from_dict(meta["calibration"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelFileError(f"{d / 'model.json'}: its calibration is unreadable ({type(e).__name__}: {e})") \
+                from None
     return obj
 
 

@@ -5,7 +5,9 @@
   version and the parties that timed out or failed for this request;
 * ``GET /healthz`` (the process answers), ``GET /readyz`` (a model is loaded; the parties' last known state),
   ``GET /metrics`` (Prometheus text: latency histogram, batch sizes, per-party timeouts and errors);
-* ``POST /admin/reload``: load a new model version between two batches (no request is dropped).
+* ``POST /admin/reload``: load a new model version between two batches (no request is dropped);
+* ``POST /v1/explain``: ``{"ids": [...], "features": {...}, "class": LABEL, "permutations": N}`` -> per ID each
+  party's contribution to its prediction (:mod:`partialvfl.methods.explain`), computed between two batches.
 
 Bad input is a 4xx whose ``error`` names the field (``ids[3]``, ``features.17.income``, ``body``); a bearer token
 (``--token-file``) guards ``/v1`` and ``/admin``.  Every request is logged as one JSON line (``partialvfl.access``).
@@ -32,9 +34,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from partialvfl.data.dataset import DataValidationError
 from partialvfl.data.ids import normalize_ids, show_id
+from partialvfl.federation.wire.transport import PartiesRefused
 from partialvfl.serving.batcher import Job, LoopBatcher, MicroBatcher
 from partialvfl.serving.metrics import ServiceMetrics
-from partialvfl.serving.predictors import NO_ANSWER, OK, BatchOutcome, FeatureError
+from partialvfl.serving.predictors import NO_ANSWER, OK, UNKNOWN, BatchOutcome, FeatureError
 
 __all__ = ["ServiceConfig", "create_app"]
 
@@ -66,6 +69,20 @@ class PredictRequest(BaseModel):
                                                                       "missing blocks for this request")
     allow_prior_only: bool = Field(default=False, description="IDs no party (that answered) holds get the training "
                                                               "label prior instead of an error status")
+
+
+class ExplainRequest(BaseModel):
+    """An explanation request: each party's contribution to the predictions of these users."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    ids: list[StrictStr | StrictInt] = Field(min_length=1, description="the users whose predictions to explain")
+    features: dict[str, dict[str, StrictInt | StrictFloat | StrictStr | None]] = Field(
+        default_factory=dict, description="the active party's own feature values by ID, for users not in its table")
+    explained_class: StrictStr | StrictInt | None = Field(
+        default=None, alias="class", description="the class whose probability to explain (default: each user's "
+                                                 "predicted class)")
+    permutations: StrictInt | None = Field(default=None, ge=2, le=10_000, description="a permutation estimate "
+                                           "with this many orders (default: exact up to 10 parties)")
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none"}
@@ -325,6 +342,38 @@ def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_pr
         read as JSON).  Declared here for the OpenAPI schema; :class:`PredictRoute` answers before routing."""
         return await answer(await request.body(), request.headers.get("authorization"))
 
+    @app.post("/v1/explain", dependencies=[Depends(authorized)],
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": ExplainRequest.model_json_schema(by_alias=True)}}}})
+    async def explain(request: Request) -> JSONResponse:
+        """Each party's contribution to the predictions of the given IDs (exact Shapley values of the predicted
+        class's probability and log-odds), computed between two batches; a party whose policy refuses explanations,
+        or whose lookup budget they would exceed, makes it a 403 naming the party and the rule."""
+        try:
+            body = ExplainRequest.model_validate(json.loads(await request.body()))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"body: malformed JSON ({e})")
+        except ValidationError as e:
+            return _validation_error(e.errors())
+        if len(body.ids) > cfg.max_ids:
+            return _error(413, f"ids: {len(body.ids)} IDs exceed the limit of {cfg.max_ids} per request (--max-ids)")
+        try:
+            keys = _distinct_ids(body.ids)
+            features = batcher.predictor.check_features(body.features, keys)
+        except (FeatureError, DataValidationError) as e:
+            return _error(422, str(e))
+        options = {"explained_class": body.explained_class, "permutations": body.permutations}
+        try:
+            outcome = await asyncio.wrap_future(batcher.control(
+                lambda: batcher.predictor.explain(keys, features, **options)))
+        except ValueError as e:  # features refused, a class the model lacks, a method that cannot explain
+            return _error(422, str(e))
+        except PartiesRefused as e:
+            return _error(403, str(e))
+        except Exception as e:  # noqa: BLE001 - the explanation failed as a whole: say so, the service goes on
+            return _error(503, f"explanation failed: {type(e).__name__}: {e}")
+        return JSONResponse(_explain_response(batcher.predictor, body, keys, outcome))
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         """The process answers."""
@@ -377,6 +426,23 @@ def reload_model(batcher: MicroBatcher | LoopBatcher, model_dir: str | None) -> 
         return batcher.predictor.version
 
     return batcher.control(run)
+
+
+def _explain_response(predictor: Any, body: ExplainRequest, keys: list[str], outcome: Any) -> dict[str, Any]:
+    """Per ID: its status and, for an ID some party holds, its prediction and each party's contribution."""
+    expl = outcome.explanation
+    results = []
+    for raw, key in zip(body.ids, keys):
+        row = outcome.row_of.get(key)
+        if row is None or expl is None:
+            results.append({"id": raw, "status": UNKNOWN, "parties": [],
+                            "error": "no party (that answered) holds it: nothing to explain"})
+            continue
+        results.append({"id": raw, "status": OK, **expl.row(row)})
+    return {"model_version": predictor.version, "method": predictor.model.name,
+            "estimate": expl.estimate if expl is not None else None,
+            "permutations": expl.permutations if expl is not None else None,
+            "parties_absent": outcome.absent, "results": results}
 
 
 def _distinct_ids(ids: list[str | int]) -> list[str]:

@@ -49,12 +49,14 @@ from partialvfl.federation.grpc.federation import GrpcFederation
 from partialvfl.federation.grpc.frames import MAX_LANES
 from partialvfl.federation.wire.transport import PartyUnavailable
 from partialvfl.methods.base import VFLMethod
+from partialvfl.orchestration.explain import explain_across
 from partialvfl.orchestration.predict import predict_reporting_parties
 from partialvfl.serving.predictors import (
     NO_ANSWER,
     OK,
     UNKNOWN,
     BatchOutcome,
+    ExplainOutcome,
     FeatureError,
     _Base,
     counts_only,
@@ -363,6 +365,28 @@ class FederationPredictor(_Base):
                 if transport.deadline_at is not None:  # the lookup again, with an on-time round's time
                     transport.deadline_at = max(transport.deadline_at, time.monotonic() + transport.min_timeout)
         return predict_reporting_parties(ln.model, fed, view, handle, diagnostics=diagnostics)
+
+    def explain(self, ids: Sequence[str], features: Mapping[str, np.ndarray], **options: Any) -> ExplainOutcome:
+        """Each party's contribution to the predictions of ``ids`` on lane 0, with no batch in flight (the service
+        runs it between batches), over the parties that answer (the down ones missing from every coalition); a party
+        failing during it fails the explanation (:func:`~partialvfl.orchestration.explain.explain_across`)."""
+        if features and not self.accepts_features():
+            raise FeatureError("features", self._features_refused())
+        ln = self._lanes[0]
+        fed, idx = ln.fed, ln.model.index_
+        fed.grpc_transport.failures.clear()
+        fed.absent = set(self.down)
+        given = {i: features[key] for i, key in enumerate(ids) if key in features}
+        view, handle = fed.attach_ids(list(ids), ln.handle, task=idx.task, feature_dims=idx.feature_dims,
+                                      feature_shapes=idx.feature_shapes, tables=[*self.table_sets, None],
+                                      features=given)
+        try:
+            explanation = explain_across(ln.model, view, handle, **options)
+        finally:
+            self._account(fed.grpc_transport.failures)  # a party that failed is down from now on
+        held = explanation.parties.any(axis=1)
+        return ExplainOutcome(explanation, {key: i for i, key in enumerate(ids) if held[i]},
+                              [fed.party_names[k] for k in sorted(fed.absent)])
 
     def _skipped_late(self) -> set[int]:
         """The parties late in their last batch that this batch goes without, not asked (none when it is time to

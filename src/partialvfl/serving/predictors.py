@@ -31,7 +31,7 @@ from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.evaluation import ESS, predict_with_diagnostics
 from partialvfl.methods.model_files import read_model_meta
 
-__all__ = ["BatchOutcome", "FeatureError", "counts_only", "TablePredictor", "model_version"]
+__all__ = ["BatchOutcome", "ExplainOutcome", "FeatureError", "counts_only", "TablePredictor", "model_version"]
 
 #: per-ID status values of a response
 OK, UNKNOWN, NO_ANSWER = "ok", "unknown_id", "no_party_answered"
@@ -77,6 +77,16 @@ def ess_fields(model: VFLMethod, diagnostics: dict[str, np.ndarray]) -> dict[str
         return {}
     values = diagnostics[ESS]
     return {"ess": values[np.isfinite(values)], "low_ess": float(model.params_.get("predict_low_ess", 10.0))}
+
+
+@dataclass
+class ExplainOutcome:
+    """An explanation request's answer: the explanation of the IDs some party holds (``None``: none), each such
+    ID's row in it, and the parties that were unreachable (missing from every coalition)."""
+
+    explanation: Any
+    row_of: dict[str, int]
+    absent: list[str]
 
 
 def counts_only() -> MessageLog:
@@ -181,10 +191,10 @@ class TablePredictor(_Base):
         """The same tables with another saved model (checked against them as at start)."""
         return TablePredictor(model_dir, self.tables, self.model.data_info_.get("id_column"))
 
-    def predict(self, ids: Sequence[str], features: Mapping[str, np.ndarray], deadline: float | None = None
-                ) -> BatchOutcome:
-        """Predict the (normalised, distinct) ``ids``; ``features``: the active party's values for some of them."""
-        del deadline  # every party is in this process
+    def _batch(self, ids: Sequence[str], features: Mapping[str, np.ndarray]
+               ) -> tuple[VerticalDataset | None, np.ndarray, np.ndarray]:
+        """The batch of ``ids`` some party holds (``None``: none), the positions of those IDs in ``ids``, and which
+        parties hold each of ``ids``."""
         data, a = self.data, self.active_party
         n = len(ids)
         blocks = [np.full((n, *b.shape[1:]), np.nan, dtype=b.dtype) for b in data.blocks]
@@ -198,19 +208,34 @@ class TablePredictor(_Base):
             if key in features:
                 blocks[a][i] = features[key].reshape(blocks[a].shape[1:])
                 observed[i, a] = True
-        some = observed.any(axis=1)
+        rows = np.flatnonzero(observed.any(axis=1))
+        if not rows.size:
+            return None, rows, observed
+        batch = VerticalDataset([b[rows] for b in blocks], observed[rows], ids=[ids[i] for i in rows],
+                                active_party=a, feature_names=data.feature_names, party_names=data.party_names,
+                                feature_shapes=data.feature_shapes)
+        return batch, rows, observed
+
+    def predict(self, ids: Sequence[str], features: Mapping[str, np.ndarray], deadline: float | None = None
+                ) -> BatchOutcome:
+        """Predict the (normalised, distinct) ``ids``; ``features``: the active party's values for some of them."""
+        del deadline  # every party is in this process
+        batch, rows, observed = self._batch(ids, features)
         out: dict[str, np.ndarray | None] = dict.fromkeys(ids)
-        if some.any():
-            rows = np.flatnonzero(some)
-            batch = VerticalDataset([b[rows] for b in blocks], observed[rows], ids=[ids[i] for i in rows],
-                                    active_party=a, feature_names=data.feature_names, party_names=data.party_names,
-                                    feature_shapes=data.feature_shapes)
+        if batch is not None:
             res, diagnostics = predict_with_diagnostics(self.model, batch)
             for j, i in enumerate(rows):
                 out[ids[i]] = res[j]
         else:
             diagnostics = {}
         names = self.party_names
+        some = observed.any(axis=1)
         return BatchOutcome(out, {key: OK if some[i] else UNKNOWN for i, key in enumerate(ids)},
                             {key: [names[k] for k in np.flatnonzero(observed[i])] for i, key in enumerate(ids)},
                             **ess_fields(self.model, diagnostics))
+
+    def explain(self, ids: Sequence[str], features: Mapping[str, np.ndarray], **options: Any) -> ExplainOutcome:
+        """Each party's contribution to the predictions of ``ids`` (:meth:`VFLMethod.explain`, ``options``)."""
+        batch, rows, observed = self._batch(ids, features)
+        explanation = self.model.explain(batch, **options) if batch is not None else None
+        return ExplainOutcome(explanation, {ids[i]: j for j, i in enumerate(rows)}, [])

@@ -85,7 +85,7 @@ __all__ = ["LOGGED_META", "PRIVACY_LEDGER", "SERVER_MESSAGES", "PartyServer"]
 
 log = logging.getLogger("partialvfl.party")
 #: Request metadata copied into the access log (what was asked for, never a value the party computed).
-LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples")
+LOGGED_META = ("data", "handle", "table", "program", "train", "dir", "n_samples", "rows", "predictions")
 #: The party's differential-privacy ledger in its state directory (mu^2 spent per row, kept across restarts).
 PRIVACY_LEDGER = "privacy-ledger.npz"
 
@@ -152,6 +152,7 @@ class PartyServer(TableBuiltins):
                                     policy=cfg.policy, feature_shape=self.table.feature_shape,
                                     privacy_ledger=self.state_dir / PRIVACY_LEDGER,
                                     device=cfg.device, precision=cfg.precision)
+        self.runtime.charge_explanation = self._charge_explanation  # explanations spend the lookup budget too
         self.policy = cfg.policy
         self._lock = threading.Lock()
         self.sessions = SessionGuard(cfg.name, cfg.session_idle_seconds)
@@ -220,6 +221,14 @@ class PartyServer(TableBuiltins):
 
     def _bye(self, req: Request) -> Reply:
         return Reply()
+
+    def _charge_explanation(self, n: int, check_only: bool) -> None:
+        """An explanation's extra predictions of this party's rows count as lookups of the coordinator that asked
+        (the ledger of :mod:`partialvfl.federation.trust.lookups`): refused past its budget, charged before any."""
+        who, name = self.aligner.caller, self.aligner.caller_name
+        self.lookups.check(who, n, name)
+        if not check_only:
+            self.lookups.record(who, n, name)
 
     # -- the gRPC entry point
     def handle_stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
@@ -310,6 +319,8 @@ class PartyServer(TableBuiltins):
                 entry["dp_epsilon_spent"] = self.runtime.privacy.ledger.epsilon_spent()
             if kind == "psu_eval" and self.aligner.ledger is not None:  # the caller's lookups after this one
                 entry["lookups"] = self.aligner.budget()["used"]
+            elif kind == "explain":
+                entry["lookups"] = self.lookups.counts(caller)
             self.sessions.touch(wire.session)
             if self.runtime.clipped_rows:
                 entry["clipped_rows"] = self.runtime.clipped_rows

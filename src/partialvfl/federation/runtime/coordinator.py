@@ -19,7 +19,7 @@ from partialvfl.federation.trust.policy import PartyPolicy
 from partialvfl.federation.wire.messages import MessageLog, Reply, Request
 from partialvfl.federation.wire.transport import LocalTransport, PartiesRefused, Transport
 
-__all__ = ["Federation", "LocalFederation", "SetupRefused"]
+__all__ = ["ExplanationRefused", "Federation", "LocalFederation", "SetupRefused"]
 
 
 class Federation(ABC):
@@ -83,6 +83,25 @@ class Federation(ABC):
             raise SetupRefused(program, self.party_names, e.errors) from None
         self.privacy_setups = {k: r.meta["privacy"] for k, r in replies.items() if "privacy" in r.meta}
         return replies
+
+    def request_explanation(self, handle: str, charges: Mapping[int, tuple[int, int]]) -> None:
+        """Tell each party of ``charges`` (``{party: (rows, predictions)}``) that an explanation is about to predict
+        that many of its rows from coalitions of parties, ``predictions`` predictions using its block beyond each
+        row's own; each party may refuse (its policy) or charge them to its lookup budget.  Every party is asked
+        first whether it would accept (a round that charges nothing); the refusals are raised together
+        (:class:`ExplanationRefused`), before any party is charged or any coalition predicted."""
+        absent = set(getattr(self, "absent", ()))
+        asked = {k: {"data": handle, "rows": int(r), "predictions": int(p)} for k, (r, p) in charges.items()
+                 if p > 0 and k not in absent}
+        for check in (True, False):
+            if not asked:
+                return
+            self.transport.new_step()
+            try:
+                self.transport.call_many({k: Request("explain", {}, {**meta, **({"check": True} if check else {})})
+                                          for k, meta in asked.items()}, gather=True)
+            except PartiesRefused as e:
+                raise ExplanationRefused(self.party_names, e.errors) from None
 
     def private_parties(self) -> dict[int, dict[str, float]]:
         """The parties that keep a differential-privacy budget for their rows: ``{party: {"epsilon", "delta"}}``
@@ -151,10 +170,23 @@ class SetupRefused(PartiesRefused):
         self.errors = dict(errors)
 
 
-def _reason(name: str, error: Exception) -> str:
+class ExplanationRefused(PartiesRefused):
+    """Parties refused to take part in an explanation (their policy, or their lookup budget): every one of them,
+    each with its reason; raised before any coalition was predicted."""
+
+    def __init__(self, party_names: Sequence[str], errors: Mapping[int, Exception]) -> None:
+        lines = [f"  party {k} ({party_names[k]!r}): {_reason(party_names[k], e, 'explain')}"
+                 for k, e in sorted(errors.items())]
+        RuntimeError.__init__(
+            self, f"{len(errors)} of {len(party_names)} parties refused the explanation; nothing was predicted:\n"
+            + "\n".join(lines) + "\na party's [policy] is its own decision (allow_explanations, its lookup budget)")
+        self.errors = dict(errors)
+
+
+def _reason(name: str, error: Exception, kind: str = "setup") -> str:
     """A party's refusal without the wire's framing (``party 'bank' refused 'setup': ...``)."""
     text = str(getattr(error, "details", None) or error)
-    return text.removeprefix(f"party {name!r} refused 'setup': ")
+    return text.removeprefix(f"party {name!r} refused {kind!r}: ")
 
 
 def _by_index(table: Mapping[int | str, Any], names: Sequence[str], what: str) -> dict[int, Any]:

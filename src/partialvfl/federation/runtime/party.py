@@ -101,9 +101,12 @@ class PartyRuntime:
         self.rewinds = RewindGuard()  # no training again and again from one saved state ([policy] max_rewinds)
         self.trains = True  # whether the current setup may train ([policy] require_label_dp: only a protected fit)
         self.clipped_rows = 0  # gradient rows the last admitted request had clipped ([policy] max_grad_norm)
+        #: ``(n, check_only)``: charges an explanation's ``n`` extra predictions to a budget (a party server: its
+        #: lookup ledger), or only checks that it could; refuses past it
+        self.charge_explanation: Callable[[int, bool], None] | None = None
         own: dict[str, Handler] = {"ping": self._ping, "setup": self._setup, "preprocess": self._preprocess,
                                    "save": self._save, "load": self._load, "forget": self._forget,
-                                   "privacy": self._privacy}
+                                   "privacy": self._privacy, "explain": self._explain}
         self.builtins: dict[str, tuple[MessageSpec, Handler]] = {k: (RUNTIME_MESSAGES[k], h) for k, h in own.items()}
         for kind, entry in (builtins or {}).items():
             if kind in self.builtins:
@@ -309,6 +312,19 @@ class PartyRuntime:
         if why is not None and self.privacy is not None:
             raise PolicyViolation("dp_epsilon", f"this party keeps a differential-privacy budget "
                                   f"({self.privacy.budget.describe()}) and {why}", program)
+
+    def _explain(self, request: Request) -> Reply:
+        """An explanation's extra predictions of rows of ``data``: refused unless ``[policy] allow_explanations``,
+        then charged (:attr:`charge_explanation`) before any is made; with ``check``, only checked."""
+        if not self.policy.allow_explanations:
+            raise PolicyViolation("allow_explanations", f"party {self.index} ({self.name!r}) does not take part in "
+                                  "explanations (predictions of its rows from coalitions of parties)", False,
+                                  {"allow_explanations": True})
+        self.raw_data(request.meta["data"])  # a data set it holds (else a KeyError naming the handles)
+        n, check = request.meta["predictions"], request.meta.get("check", False)  # typed by the declaration
+        if self.charge_explanation is not None:
+            self.charge_explanation(n, check)
+        return Reply(meta={"charged": 0 if check else n})
 
     def _privacy(self, request: Request) -> Reply:
         if self.privacy is None:

@@ -107,6 +107,9 @@ class PartyPolicy:
     resume_alignment_by_name: bool = False
     # the label holder's own party only: feature values its coordinator sends for its new users (never trained on)
     accept_coordinator_features: bool = False
+    # the coordinator's explanations (partialvfl explain / value): predictions from coalitions of parties, each an
+    # extra query of this party's rows, charged to its lookup budget; false: refused (rule allow_explanations)
+    allow_explanations: bool = True
     # ---- label protection (issue 35): a fit this party takes part in must protect the labels by label DP at an
     # epsilon at most this (a setup that does not say it is such a fit may predict, never train); None: no requirement
     require_label_dp: float | None = None
@@ -475,7 +478,8 @@ class PartyPolicy:
         return {"allow_likelihood_release": self.allow_likelihood_release, "min_latent_scale": self.min_latent_scale,
                 "max_request_mb": self.max_request_mb, "max_width_ratio": self.max_width_ratio,
                 "max_setup_width_ratio": self.setup_width_ratio,
-                "accept_coordinator_features": self.accept_coordinator_features}
+                "accept_coordinator_features": self.accept_coordinator_features,
+                "allow_explanations": self.allow_explanations}
 
     def describe(self) -> str:
         """One line for the party's start-up log, saying which keys its file changed from the preset."""

@@ -48,7 +48,7 @@ _FLOAT_KEYS = {"max_width_ratio", "min_lr", "max_config_kb", "max_request_mb", "
                "max_weight_decay", "max_momentum", "max_grad_norm", "max_peer_mb", "min_latent_scale", "dp_epsilon",
                "dp_delta", "lookup_warn_fraction", "require_label_dp"}
 _BOOL_KEYS = {"allow_weight_sharing", "allow_likelihood_release", "persist_alignment", "resume_alignment_by_name",
-              "accept_coordinator_features"}
+              "accept_coordinator_features", "allow_explanations"}
 _LIST_KEYS = {"programs", "unchecked_programs", "encoders"}
 
 

@@ -17,7 +17,7 @@ import torch
 
 from partialvfl.data.dataset import PartyView
 from partialvfl.federation.wire.messages import Reply, Request
-from partialvfl.federation.wire.meta_keys import FLAG, HANDLE, SEED, MetaKey
+from partialvfl.federation.wire.meta_keys import COUNT, FLAG, HANDLE, SEED, MetaKey
 from partialvfl.federation.wire.schema import Messages, MessageSpec
 from partialvfl.federation.wire.setup_config import SetupConfig, wire_config
 from partialvfl.federation.wire.setup_shape import SetupShape
@@ -60,6 +60,13 @@ RUNTIME_MESSAGES: dict[str, MessageSpec] = {
     "load": MessageSpec(meta={"dir": _DIR}, optional_meta={"model": _MODEL},
                         doc="Restore the state saved in `dir`; refused if it belongs to another model than `model`."),
     "forget": MessageSpec(meta={"dir": _DIR}, doc="Delete the state saved in `dir` (a pruned checkpoint)."),
+    "explain": MessageSpec(meta={"data": HANDLE, "rows": COUNT, "predictions": COUNT}, optional_meta={"check": FLAG},
+                           doc="An explanation (or a party value) is about to predict `rows` of `data` from "
+                               "coalitions of parties: `predictions` predictions that use this party's block "
+                               "beyond each row's own. Refused unless the party's policy allows explanations; a "
+                               "party server charges `predictions` to the coordinator's lookup budget first "
+                               "(refused past it). `check`: only say whether it would be accepted, charge nothing "
+                               "(the coordinator asks every party so before it charges any)."),
 }
 
 class NotSetUp(RuntimeError):

@@ -61,6 +61,8 @@ class FedHSSL(VFLMethod):
     """FedHSSL at the active party: drives pretraining (cross-party SSL, local SSL, PMA) and fine-tuning."""
 
     name = "fedhssl"
+    subset_refusal = ("its classifier is fine-tuned only on rows every party holds and fills a missing party with "
+                      "a zero block, which is not a prediction from the parties that are there")
     party_program = "fedhssl/party"
     params = FEDHSSL_PARAMS
 

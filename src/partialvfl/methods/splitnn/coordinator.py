@@ -296,6 +296,26 @@ class SplitNNMethod(VFLMethod):
             out = out.index_copy(0, flat, torch.cat([e for _, e in sent]))
         return out.view(b, n_parties, d)
 
+    def _cut_embeddings(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+                        ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, torch.Tensor]]:
+        """Coalition predictions that share each party's representation (it does not depend on the coalition):
+        per chunk of the rows some coalition wants, one ``embed`` round, then for each coalition ``m`` with rows in
+        the chunk ``(m, chunk, want, cut, emb)``: the chunk's rows, which of them want it, their observed pattern
+        cut to the coalition and the ``(len(chunk), K, d)`` representations with zeros outside the cut (what
+        :meth:`_stack` gives a prediction from exactly that pattern; a head runs on the whole chunk, as in a
+        prediction).  Used by :meth:`_coalition_predictions` of the methods whose head reads ``_stack``."""
+        for chunk in self._chunks(np.flatnonzero(wanted.any(axis=0))):
+            obs = view.observed[chunk]
+            self.transport.new_step()
+            emb = self._stack(chunk, obs, self._embed_observed(handle, chunk, obs, train=False))
+            for m, mask in enumerate(masks):
+                cut = obs & mask
+                want = wanted[m, chunk] & cut.any(axis=1)
+                if want.any():
+                    keep = self._tensor(cut)[..., None]
+                    yield m, chunk, want, cut, torch.where(keep, emb, torch.zeros((), dtype=emb.dtype,
+                                                                                  device=emb.device))
+
     def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
         bs = self.settings_.predict_batch_size
         for start in range(0, len(rows), bs):

@@ -229,29 +229,42 @@ class LaserVFL(SplitNNMethod):
         self._step_heads(loss, embs)
         return loss.detach()
 
+    def _head_probabilities(self, cut: np.ndarray, emb: torch.Tensor) -> np.ndarray:
+        """Each head's class probabilities ``(B, H, C)`` from the mean of ``emb`` ``(B, K, d)`` over the pattern
+        ``cut`` ``(B, K)``; NaN where head k's party is not in the pattern (per-party heads)."""
+        n_heads = len(self.heads_)
+        out = np.full((len(cut), n_heads, self.n_classes), np.nan)
+        with torch.no_grad():
+            agg = _mean_over(self._tensor(cut), emb)
+            for h in range(n_heads):
+                probs = to_numpy(torch.softmax(self._head(h)(agg), dim=1))
+                if n_heads > 1:
+                    probs = np.where(cut[:, h:h + 1], probs, np.nan)
+                out[:, h] = probs
+        return out
+
     def _predict_heads(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         """Each head's class probabilities from the mean over exactly the observed set: ``(len(rows), K|1, C)``."""
-        n_heads = len(self.heads_)
-        out = np.full((len(rows), n_heads, self.n_classes), np.nan)
+        out = np.full((len(rows), len(self.heads_), self.n_classes), np.nan)
         start = 0
         for chunk in self._chunks(rows):
             obs = view.observed[chunk]
             self.transport.new_step()
             embs = self._embed_observed(handle, chunk, obs, train=False)
-            emb = self._stack(chunk, obs, embs)
-            with torch.no_grad():
-                agg = _mean_over(self._tensor(obs), emb)
-                for h in range(n_heads):
-                    probs = to_numpy(torch.softmax(self._head(h)(agg), dim=1))
-                    if n_heads > 1:
-                        probs = np.where(obs[:, h:h + 1], probs, np.nan)
-                    out[start:start + len(chunk), h] = probs
+            out[start:start + len(chunk)] = self._head_probabilities(obs, self._stack(chunk, obs, embs))
             start += len(chunk)
         return out
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         per_head = self._predict_heads(view, handle, rows)
         return np.nanmean(per_head, axis=1)
+
+    def _coalition_predictions(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+                               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Each party's representation once per row, then every coalition's mean and heads (no query per
+        coalition)."""
+        for m, chunk, want, cut, emb in self._cut_embeddings(view, handle, masks, wanted):
+            yield m, chunk[want], np.nanmean(self._head_probabilities(cut, emb)[want], axis=1)
 
     def predict_heads(self, data: VerticalDataset) -> np.ndarray:
         """``(N, H, C)`` probabilities of each head (H = 1 or K); NaN where head k's party does not observe."""

@@ -13,6 +13,8 @@ left with no party after dropout are skipped for that step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -68,6 +70,14 @@ class PlugVFL(SplitNNMethod):
         loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
         self._step_heads(loss, embs)
         return loss.detach()
+
+    def _coalition_predictions(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
+                               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Each party's representation once per row; every coalition is the head on them with zeros outside it."""
+        for m, chunk, want, cut, emb in self._cut_embeddings(view, handle, masks, wanted):
+            with torch.no_grad():
+                logits = self.heads_["g"](fuse(emb, cut, how=self.settings_.fusion))
+            yield m, chunk[want], to_numpy(torch.softmax(logits, dim=1))[want]
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.n_classes))

@@ -33,6 +33,9 @@ class VanillaVFL(SplitNNMethod):
 
     name = "vanilla-vfl"
     params = SPACES["vanilla-vfl"]
+    subset_refusal = ("it is trained only on rows every party holds; a row with a party missing gets zero "
+                      "representations in its place (missing='zero') or a random class (missing='random'), neither "
+                      "a prediction from the parties that are there")
 
     def _build_heads(self) -> nn.ModuleDict:
         return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})
