@@ -198,7 +198,7 @@ def test_methods_that_do_not_sample_report_no_ess(data) -> None:
 
 def test_a_private_partys_plan_charges_one_release_per_estimator_round(fitted) -> None:
     model = copy.deepcopy(fitted)
-    model.dp_options_ = {**getattr(model, "dp_options_", {}), "predictions": 1}
+    model.dp_options = {**getattr(model, "dp_options", {}), "predictions": 1}
     model.params_ = {**model.params_, "predict_estimator": "paper"}
     paper = model._privacy_charges(0, "predict")
     model.params_ = {**model.params_, "predict_estimator": "adaptive", "predict_rounds": 5}

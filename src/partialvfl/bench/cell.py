@@ -140,7 +140,7 @@ def run_description(model: Any) -> str:
     """How a fit ran, for the store's ``device`` column: ``cpu``, ``cuda:0 (NVIDIA H100 80GB HBM3) bf16 compiled``."""
     from partialvfl.utils.devices import describe
 
-    parts = [describe(model.device_)]
+    parts = [describe(model.torch_device)]
     if model.precision != "fp32":
         parts.append(model.precision)
     if model.compile:

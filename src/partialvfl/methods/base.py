@@ -74,8 +74,15 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.runtime.checkpoint import Checkpointer
 
-__all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names"]
+__all__ = ["METHODS", "ModelFileError", "NotFittedError", "VFLMethod", "get_method", "load_all", "method_names"]
 
+
+class NotFittedError(RuntimeError, AttributeError):
+    """A model used before ``fit`` or ``load``.
+
+    An ``AttributeError`` too, as scikit-learn's own: a fitted attribute (``classes_``) read before ``fit`` is absent
+    (``hasattr`` is false), not an error of another kind.
+    """
 
 
 class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
@@ -97,8 +104,6 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
     parallel_inference: ClassVar[bool] = False
     #: why the method cannot predict from a subset of its parties (``None``: it can, so it explains its predictions)
     subset_refusal: ClassVar[str | None] = None
-    #: the opt-in post-hoc calibration applied to every prediction (:mod:`partialvfl.methods.calibration`)
-    calibration_: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -133,12 +138,11 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
             dp[k] for k in ("label_dp", "label_dp_seed", "label_dp_prior", "label_dp_mechanism"))
         # a label mechanism's own declared parameters (label_dp_mechanism's; checked against it at fit)
         self.label_dp_params = {k: v for k, v in checked.items() if k in private and k not in PRIVACY_PARAMS.names}
-        self.dp_options_ = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
-        self.history_: list[dict[str, Any]] = []
+        self.dp_options = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
 
     progress = property(lambda self: self.run_options.progress, doc="RunOptions.progress")
     device = property(lambda self: self.run_options.device, doc="RunOptions.device, as given")
-    device_ = property(lambda self: self.run_options.torch_device, doc="the torch device the coordinator computes on")
+    torch_device = property(lambda self: self.run_options.torch_device, doc="the torch device the coordinator uses")
     precision = property(lambda self: self.run_options.precision, doc="RunOptions.precision")
     compile = property(lambda self: self.run_options.compile, doc="RunOptions.compile")
 
@@ -203,6 +207,17 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
         fresh = type(self)(**{**self._run_given, **options}, **given, **declared)  # validated, or raises
         vars(self).update({k: v for k, v in vars(fresh).items() if k != "history_"})  # fitted state kept
         return self
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's estimator tags: a classifier or a regressor once fitted (the data's task decides), the input
+        a :class:`VerticalDataset` (not an array), missing party blocks allowed, labels inside the data."""
+        from sklearn.utils import InputTags, Tags, TargetTags
+
+        task = self.index_.task if hasattr(self, "index_") else None
+        kind = None if task is None else "classifier" if task.is_classification else "regressor"
+        return Tags(estimator_type=kind, target_tags=TargetTags(required=False),
+                    input_tags=InputTags(two_d_array=False, allow_nan=True), transformer_tags=None,
+                    classifier_tags=None, regressor_tags=None)
 
     def set_prediction_params(self, **params: Any) -> Self:
         """Change how a fitted model predicts, without refitting: its declared ``predict_*`` parameters (FALSE-VFL's
@@ -295,17 +310,17 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
 
         from partialvfl.utils.devices import to_device
 
-        return to_device(torch.as_tensor(data, dtype=dtype), self.device_)  # on a GPU: queued, the host goes on
+        return to_device(torch.as_tensor(data, dtype=dtype), self.torch_device)  # on a GPU: queued, the host goes on
 
     def _on_device(self, module: nn.Module) -> nn.Module:
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
-        return module.to(self.device_)
+        return module.to(self.torch_device)
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
         from partialvfl.utils.devices import autocast
 
-        return autocast(self.device_, self.precision)
+        return autocast(self.torch_device, self.precision)
 
     # ------------------------------------------------------------------ estimator API
     def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
@@ -341,7 +356,7 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "federation_"):
-            raise RuntimeError(f"{self.name}: call fit (or load) before predicting")
+            raise NotFittedError(f"{self.name}: call fit (or load) before predicting")
 
     @property
     def classes_(self) -> np.ndarray:
@@ -402,8 +417,9 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
             # float32 here (heads, softmax); bf16 at the parties
             out[rows] = self._predict(view, handle, rows, diagnostics=part) if wanted else self._predict(
                 view, handle, rows)
-            if self.calibration_ is not None:
-                out[rows] = self.calibration_.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
+            calibration = getattr(self, "calibration_", None)  # the opt-in post-hoc calibration (fit or load)
+            if calibration is not None:
+                out[rows] = calibration.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
             self.predict_seconds_ = time.perf_counter() - t0
         if wanted:
             for name in self.prediction_diagnostics:
@@ -455,12 +471,26 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
         return self.classes_[out.argmax(axis=1)] if self.index_.task.is_classification else out
 
     def score(self, data: VerticalDataset) -> float:
-        """Accuracy (classification; labels matched by value, a class unseen in training counts as an error) or
-        RMSE (regression) over the labelled samples of ``data``."""
-        from partialvfl.methods.evaluation import evaluate
+        """The score scikit-learn's scorers expect, higher is better, over the labelled samples of ``data``.
 
-        res = evaluate(self, data)
-        return res["accuracy"] if self.index_.task.is_classification else res["rmse"]
+        Args:
+            data: samples with labels (unlabelled samples are not scored).
+
+        Returns:
+            Accuracy (classification; labels matched by value, a class unseen in training counts as an error) or
+            the coefficient of determination R^2 (regression; the RMSE is in :func:`~partialvfl.methods.evaluation.
+            evaluate` and ``partialvfl evaluate``).
+
+        Raises:
+            NotFittedError: the model is neither fitted nor loaded.
+            DataValidationError: ``data`` carries no labels, or labels of the other kind of task.
+        """
+        from partialvfl.methods.evaluation import evaluate, r2_score
+
+        self._check_fitted()
+        if self.index_.task.is_classification:
+            return evaluate(self, data)["accuracy"]
+        return r2_score(self, data)
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:

@@ -204,7 +204,7 @@ def model_meta(method: Any) -> dict[str, Any]:
         "fit_seconds": getattr(method, "fit_seconds_", None),
         "schedule": schedule.to_dict() if schedule is not None else None,
         "history": method.history_,
-        **({"privacy": {**privacy, "dp_options": method.dp_options_}} if privacy else {}),
+        **({"privacy": {**privacy, "dp_options": method.dp_options}} if privacy else {}),
         **({"calibration": calibration.to_dict()} if calibration is not None else {}),
     }
 
@@ -237,6 +237,7 @@ def method_from_meta(cls: Any, meta: dict[str, Any], d: Path, run: RunOptions | 
     obj.history_ = meta.get("history", [])
     obj.fit_seconds_ = meta.get("fit_seconds")
     obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
+    obj.calibration_ = None
     if meta.get("calibration"):
         from partialvfl.methods.calibration import Calibration
 

@@ -220,7 +220,7 @@ class FedHSSL(VFLMethod):
             replies = self.transport.call_many(reqs)
             cols = []
             for k in range(K):
-                col = (zero[k] if k in zero else torch.zeros(self.rep_dim, device=self.device_)
+                col = (zero[k] if k in zero else torch.zeros(self.rep_dim, device=self.torch_device)
                        ).expand(len(chunk), -1).clone()
                 if k in replies:
                     col[self._tensor(np.flatnonzero(obs[:, k]))] = replies[k].tensors["emb"]

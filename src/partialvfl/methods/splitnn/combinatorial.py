@@ -75,7 +75,7 @@ class Combinatorial(SplitNNMethod):
             return None
         embs = self._embed(handle, wanted, train=True)
         y = self._tensor(view.y[rows], dtype=torch.long)
-        loss = torch.zeros((), device=self.device_)
+        loss = torch.zeros((), device=self.torch_device)
         for s, mask in used:
             loss = loss + F.cross_entropy(self.heads_[subset_name(s)](self._fused(s, embs)),
                                           y[self._tensor(np.flatnonzero(mask))])

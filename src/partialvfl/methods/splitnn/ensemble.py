@@ -51,7 +51,7 @@ class Ensemble(SplitNNMethod):
         obs = view.observed[rows]
         y = self._tensor(view.y[rows], dtype=torch.long)
         embs = self._embed_observed(handle, rows, obs, train=True)
-        loss = torch.zeros((), device=self.device_)
+        loss = torch.zeros((), device=self.torch_device)
         for (k, _), e in embs.items():
             loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[self._tensor(np.flatnonzero(obs[:, k]))])
         self._step_heads(loss, embs)

@@ -249,7 +249,7 @@ class XVFL(VFLMethod):
                 leaves[k] = e
                 cols.append(self._place(n, np.flatnonzero(use[:, k]), e))
             else:
-                cols.append(torch.zeros(n, d, device=self.device_))
+                cols.append(torch.zeros(n, d, device=self.torch_device))
         return torch.stack(cols, dim=1), leaves
 
     def _pass(self, ctx: _TrainContext, rows: np.ndarray, version: str) -> float:
