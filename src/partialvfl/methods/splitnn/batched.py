@@ -34,21 +34,40 @@ class _Group:
 
 
 def handle_batch(items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply]:
-    """The replies to one round's requests, each as the party's own handler would answer it."""
+    """The replies to one round's requests, each as the party's own handler would answer it.
+
+    Every update of the round comes first, then every forward pass (an ``embed``, or the next step's that rides with
+    a ``grad_embedding``) as one stacked computation: the computations of a round of gradients followed by a round of
+    ``embed`` requests, in the same order.
+    """
     replies: dict[int, Reply] = {}
-    embeds, grads = [], []
+    embeds: list[tuple[int, Any, Request]] = []
+    grads, alone = [], []
     for i, (program, request) in enumerate(items):
         if request.kind == "embed":
-            embeds.append(i)
-        elif request.kind == "grad_embedding" and program._groups:  # type: ignore[attr-defined]
-            grads.append(i)
+            embeds.append((i, program, request))
+        elif request.kind == "grad_embedding":
+            nxt = program.next_embed(request)  # type: ignore[attr-defined]
+            stacked = program._groups and not any(k.startswith("sections:") for k in request.tensors)  # type: ignore[attr-defined]
+            (grads if stacked else alone).append(i)
+            replies[i] = Reply()
+            if nxt is not None:
+                embeds.append((i, program, nxt))
         else:
             replies[i] = program.handle(request)
     if grads:
         _grad_embedding([items[i] for i in grads])
-        replies.update({i: Reply() for i in grads})
+    for i in alone:
+        program, request = items[i]
+        for name in list(program._groups):  # type: ignore[attr-defined]
+            program._groups.pop(name)  # type: ignore[attr-defined]
+        program.apply_gradients(request)  # type: ignore[attr-defined]
+    for i, program, request in embeds:
+        if request is not items[i][1]:
+            program.keep_buffers(request)  # type: ignore[attr-defined]
     if embeds:
-        replies.update(zip(embeds, _embed([items[i] for i in embeds])))
+        for (i, _, _), reply in zip(embeds, _embed([(p, r) for _, p, r in embeds])):
+            replies[i] = Reply({**replies[i].tensors, **reply.tensors}) if i in replies else reply
     return [replies[i] for i in range(len(items))]
 
 
@@ -82,6 +101,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
             h = out[slot, :len(x)]
             if group is not None:
                 member._pending[name] = h
+                member._inputs[name] = x
                 member._groups[name] = (group, slot)
             outs[i][f"emb:{name}"] = h
     return [Reply(o) for o in outs]
@@ -94,8 +114,12 @@ def _grad_embedding(items: list[tuple[Any, Request]]) -> None:
     alone: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
     for program, request in items:
         for key, grad in request.tensors.items():
+            if not key.startswith("grad:"):
+                continue
             name = key.removeprefix("grad:")
             h = program._pending.pop(name, None)
+            program._inputs.pop(name, None)
+            program._buffers_before.pop(name, None)
             if h is None:
                 raise RuntimeError(f"party {program.party}: gradient for {name!r} without a pending training forward")
             stepped.append((program, name))

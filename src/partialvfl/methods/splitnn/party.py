@@ -83,8 +83,16 @@ class SplitParty(PartyProgram):
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
                              meta={"data": HANDLE}, optional_meta={"train": FLAG}, role=INFERS,
                              releases=["emb:{model}"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
-                                      gradients=["grad:{model}"]),
+        "grad_embedding": MessageSpec(
+            request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim")),
+                     TensorSpec("sections:{model}", "int64", ("Q",), optional=True),
+                     TensorSpec("next:{model}", "int64", ("N",), optional=True)],
+            reply=[TensorSpec("emb:{model}", "float32", ("N", "latent_dim"), optional=True)],
+            optional_meta={"data": HANDLE, "train": FLAG}, gradients=["grad:{model}"], releases=["emb:{model}"],
+            doc="The loss gradient of the representations it sent: back-propagate, step.  `sections:<model>` (rows "
+                "per step, in order): several steps' gradients, each applied after the model is run again on that "
+                "step's rows (the stale schedule).  `next:<model>`: the next step's rows, whose `embed` (of "
+                "`data`, with `train`) rides with this message: their representations come back as `emb:<model>`."),
         "pretrain": MessageSpec(meta={"data": HANDLE, "simsiam": MetaKey(dict, doc="SimSiam's settings"),
                                       "epoch": MetaKey(int, low=0, doc="0 starts pretraining")},
                                 optional_meta={"models": MetaKey(tuple[str, ...], doc="the models to pretrain"),
@@ -119,8 +127,9 @@ class SplitParty(PartyProgram):
     def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
         """``emb:<model>`` is about the rows of ``rows:<model>``."""
         handle: str = request.meta["data"]
-        return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
-                if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
+        prefix = "next:" if kind == "grad_embedding" else "rows:"
+        return {f"emb:{k.removeprefix(prefix)}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
+                if k.startswith(prefix) and f"emb:{k.removeprefix(prefix)}" in reply.tensors}
 
     def __init__(self, runtime: PartyRuntime, config: SplitSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -135,6 +144,8 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt.name, opt.lr, opt.weight_decay,
                                                    opt.momentum)
         self._pending: dict[str, torch.Tensor] = {}
+        self._inputs: dict[str, torch.Tensor] = {}  # model -> the rows of its pending training forward
+        self._buffers_before: dict[str, dict[str, torch.Tensor]] = {}  # model -> buffers before a ridden forward
         self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
         self._simsiam: dict[str, SimSiamTrainer] = {}
@@ -163,20 +174,48 @@ class SplitParty(PartyProgram):
                 h = clip_rows(h, self.runtime.privacy.clip_for("emb:{model}"))
         if train:
             self._pending[name] = h
+            self._inputs[name] = x
         return h
 
     def on_embed(self, req: Request) -> Reply:
-        train = req.meta.get("train", False)
+        return Reply(self._embed_rows(req.meta["data"], req.tensors, bool(req.meta.get("train", False)), "rows:"))
+
+    def _embed_rows(self, handle: str, tensors: dict[str, torch.Tensor], train: bool, prefix: str
+                    ) -> dict[str, torch.Tensor]:
+        """``emb:<model>`` of the rows each ``<prefix><model>`` tensor names."""
         out: dict[str, torch.Tensor] = {}
-        for key, rows in req.tensors.items():
-            if not key.startswith("rows:"):
-                raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
-            name = key.removeprefix("rows:")
-            x = self._features(req.meta["data"], rows)
+        for key, rows in tensors.items():
+            if not key.startswith(prefix):
+                if prefix == "rows:":
+                    raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
+                continue
+            name = key.removeprefix(prefix)
+            x = self._features(handle, rows)
             out[f"emb:{name}"] = self.forward_model(name, x, train)
             if train and self.runtime.privacy is not None:
-                self._private_rows[name] = (req.meta["data"], rows.numpy(), x)
-        return Reply(out)
+                self._private_rows[name] = (handle, rows.numpy(), x)
+        return out
+
+    def next_embed(self, req: Request) -> Request | None:
+        """The ``embed`` that rides with a ``grad_embedding`` (its ``next:<model>`` rows), or ``None``."""
+        rows = {f"rows:{k.removeprefix('next:')}": t for k, t in req.tensors.items() if k.startswith("next:")}
+        if not rows:
+            return None
+        if "data" not in req.meta:
+            raise ValueError(f"party {self.party}: next-step rows without meta 'data' (the handle they are of)")
+        return Request("embed", rows, {"data": req.meta["data"], "train": bool(req.meta.get("train", False))})
+
+    def keep_buffers(self, embed: Request) -> None:
+        """Before the training forward of an ``embed`` that rode with a gradient: keep the buffers it will change
+        (batch normalisation), so that :meth:`state_dict` until that step's gradient arrives is the state a separate
+        ``embed`` would have found (a checkpoint in between resumes exactly)."""
+        if not embed.meta.get("train"):
+            return
+        for key in embed.tensors:
+            name = key.removeprefix("rows:")
+            buffers = {k: b.detach().clone() for k, b in self._model(name).named_buffers()}
+            if buffers:
+                self._buffers_before[name] = buffers
 
     def handle(self, request: Request) -> Reply:
         if request.kind == "grad_embedding" and self._groups:  # its forward was part of a batched round's
@@ -189,27 +228,63 @@ class SplitParty(PartyProgram):
         return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
-        if self.runtime.privacy is not None:
-            private_update(self, {k.removeprefix("grad:"): g for k, g in req.tensors.items()})
+        nxt = self.next_embed(req)
+        self.apply_gradients(req)
+        if nxt is None:
             return Reply()
+        self.keep_buffers(nxt)
+        return Reply(self.on_embed(nxt).tensors)
+
+    def apply_gradients(self, req: Request) -> None:
+        """The update of a ``grad_embedding`` (without the ``embed`` riding with it)."""
+        grads = {k.removeprefix("grad:"): g for k, g in req.tensors.items() if k.startswith("grad:")}
+        sections = {k.removeprefix("sections:"): t for k, t in req.tensors.items() if k.startswith("sections:")}
+        if sections and self.runtime.privacy is not None:
+            raise ValueError(f"party {self.party}: the stale schedule (sections) is not covered by this party's "
+                             "differential-privacy budget")
+        if self.runtime.privacy is not None:
+            private_update(self, grads)
+            self._inputs = {}
+            return
         total: torch.Tensor | None = None
-        names = []
-        for key, grad in req.tensors.items():
-            name = key.removeprefix("grad:")
+        stale: dict[str, torch.Tensor] = {}
+        for name, grad in grads.items():
             h = self._pending.pop(name, None)
-            if h is None:
+            x = self._inputs.pop(name, None)
+            self._buffers_before.pop(name, None)
+            if h is None or x is None:
                 raise RuntimeError(f"party {self.party}: gradient for {name!r} without a pending training forward")
+            if name in sections:
+                stale[name] = x
+                continue
             if h.requires_grad and h.numel():
                 term = (h * grad).sum()
                 total = term if total is None else total + term
-            names.append(name)
-        for name in names:
+        plain = [name for name in grads if name not in sections]
+        for name in plain:
             self.optimizers[name].zero_grad()
         if total is not None:
             total.backward()
-        for name in names:
+        for name in plain:
             self.optimizers[name].step()
-        return Reply()
+        for name, x in stale.items():  # the rows of several steps: one update each
+            self._stale_updates(name, x, grads[name], sections[name])
+
+    def _stale_updates(self, name: str, x: torch.Tensor, grad: torch.Tensor, counts: torch.Tensor) -> None:
+        """One optimiser step per section of ``x`` (a step's rows, in order): the model run again at its current
+        weights, back-propagated with that step's (stale) gradient."""
+        sizes = [int(n) for n in counts.tolist()]
+        if sum(sizes) != len(x) or any(n < 0 for n in sizes):
+            raise ValueError(f"party {self.party}: sections of {name!r} sum to {sum(sizes)}, its rows are {len(x)}")
+        model, optimizer = self._model(name), self.optimizers[name]
+        model.train(True)
+        start = 0
+        for n in sizes:
+            if n:
+                optimizer.zero_grad()
+                (model(x[start:start + n]) * grad[start:start + n]).sum().backward()
+                optimizer.step()
+            start += n
 
     def on_set_lr(self, req: Request) -> Reply:
         for opt in self.optimizers.values():
@@ -259,8 +334,8 @@ class SplitParty(PartyProgram):
     def state_dict(self) -> dict[str, Any]:
         """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
         state: dict[str, Any] = {
-            "models": {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
-                       for name, m in self.models.items()},
+            "models": {name: {k: self._buffers_before.get(name, {}).get(k, v).detach().clone()
+                              for k, v in m.state_dict().items()} for name, m in self.models.items()},
             "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
         }
         if self._simsiam:
@@ -277,3 +352,4 @@ class SplitParty(PartyProgram):
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
         self._pending, self._groups, self._private_rows = {}, {}, {}
+        self._inputs, self._buffers_before = {}, {}
