@@ -62,9 +62,6 @@ def handle_batch(items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply]:
         for name in list(program._groups):  # type: ignore[attr-defined]
             program._groups.pop(name)  # type: ignore[attr-defined]
         program.apply_gradients(request)  # type: ignore[attr-defined]
-    for i, program, request in embeds:
-        if request is not items[i][1]:
-            program.keep_buffers(request)  # type: ignore[attr-defined]
     if embeds:
         for (i, _, _), reply in zip(embeds, _embed([(p, r) for _, p, r in embeds])):
             replies[i] = Reply({**replies[i].tensors, **reply.tensors}) if i in replies else reply
@@ -85,7 +82,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
             x = program._features(request.meta["data"], rows)
             sig = mlp_signature(model)
             if sig is None or not len(x):  # answered alone, as its own handler does
-                h = program.forward_model(name, x, train)
+                h = program.forward_model(name, x, train, (request.meta["data"], rows))
                 outs[i][f"emb:{name}"] = h
                 continue
             units.setdefault((sig, train), []).append((i, name, x))
@@ -100,11 +97,16 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
         for slot, (member, (i, name, x)) in enumerate(zip(members, group_units)):
             h = out[slot, :len(x)]
             if group is not None:
+                member.keep_buffers(name, (items[i][1].meta["data"], _rows_of(items[i][1], name)))
                 member._pending[name] = h
                 member._inputs[name] = x
                 member._groups[name] = (group, slot)
             outs[i][f"emb:{name}"] = h
     return [Reply(o) for o in outs]
+
+
+def _rows_of(request: Request, name: str) -> torch.Tensor:
+    return request.tensors[f"rows:{name}"]
 
 
 def _grad_embedding(items: list[tuple[Any, Request]]) -> None:
@@ -117,9 +119,7 @@ def _grad_embedding(items: list[tuple[Any, Request]]) -> None:
             if not key.startswith("grad:"):
                 continue
             name = key.removeprefix("grad:")
-            h = program._pending.pop(name, None)
-            program._inputs.pop(name, None)
-            program._buffers_before.pop(name, None)
+            h, _ = program._pending_forward(name)
             if h is None:
                 raise RuntimeError(f"party {program.party}: gradient for {name!r} without a pending training forward")
             stepped.append((program, name))

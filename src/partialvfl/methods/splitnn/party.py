@@ -76,6 +76,7 @@ class SplitParty(PartyProgram):
 
     program_name = "splitnn/party"
     supports_privacy = True
+    resumes_mid_step = True  # state_dict holds the rows of a pending training forward: it is run again on load
     setup_config = SplitSetup
     config: SplitSetup
     messages: ClassVar[Messages] = {
@@ -144,7 +145,9 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt.name, opt.lr, opt.weight_decay,
                                                    opt.momentum)
         self._pending: dict[str, torch.Tensor] = {}
-        self._inputs: dict[str, torch.Tensor] = {}  # model -> the rows of its pending training forward
+        self._inputs: dict[str, torch.Tensor] = {}  # model -> the features of its pending training forward
+        self._sources: dict[str, tuple[str, torch.Tensor]] = {}  # model -> (handle, rows) of that forward
+        self._lazy: dict[str, tuple[str, torch.Tensor]] = {}  # pending forwards of a loaded state, run on demand
         self._buffers_before: dict[str, dict[str, torch.Tensor]] = {}  # model -> buffers before a ridden forward
         self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
@@ -162,11 +165,15 @@ class SplitParty(PartyProgram):
                 f"party {self.party}: no representation model {name!r}; it holds {sorted(self.models)}"
             ) from None
 
-    def forward_model(self, name: str, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives).  Under a privacy
-        budget each row's representation is clipped to the plan's norm here, inside the graph, so that the gradient
-        the party back-propagates is that of what it released."""
+    def forward_model(self, name: str, x: torch.Tensor, train: bool,
+                      source: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives; ``source``: the
+        handle and rows ``x`` is of, kept with the state meanwhile).  Under a privacy budget each row's
+        representation is clipped to the plan's norm here, inside the graph, so that the gradient the party
+        back-propagates is that of what it released."""
         model = self._model(name)
+        if train:
+            self.keep_buffers(name, source)
         model.train(train)
         with torch.set_grad_enabled(train):
             h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
@@ -191,7 +198,7 @@ class SplitParty(PartyProgram):
                 continue
             name = key.removeprefix(prefix)
             x = self._features(handle, rows)
-            out[f"emb:{name}"] = self.forward_model(name, x, train)
+            out[f"emb:{name}"] = self.forward_model(name, x, train, (handle, rows))
             if train and self.runtime.privacy is not None:
                 self._private_rows[name] = (handle, rows.numpy(), x)
         return out
@@ -205,17 +212,33 @@ class SplitParty(PartyProgram):
             raise ValueError(f"party {self.party}: next-step rows without meta 'data' (the handle they are of)")
         return Request("embed", rows, {"data": req.meta["data"], "train": bool(req.meta.get("train", False))})
 
-    def keep_buffers(self, embed: Request) -> None:
-        """Before the training forward of an ``embed`` that rode with a gradient: keep the buffers it will change
-        (batch normalisation), so that :meth:`state_dict` until that step's gradient arrives is the state a separate
-        ``embed`` would have found (a checkpoint in between resumes exactly)."""
-        if not embed.meta.get("train"):
-            return
-        for key in embed.tensors:
-            name = key.removeprefix("rows:")
-            buffers = {k: b.detach().clone() for k, b in self._model(name).named_buffers()}
-            if buffers:
-                self._buffers_before[name] = buffers
+    def keep_buffers(self, name: str, source: tuple[str, torch.Tensor] | None) -> None:
+        """Before a training forward of model ``name``: keep the buffers it will change (batch normalisation) and
+        what it is run on, so that :meth:`state_dict` until its gradient arrives is the state before it (a
+        checkpoint or a restart in between runs it again and comes out the same)."""
+        self._lazy.pop(name, None)
+        buffers = {k: b.detach().clone() for k, b in self._model(name).named_buffers()}
+        self._buffers_before.pop(name, None)
+        if buffers:
+            self._buffers_before[name] = buffers
+        if source is not None:
+            self._sources[name] = source
+        else:
+            self._sources.pop(name, None)
+
+    def _pending_forward(self, name: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The pending training forward of model ``name`` (its output and features): the one this process ran, or
+        one of a loaded state run now (at the same weights: the same floats)."""
+        h, x = self._pending.pop(name, None), self._inputs.pop(name, None)
+        if h is None and name in self._lazy:
+            handle, rows = self._lazy.pop(name)
+            x = self._features(handle, rows)
+            h = self.forward_model(name, x, True, (handle, rows))
+            self._pending.pop(name, None)
+            self._inputs.pop(name, None)
+        self._buffers_before.pop(name, None)
+        self._sources.pop(name, None)
+        return h, x
 
     def handle(self, request: Request) -> Reply:
         if request.kind == "grad_embedding" and self._groups:  # its forward was part of a batched round's
@@ -230,10 +253,7 @@ class SplitParty(PartyProgram):
     def on_grad_embedding(self, req: Request) -> Reply:
         nxt = self.next_embed(req)
         self.apply_gradients(req)
-        if nxt is None:
-            return Reply()
-        self.keep_buffers(nxt)
-        return Reply(self.on_embed(nxt).tensors)
+        return Reply() if nxt is None else self.on_embed(nxt)
 
     def apply_gradients(self, req: Request) -> None:
         """The update of a ``grad_embedding`` (without the ``embed`` riding with it)."""
@@ -244,14 +264,12 @@ class SplitParty(PartyProgram):
                              "differential-privacy budget")
         if self.runtime.privacy is not None:
             private_update(self, grads)
-            self._inputs = {}
+            self._inputs, self._sources, self._buffers_before = {}, {}, {}
             return
         total: torch.Tensor | None = None
         stale: dict[str, torch.Tensor] = {}
         for name, grad in grads.items():
-            h = self._pending.pop(name, None)
-            x = self._inputs.pop(name, None)
-            self._buffers_before.pop(name, None)
+            h, x = self._pending_forward(name)
             if h is None or x is None:
                 raise RuntimeError(f"party {self.party}: gradient for {name!r} without a pending training forward")
             if name in sections:
@@ -340,6 +358,11 @@ class SplitParty(PartyProgram):
         }
         if self._simsiam:
             state["simsiam"] = {name: t.state_dict() for name, t in self._simsiam.items()}
+        pending = {name: {"handle": h, "rows": r.clone()} for name, (h, r) in self._sources.items()
+                   if name in self._pending}
+        pending.update({name: {"handle": h, "rows": r.clone()} for name, (h, r) in self._lazy.items()})
+        if pending:  # training forwards whose gradient has not arrived: run again on load, when it arrives
+            state["pending"] = pending
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -352,4 +375,5 @@ class SplitParty(PartyProgram):
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
         self._pending, self._groups, self._private_rows = {}, {}, {}
-        self._inputs, self._buffers_before = {}, {}
+        self._inputs, self._buffers_before, self._sources = {}, {}, {}
+        self._lazy = {name: (str(p["handle"]), p["rows"]) for name, p in state.get("pending", {}).items()}
