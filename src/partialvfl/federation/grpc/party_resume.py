@@ -51,6 +51,9 @@ _ALIGNMENT_KINDS = ("psu_open", "psu_tokens", "psu_unblind", "psu_eval")
 _PROGRAM_BUILTINS = ("setup", "preprocess", "load")
 #: how often a session in use writes when it was last used (its idle timeout counts from then after a restart)
 TOUCH_SECONDS = 10.0
+#: a program whose saved state is larger is written at set-up and load only, not after every training request (a
+#: restart then continues a prediction session, not a fit in the middle of a step)
+STEP_STATE_LIMIT_BYTES = 32 * 2**20
 
 
 def request_digest(request: Request) -> str:
@@ -90,6 +93,8 @@ class ResumeStore:
         self.restored = False  # the party read its session back at start
         self._touched = 0.0  # when session.json was last written (its "wall": the session's last use)
         self.first_after_restore = False  # the next request may be one it had served before it went down
+        self.state_bytes = 0  # the size of the program's state as last written
+        self.mid_step = True  # the program's state on disk follows every training request
 
     # ------------------------------------------------------------------ writing
     def after(self, wire: WireRequest, request: Request, reply: Reply) -> None:
@@ -121,8 +126,17 @@ class ResumeStore:
             elif kind == "setup":
                 self.setup = (str(request.meta["program"]), request.meta.get("config", {}))
                 self._write_program(wire, request, reply)
-            elif kind in _PROGRAM_BUILTINS or self._changes_program(request):
+            elif kind in _PROGRAM_BUILTINS:
                 self._write_program(wire, request, reply)
+            elif self._changes_program(request):
+                if self.state_bytes <= STEP_STATE_LIMIT_BYTES:
+                    self._write_program(wire, request, reply)
+                elif self.mid_step:
+                    self.mid_step = False
+                    (self.dir / "program.pt").unlink(missing_ok=True)
+                    log.info("party %s: its program's state (%.0f MB) is not written after every training request; "
+                             "a restart during this fit starts a new session", self.server.cfg.name,
+                             self.state_bytes / 2**20)
         except OSError as e:  # a full or read-only disk: the party serves on, a restart starts a new session
             log.warning("party %s could not keep its session on disk (%s): a restart will need a new session",
                         self.server.cfg.name, e)
@@ -156,11 +170,14 @@ class ResumeStore:
         program = rt.program
         self.marker = (wire.lane, wire.step, wire.round, request.kind, request_digest(request))
         self.reply = reply
-        _save(self.dir / "program.pt", {
+        path = self.dir / "program.pt"
+        _save(path, {
             "setup": self.setup, "seed": None if program is None else program.seed, "trains": rt.trains,
             "state": None if program is None else program.state_dict(),
             "scaler": None if rt.scaler is None else rt.scaler.state_dict(),
             "marker": self.marker, "reply": (reply.tensors, reply.meta), "wall": time.time()})
+        self.state_bytes = path.stat().st_size
+        self.mid_step = True
 
     def forget(self) -> None:
         """The session ended: nothing of it stays on disk."""
@@ -264,6 +281,7 @@ class ResumeStore:
         """What the party holds of its session now (the continued ``hello``'s reply)."""
         program = self.server.runtime.program
         return {"restored": self.restored, "program": None if program is None else program.program_name,
-                "mid_step": bool(program is not None and getattr(program, "resumes_mid_step", False)),
+                "mid_step": bool(program is not None and getattr(program, "resumes_mid_step", False)
+                                 and self.mid_step),
                 "handles": sorted(self.server.runtime.handles)}
 
