@@ -6,9 +6,9 @@ The own-data example's three parties (``scripts/make_example_tables.py``, 1,500 
 ``partialvfl party serve`` processes (mutual TLS).  "Before" restarts the killed party with ``[party]
 resume_sessions = false`` (it keeps nothing, as every party did before sessions were kept on disk), "after" with the
 default.  Each case is repeated ``--repeats`` times; reported: seconds from the restarted process listening to the
-first answer that used it (serving: a prediction that used its block; fit: its first training reply), the time the
-restarted process took to start and restore its session (before it listens), and how the other parties fared (new
-``hello`` at them: a rejoin).
+first answer that used it (serving: a prediction that used its block; fit: its first training reply), from the kill
+to that answer, the time the restarted process took to start (and of it, to restore its session, before it
+listens), and how the other parties fared (new ``hello`` at them: a rejoin).
 
 * serving: a LASER-VFL model fitted across the parties, a :class:`~partialvfl.serving.federated.FederationPredictor`
   predicting batches of 12 customers back to back (its upkeep between batches, as the service runs it); the shop is
@@ -115,6 +115,7 @@ def serving_case(dep: LocalDeployment, model: Path, ids: list[str], resume: bool
         predictor.close()
     return {"case": "serving", "resume": resume,
             "used_again_after_s": None if used_at is None else round(used_at - marks["listening"], 3),
+            "out_s": None if used_at is None else round(used_at - marks["killed"], 2),
             "start_s": round(marks["listening"] - marks["killed"], 2),
             "restore_s": restored_seconds(dep, k),
             "other_parties_new_hello": sum(after[n] - before[n] for n in dep.names if n != "shop")}
@@ -156,6 +157,7 @@ def fit_case(dep: LocalDeployment, work: Path, resume: bool) -> dict[str, Any]:
             and when >= marks.get("listening", float("inf"))]
     return {"case": "fit", "resume": resume, "party_failures": result_.party_failures,
             "used_again_after_s": round(used[0] - marks["listening"], 3) if used else None,
+            "out_s": round(used[0] - marks["killed"], 2) if used else None,
             "start_s": round(marks["listening"] - marks["killed"], 2), "restore_s": restored_seconds(dep, k),
             "other_parties_new_hello": sum(after[n] - before[n] for n in dep.names if n != "telco") - 2}
 
@@ -189,20 +191,28 @@ def main() -> int:
                     if "serving" in args.cases:
                         rows.append(serving_case(dep, work / "model", ids, resume))
                         print(rows[-1], file=sys.stderr)
+                        if not resume:  # the shop runs with its sessions kept again (it keeps one to continue)
+                            dep.kill(1)
+                            dep.start([1])
                     if "fit" in args.cases:
                         rows.append(fit_case(dep, work, resume))
                         print(rows[-1], file=sys.stderr)
+                        if not resume:
+                            dep.kill(2)
+                            dep.start([2])
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "python": platform.python_version(), "load_average": os.getloadavg()}
-    print("| case | restarted party | used again after it listens, s (each run) | median | start to listening, s "
-          "| restore, s | new hellos at the other parties |\n|---|---|---|---|---|---|---|")
+    print("| case | restarted party | used again after it listens, s (each run) | median | killed to used again, s "
+          "| start to listening, s | of which restore, s | new hellos at the other parties |\n"
+          "|---|---|---|---|---|---|---|---|")
     for case in args.cases:
         for resume in (False, True):
             sel = [r for r in rows if r["case"] == case and r["resume"] == resume]
             used = [r["used_again_after_s"] for r in sel]
             med = np.median([u for u in used if u is not None]) if any(u is not None for u in used) else None
             print(f"| {case} | {'continues its session (after)' if resume else 'rejoins (before)'} | "
-                  f"{', '.join(str(u) for u in used)} | {med} | {', '.join(str(r['start_s']) for r in sel)} | "
+                  f"{', '.join(str(u) for u in used)} | {med} | {', '.join(str(r['out_s']) for r in sel)} | "
+                  f"{', '.join(str(r['start_s']) for r in sel)} | "
                   f"{', '.join(str(r['restore_s']) for r in sel)} | "
                   f"{', '.join(str(r['other_parties_new_hello']) for r in sel)} |")
     print(f"machine: {machine}")

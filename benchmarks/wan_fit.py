@@ -103,7 +103,8 @@ def fit_cases(dep: LocalDeployment, work: Path, args: argparse.Namespace) -> lis
         wan_file = work / "federation-wan.toml"
         wan_file.write_text(text)
         for method in args.methods:
-            reference = None
+            reference, batches = None, None
+            one_fit(dep.federation_file, method, schedule_params(method, None, 1), args.seed)  # warm-up, not reported
             for rounds in FITS[method]["schedules"]:
                 params = schedule_params(method, rounds, args.stale_steps)
                 loop = one_fit(dep.federation_file, method, params, args.seed)
@@ -116,6 +117,7 @@ def fit_cases(dep: LocalDeployment, work: Path, args: argparse.Namespace) -> lis
                         p.delay = 0.0
                     time.sleep(args.delay_ms / 1000 + 0.5)  # the goodbyes still held back by the proxies arrive
                 same = None
+                batches = batches or wan["steps"]  # the first schedule's steps are batches (stale: groups of them)
                 if rounds == "sequential":
                     reference = wan["proba"]
                 elif reference is not None and rounds == "piggyback":
@@ -123,7 +125,8 @@ def fit_cases(dep: LocalDeployment, work: Path, args: argparse.Namespace) -> lis
                 extra = wan["seconds"] - loop["seconds"]
                 row = {"method": method, "rounds": rounds or "(its own)", **{k: v for k, v in params.items()},
                        "round_trips": wan["round_trips"], "step_round_trips": wan["step_round_trips"],
-                       "steps": wan["steps"], "per_step": wan["per_step"], "loopback_s": loop["seconds"],
+                       "steps": batches, "per_step": round(wan["step_round_trips"] / batches, 3),
+                       "loopback_s": loop["seconds"],
                        "wan_s": wan["seconds"], "ratio": round(wan["seconds"] / loop["seconds"], 2),
                        "trips_from_time": round(extra / (args.delay_ms / 1000), 1),
                        "predictions_equal_sequential": same,
@@ -137,7 +140,7 @@ def fit_cases(dep: LocalDeployment, work: Path, args: argparse.Namespace) -> lis
 
 
 def fit_table(rows: list[dict[str, Any]], delay_ms: float) -> str:
-    head = (f"| method | rounds | round trips (all) | of training steps | steps | per step | loopback s | "
+    head = (f"| method | rounds | round trips (all) | of training steps | training steps | per step | loopback s | "
             f"{delay_ms:g} ms per round trip s | ratio | round trips by the time | predictions = sequential |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []

@@ -95,6 +95,8 @@ class ResumeStore:
         self.first_after_restore = False  # the next request may be one it had served before it went down
         self.state_bytes = 0  # the size of the program's state as last written
         self.mid_step = True  # the program's state on disk follows every training request
+        if not self.enabled:  # a session kept by an earlier run that kept them is not this run's to continue
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ writing
     def after(self, wire: WireRequest, request: Request, reply: Reply) -> None:
