@@ -22,7 +22,6 @@ listens), and how the other parties fared (new ``hello`` at them: a rejoin).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -44,19 +43,11 @@ from partialvfl.federation.trust.access_log import read_access_log
 from partialvfl.federation.wire.messages import Reply
 from partialvfl.methods import get_method
 from partialvfl.orchestration import FitOptions, run_fit
+from serve_load import example_tables  # the same tables as the serving benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
 TRAINING_KINDS = ("embed", "grad_embedding")
-
-
-def example(d: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("make_example_tables", ROOT / "scripts" / "make_example_tables.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write(d, seed=0, n_train=1500, n_new=300)
-    return d
 
 
 def hellos(dep: LocalDeployment) -> dict[str, int]:
@@ -171,7 +162,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        d = example(work / "example")
+        d = example_tables(work / "example", 0)
         data = from_tables({n: d / "train" / f"{n}.csv" for n in PARTIES}, id_column="customer_id",
                            label_column="defaulted", active_party="bank")
         ids = [str(i) for i in data.ids[:12]]

@@ -22,7 +22,6 @@ arithmetic) by ``--accuracy``: on the example's new customers and on digits.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ from partialvfl.federation.grpc.federation import GrpcFederation
 from partialvfl.federation.grpc.local import LocalDeployment
 from partialvfl.methods import get_method
 from partialvfl.orchestration import run_fit
+from serve_load import example_tables  # the same tables as the serving benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("bank", "shop", "telco")
@@ -49,15 +49,6 @@ FITS: dict[str, dict[str, Any]] = {
     "laser-vfl": {"params": {"epochs": 5}, "schedules": ["sequential", "piggyback", "stale"]},
     "false-vfl-1": {"params": {"pretrain_epochs": 3, "epochs": 3}, "schedules": [None]},
 }
-
-
-def example_tables(d: Path, seed: int = 0) -> Path:
-    spec = importlib.util.spec_from_file_location("make_example_tables", ROOT / "scripts" / "make_example_tables.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write(d, seed=seed, n_train=1500, n_new=300)
-    return d
 
 
 def schedule_params(method: str, rounds: str | None, stale_steps: int) -> dict[str, Any]:

@@ -110,23 +110,29 @@ def _training(shop: Driver, server: PartyServer, steps: range) -> list[torch.Ten
     return out
 
 
+def _trained(config: Path) -> tuple[PartyServer, Driver, str]:
+    """A party server in a session: set up, its training table attached and standardised, a first training forward
+    pending; with its driver and the session's secret."""
+    server = PartyServer(load_party_config(config))
+    shop = Driver(server)
+    secret = shop("hello").meta["session_secret"]
+    setup = SplitSetup(feature_shape=(3,), models=("f",), latent_dim=4, encoder="mlp", encoder_hidden=(8,),
+                       optimizer=OptimiserSetup(name="adam", lr=0.01)).to_wire()
+    shop("setup", program="splitnn/party", config=setup, seed=3)
+    shop("attach", {"hashes": torch.from_numpy(server.table.hashes.copy()), "rows": torch.arange(40)},
+         handle="train", n_samples=40)
+    shop("preprocess", data="train", standardize=True)
+    shop("embed", {"rows:f": torch.arange(0, 40, 5)}, step=1, data="train", train=True)
+    return server, shop, secret
+
+
 def _params(server: PartyServer) -> dict[str, torch.Tensor]:
     st = server.runtime.program.state_dict()
     return {k: v.clone() for k, v in st["models"]["f"].items()}
 
 
 def test_a_restarted_party_server_continues_its_session_where_it_was(tmp_path: Path) -> None:
-    config = _server_files(tmp_path / "a")
-    first = PartyServer(load_party_config(config))
-    shop = Driver(first)
-    secret = shop("hello").meta["session_secret"]
-    setup = SplitSetup(feature_shape=(3,), models=("f",), latent_dim=4, encoder="mlp", encoder_hidden=(8,),
-                       optimizer=OptimiserSetup(name="adam", lr=0.01)).to_wire()
-    shop("setup", program="splitnn/party", config=setup, seed=3)
-    hashes = torch.from_numpy(first.table.hashes.copy())
-    shop("attach", {"hashes": hashes, "rows": torch.arange(40)}, handle="train", n_samples=40)
-    shop("preprocess", data="train", standardize=True)
-    shop("embed", {"rows:f": torch.arange(0, 40, 5)}, step=1, data="train", train=True)
+    first, shop, secret = _trained(_server_files(tmp_path / "a"))
     _training(shop, first, range(1, 4))
     kept_seq = shop.seq
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # its disk as it was when it went down
@@ -151,15 +157,7 @@ def test_a_restarted_party_server_continues_its_session_where_it_was(tmp_path: P
 
 def test_a_request_served_just_before_the_party_went_down_is_not_applied_twice(tmp_path: Path) -> None:
     config = _server_files(tmp_path)
-    first = PartyServer(load_party_config(config))
-    shop = Driver(first)
-    secret = shop("hello").meta["session_secret"]
-    setup = SplitSetup(feature_shape=(3,), models=("f",), latent_dim=4, encoder="mlp", encoder_hidden=(8,),
-                       optimizer=OptimiserSetup(name="adam", lr=0.01)).to_wire()
-    shop("setup", program="splitnn/party", config=setup, seed=3)
-    shop("attach", {"hashes": torch.from_numpy(first.table.hashes.copy()), "rows": torch.arange(40)},
-         handle="train", n_samples=40)
-    shop("embed", {"rows:f": torch.arange(0, 40, 5)}, step=1, data="train", train=True)
+    first, shop, secret = _trained(config)
     last = _training(shop, first, range(1, 3))[-1]  # its reply never reached the coordinator: the party went down
     params = _params(first)
     second = PartyServer(load_party_config(config))

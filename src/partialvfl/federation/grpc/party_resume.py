@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from partialvfl.federation.grpc.frames import WireRequest
 from partialvfl.federation.wire.messages import Reply, Request
 from partialvfl.federation.wire.program import PROGRAMS
 from partialvfl.federation.wire.schema import INFERS
-from partialvfl.utils.private_files import write_private_json
+from partialvfl.utils.private_files import write_private, write_private_json
 
 __all__ = ["SESSION_DIR", "ResumeStore", "request_digest"]
 
@@ -70,12 +69,7 @@ def request_digest(request: Request) -> str:
 
 def _save(path: Path, content: Any) -> None:
     """``torch.save`` atomically, readable by the owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        torch.save(content, f)
-    os.replace(tmp, path)
+    write_private(path, lambda f: torch.save(content, f), binary=True)
 
 
 class ResumeStore:
