@@ -5,8 +5,9 @@ session held (``state_dir/session/``, files readable by its owner only, each wri
 
 * the session: its identifier, the SHA-256 of its secret (never the secret), the coordinator's key, when it was last
   used (``session.json``);
-* the alignment: this session's nonce and salt, and every aligned table's tokens with their rows, so no token is
-  computed again (``alignment.pt``);
+* the alignment: this session's nonce, salt and lookups counted (``alignment.json``), every aligned table's tokens
+  with their rows, written once, so no token is computed again (``tokens-*.pt``), and the points its lookups
+  evaluated, appended as they come (``evaluated.bin``);
 * the data sets attached under a handle (their ``attach`` requests, replayed from the restored tokens:
   ``handles.pt``);
 * the program: its name, set-up config and the seed it was built with, the party's preprocessing, the program's
@@ -103,14 +104,14 @@ class ResumeStore:
         try:
             if kind == "hello" and not request.meta.get("continue_session"):  # a new alignment, no handle yet
                 self.handles.clear()
-                for name in ("alignment.pt", "handles.pt"):
+                for name in ("alignment.pt", "handles.pt", "evaluated.bin", *self._token_files()):
                     (self.dir / name).unlink(missing_ok=True)
             if kind == "hello" or time.time() - self._touched > TOUCH_SECONDS:
                 self._write_session()
             if kind == "bye":
                 self.forget()
             elif kind in _ALIGNMENT_KINDS:
-                self._write_alignment()
+                self._write_alignment(request, reply)
             elif kind in ("attach", "release"):
                 handle = str(request.meta.get("handle"))
                 if kind == "attach":
@@ -151,15 +152,26 @@ class ResumeStore:
             "session": guard.session, "secret_sha256": guard.secret_sha256, "wall": time.time(),
             "coordinator": self.server.aligner.caller})
 
-    def _write_alignment(self) -> None:
+    def _token_files(self) -> list[str]:
+        return [p.name for p in self.dir.glob("tokens-*.pt")] if self.dir.is_dir() else []
+
+    def _write_alignment(self, request: Request, reply: Reply) -> None:
+        """The session's nonce and salt and the lookups counted (small, every time); a table's tokens once, when
+        they are computed; the points a lookup evaluated, appended (a replayed set stays refused after a restart)."""
         a = self.server.aligner
-        rows = {t: (np.frombuffer(b"".join(idx), np.uint8).reshape(-1, 32) if idx else np.zeros((0, 32), np.uint8),
-                    np.fromiter(idx.values(), np.int64, len(idx))) for t, idx in a.rows.items()}
-        evaluated = np.frombuffer(b"".join(sorted(a.evaluated)), np.uint8).copy()
-        _save(self.dir / "alignment.pt", {"nonce": a.nonce, "salt": a.salt, "lookups": a.lookups,
-                                          "rows": {t: (torch.from_numpy(h.copy()), torch.from_numpy(r))
-                                                   for t, (h, r) in rows.items()},
-                                          "evaluated": torch.from_numpy(evaluated)})
+        if request.kind in ("psu_tokens", "psu_unblind"):
+            for table, idx in a.rows.items():
+                path = self.dir / f"tokens-{hashlib.sha256(table.encode()).hexdigest()[:16]}.pt"
+                if not path.is_file():
+                    hashes = np.frombuffer(b"".join(idx), np.uint8).reshape(-1, 32) if idx else np.zeros((0, 32),
+                                                                                                     np.uint8)
+                    _save(path, {"table": table, "tokens": torch.from_numpy(hashes.copy()),
+                                 "rows": torch.from_numpy(np.fromiter(idx.values(), np.int64, len(idx)))})
+        if request.kind == "psu_eval" and "points" in request.tensors:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / "evaluated.bin", "ab") as f:
+                f.write(request.tensors["points"].numpy().astype(np.uint8).tobytes())
+        write_private_json(self.dir / "alignment.json", {"nonce": a.nonce, "salt": a.salt, "lookups": a.lookups})
 
     def _write_program(self, wire: WireRequest, request: Request, reply: Reply) -> None:
         rt = self.server.runtime
@@ -226,16 +238,21 @@ class ResumeStore:
         srv.sessions.restore(str(sess["session"]), str(sess["secret_sha256"]), time.time() - float(sess["wall"]))
         srv.aligner.caller = str(sess.get("coordinator", srv.aligner.caller))
         out: dict[str, Any] = {"session": True}
-        if (self.dir / "alignment.pt").is_file():
-            a = torch.load(self.dir / "alignment.pt", weights_only=True)
+        if (self.dir / "alignment.json").is_file():
+            a = json.loads((self.dir / "alignment.json").read_text())
             al = srv.aligner
             al.nonce, al.salt, al.lookups = a["nonce"], a["salt"], int(a["lookups"])
             if al.salt is not None and al.keyed:
                 al._session_key(al.salt, "restore")  # the session key again, from the kept salt (one HMAC)
-            al.rows = {t: {bytes(row): int(i) for row, i in zip(h.numpy(), r.tolist())}
-                       for t, (h, r) in a["rows"].items()}
-            ev = a["evaluated"].numpy().reshape(-1, 32)
-            al.evaluated = {bytes(row) for row in ev}
+            for path in sorted(self.dir.glob("tokens-*.pt")):
+                t = torch.load(path, weights_only=True)
+                al.rows[str(t["table"])] = {bytes(row): int(i) for row, i in zip(t["tokens"].numpy(),
+                                                                                 t["rows"].tolist())}
+            evaluated = self.dir / "evaluated.bin"
+            if evaluated.is_file():
+                raw = evaluated.read_bytes()
+                raw = raw[:len(raw) - len(raw) % 32]  # a record cut short by the crash was not evaluated
+                al.evaluated = {raw[i:i + 32] for i in range(0, len(raw), 32)}
             out["tables"] = {t: len(r) for t, r in al.rows.items()}
         if (self.dir / "handles.pt").is_file():
             h = torch.load(self.dir / "handles.pt", weights_only=True)
