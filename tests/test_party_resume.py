@@ -51,8 +51,8 @@ def test_a_restored_session_serves_nothing_until_its_coordinator_continues_it() 
         with pytest.raises(Refused) as e:
             guard.check(refused)
         assert e.value.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED)
-    with pytest.raises(Refused):  # a plain hello of another coordinator: the session is live
-        guard.check(_wire("hello", 5, session="other"))
+    guard.check(_wire("bye", 5))  # its coordinator may end it (then the files go) ...
+    guard.check(_wire("hello", 5, session="other"))  # ... and, not continued yet, it holds no coordinator off
     hello = _wire("hello", 7, step=3, resume="the secret", continue_session=True, lane_seqs={"1": 40})
     guard.check(hello)
     assert guard.commit(hello) == {"session_secret": "the secret"} and guard.resumed
@@ -61,6 +61,8 @@ def test_a_restored_session_serves_nothing_until_its_coordinator_continues_it() 
             guard.check(replayed)
     guard.check(_wire("embed", 8, step=3))
     guard.check(_wire("embed", 41, step=3, lane=1))
+    with pytest.raises(Refused, match="another coordinator session"):  # continued: live again, as any session
+        guard.check(_wire("hello", 9, session="other"))
 
 
 def test_a_session_gone_idle_cannot_be_continued() -> None:

@@ -10,7 +10,8 @@ without the secret waits for the idle timeout.  ``bye`` ends the session (the co
 A party that restarted with its session on disk (:mod:`.party_resume`) knows the session and a digest of its secret:
 the coordinator *continues* it with a ``hello`` that carries the secret and ``continue_session`` (refused, leaving
 everything as it is, unless this party holds that very session), and says where each of its lanes' sequence numbers
-stand, so that nothing it sent before is served again.
+stand, so that nothing it sent before is served again.  Until then the session serves nothing but that ``hello`` and
+its coordinator's ``bye``, and holds no other coordinator off (as a party that restarted without it).
 
 :class:`SessionGuard` is the party's side (with the replay rules inside a session); :class:`SessionSecrets` the
 coordinator's (a JSON file, readable by its owner only, written atomically).  :class:`AlignmentTickets` keeps the
@@ -104,7 +105,8 @@ class SessionGuard:
                               "the session ended or went idle, or another took over): a new session is needed")
             return
         if kind == "hello":
-            if self.live() and not self._resumes(wire.request.meta):
+            # a session read back from disk, not continued yet, holds nobody off: as a party that restarted did
+            if self.live() and not self.awaiting_continue and not self._resumes(wire.request.meta):
                 quiet = self.clock() - self.last_active
                 raise Refused(grpc.StatusCode.ABORTED,
                               f"party {self.party!r} is serving another coordinator session (its last request "
@@ -116,7 +118,7 @@ class SessionGuard:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                           f"party {self.party!r} has no coordinator session (it restarted, or the session ended): "
                           "a coordinator must say hello first")
-        if self.awaiting_continue:
+        if self.awaiting_continue and not (kind == "bye" and wire.session == self.session):
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                           f"party {self.party!r} restarted and holds its session on disk: its coordinator continues "
                           "it with a hello (continue_session) first")
