@@ -106,6 +106,44 @@ def test_a_resumed_piggybacked_fit_equals_an_uninterrupted_one(train, tmp_path) 
         assert_identical(states(resumed), states(ref))
 
 
+def _images(n: int = 40, seed: int = 0) -> VerticalDataset:
+    """Three parties of 1 x 4 x 4 image pieces (resnet18 encoders: batch normalisation), all labelled."""
+    from partialvfl import Task
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    blocks = [rng.normal(size=(n, 16)) + y[:, None] for _ in range(3)]
+    return VerticalDataset(blocks, np.ones((n, 3), bool), ids=[f"i{i}" for i in range(n)], y=y,
+                           labeled=np.ones(n, bool), task=Task.classification(["a", "b"]), active_party=0,
+                           feature_shapes=[(1, 4, 4)] * 3)
+
+
+def test_a_checkpoint_while_a_ridden_forward_is_pending_keeps_the_buffers_before_it(tmp_path) -> None:
+    """Batch normalisation: a training forward changes the running statistics.  A checkpoint taken after a step
+    whose message carried the next step's forward saves the buffers before that forward, so the resumed fit (which
+    runs it again) ends as the uninterrupted one."""
+    data = _images()
+    params = {"latent_dim": 4, "encoder": "resnet18", "resnet_width": 4, "epochs": 2, "batch_size": 8}
+    ref = get_method("vanilla-vfl")("fast", seed=3, **params).fit(data)
+
+    class Crash(Exception):
+        pass
+
+    class CrashAt(Checkpointer):
+        def after_step(self, step: int, state: Any) -> None:
+            super().after_step(step, state)
+            if step == 3:
+                raise Crash
+
+    with pytest.raises(Crash):
+        get_method("vanilla-vfl")("fast", seed=3, **params).fit(data, checkpointer=CrashAt(tmp_path, every=1))
+    resumed = get_method("vanilla-vfl")("fast", seed=3, **params).fit(data, checkpointer=Checkpointer(tmp_path,
+                                                                                                      every=1))
+    assert resumed.resumed_step_ == 3
+    assert any("running_mean" in k for k in states(ref)[1])
+    assert_identical(states(resumed), states(ref))
+
+
 @pytest.mark.parametrize("name", ["laser-vfl", "plug-vfl"])
 def test_the_stale_schedule_takes_stale_steps_per_round_trip(name: str, train) -> None:
     exact, elog = fit(name, train)
