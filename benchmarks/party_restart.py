@@ -67,6 +67,8 @@ def start_again(dep: LocalDeployment, k: int, resume: bool, marks: dict[str, flo
 
 def kill(dep: LocalDeployment, k: int, resume: bool, marks: dict[str, float]) -> threading.Thread:
     """Kill party ``k`` (SIGKILL) and start it again in a thread."""
+    log = dep.dir / f"party-{k}.log"
+    marks["log_size"] = log.stat().st_size if log.is_file() else 0
     dep.kill(k, signal.SIGKILL)
     marks["killed"] = time.monotonic()
     t = threading.Thread(target=start_again, args=(dep, k, resume, marks))
@@ -74,9 +76,10 @@ def kill(dep: LocalDeployment, k: int, resume: bool, marks: dict[str, float]) ->
     return t
 
 
-def restored_seconds(dep: LocalDeployment, k: int) -> float | None:
-    """What the restarted party's log says its session took to read back (None: it restored nothing)."""
-    for line in reversed((dep.dir / f"party-{k}.log").read_text().splitlines()):
+def restored_seconds(dep: LocalDeployment, k: int, since: int) -> float | None:
+    """What the restarted party's log (from byte ``since``: this process's lines) says its session took to read
+    back (None: it restored nothing)."""
+    for line in reversed((dep.dir / f"party-{k}.log").read_bytes()[since:].decode(errors="replace").splitlines()):
         if "restored its coordinator session" in line:
             return float(line.split(" in ")[1].split(" s")[0])
     return None
@@ -108,7 +111,7 @@ def serving_case(dep: LocalDeployment, model: Path, ids: list[str], resume: bool
             "used_again_after_s": None if used_at is None else round(used_at - marks["listening"], 3),
             "out_s": None if used_at is None else round(used_at - marks["killed"], 2),
             "start_s": round(marks["listening"] - marks["killed"], 2),
-            "restore_s": restored_seconds(dep, k),
+            "restore_s": restored_seconds(dep, k, int(marks["log_size"])),
             "other_parties_new_hello": sum(after[n] - before[n] for n in dep.names if n != "shop")}
 
 
@@ -149,7 +152,8 @@ def fit_case(dep: LocalDeployment, work: Path, resume: bool) -> dict[str, Any]:
     return {"case": "fit", "resume": resume, "party_failures": result_.party_failures,
             "used_again_after_s": round(used[0] - marks["listening"], 3) if used else None,
             "out_s": round(used[0] - marks["killed"], 2) if used else None,
-            "start_s": round(marks["listening"] - marks["killed"], 2), "restore_s": restored_seconds(dep, k),
+            "start_s": round(marks["listening"] - marks["killed"], 2),
+            "restore_s": restored_seconds(dep, k, int(marks["log_size"])),
             "other_parties_new_hello": sum(after[n] - before[n] for n in dep.names if n != "telco") - 2}
 
 
