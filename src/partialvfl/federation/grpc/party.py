@@ -213,7 +213,7 @@ class PartyServer(TableBuiltins):
 
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
-        continued = bool(req.meta.get("continue_session"))
+        continued = req.meta.get("continue_session", False)
         if not continued:  # a continued session keeps its alignment, data and program as they were
             self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
             self._reread_prediction_tables()

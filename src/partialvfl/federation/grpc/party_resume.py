@@ -141,7 +141,7 @@ class ResumeStore:
     def _changes_program(self, request: Request) -> bool:
         program = self.server.runtime.program
         spec = None if program is None else program.messages.get(request.kind)
-        return spec is not None and (spec.role != INFERS or bool(request.meta.get("train")))
+        return spec is not None and (spec.role != INFERS or request.meta.get("train") is True)
 
     def _write_session(self) -> None:
         guard = self.server.sessions

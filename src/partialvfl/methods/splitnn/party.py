@@ -185,7 +185,7 @@ class SplitParty(PartyProgram):
         return h
 
     def on_embed(self, req: Request) -> Reply:
-        return Reply(self._embed_rows(req.meta["data"], req.tensors, bool(req.meta.get("train", False)), "rows:"))
+        return Reply(self._embed_rows(req.meta["data"], req.tensors, req.meta.get("train", False), "rows:"))
 
     def _embed_rows(self, handle: str, tensors: dict[str, torch.Tensor], train: bool, prefix: str
                     ) -> dict[str, torch.Tensor]:
@@ -210,7 +210,7 @@ class SplitParty(PartyProgram):
             return None
         if "data" not in req.meta:
             raise ValueError(f"party {self.party}: next-step rows without meta 'data' (the handle they are of)")
-        return Request("embed", rows, {"data": req.meta["data"], "train": bool(req.meta.get("train", False))})
+        return Request("embed", rows, {"data": req.meta["data"], "train": req.meta.get("train", False)})
 
     def keep_buffers(self, name: str, source: tuple[str, torch.Tensor] | None) -> None:
         """Before a training forward of model ``name``: keep the buffers it will change (batch normalisation) and
