@@ -55,12 +55,15 @@ def _fit(name: str, data: VerticalDataset, log: MessageLog | None = None, **para
 
 
 def _embed_requests(log: MessageLog, start: int = 0) -> list[tuple[int, str, np.ndarray]]:
-    """(party, model, rows) of every embed request in the log from entry ``start`` on."""
+    """(party, model, rows) of every embed request in the log from entry ``start`` on, also those riding with a
+    ``grad_embedding`` (its ``next:<model>`` rows)."""
     out = []
     for e, payload in zip(log.entries[start:], log.payloads[start:]):
-        if e.kind == "embed" and e.direction == "request":
+        if e.kind in ("embed", "grad_embedding") and e.direction == "request":
+            prefix = "rows:" if e.kind == "embed" else "next:"
             for name, t in payload.items():
-                out.append((e.receiver, name.removeprefix("rows:"), t.numpy()))
+                if name.startswith(prefix):
+                    out.append((e.receiver, name.removeprefix(prefix), t.numpy()))
     return out
 
 

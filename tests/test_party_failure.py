@@ -178,6 +178,9 @@ def test_with_party_timeout_the_fit_waits_for_the_restarted_party_and_ends_as_un
         return original(self, timeout, poll=0.2)
 
     monkeypatch.setattr(GrpcFederation, "rejoin", rejoin)
+    # a party that cannot continue its session (restarted without it on disk: tests/test_party_resume.py has the
+    # one that can): every party says hello again and the fit goes on from the last checkpoint
+    monkeypatch.setattr(GrpcFederation, "continue_party", lambda *args, **kw: False)
     restored = record_restores(monkeypatch)
     assert main(fit_argv(dep, out, "--checkpoint-every", "5", "--party-timeout", str(PATIENCE))) == 0
     assert killed == [10] and waited == [1] and restored == [10]  # the first attempt had nothing to restore

@@ -164,6 +164,7 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
                                                     service: Service) -> None:
     dep, d, _ = setup
     ids = ids_of(d)
+    hellos = {name: _hellos(dep, name) for name in ("bank", "telco")}
     dep.kill(1)
     code, body = service.call("/v1/predict", {"ids": ids}, token=None)
     assert code == 200, body
@@ -183,6 +184,17 @@ def test_a_party_killed_and_restarted_is_used_again(setup: tuple[LocalDeployment
         assert time.monotonic() < limit, "the restarted party was not used again"
         time.sleep(0.2)
     assert service.call("/readyz", token=None)[1]["parties"]["shop"] == "ok"
+    # it continued the service's session from its own disk: no new session at the other parties, no model loaded
+    # or token computed again there
+    assert {name: _hellos(dep, name) for name in ("bank", "telco")} == hellos
+    assert "restored its coordinator session" in (dep.dir / "party-1.log").read_text()
+
+
+def _hellos(dep: LocalDeployment, name: str) -> int:
+    from partialvfl.federation.trust.access_log import read_access_log
+
+    log = read_access_log(dep.dir / "state" / name / "access.log")
+    return sum(1 for e in log if e["kind"] == "hello" and e["outcome"] == "served")
 
 
 @pytest.mark.slow

@@ -26,7 +26,11 @@ whole-party actions such as one SimSiam epoch) make up epoch ``e``, and the step
   parties are rolled back by ``Checkpointer.restore``; the loop skips the stages and epochs before the checkpoint,
   replays the checkpointed epoch's item iterator from the generator state saved at that epoch's start (so lazily
   drawn items come out the same), then restores the generator, the running sums, the history, the coordinator's
-  modules and the stage's own state (optimisers) and continues with the next item.
+  modules and the stage's own state (optimisers) and continues with the next item;
+* a look ahead (:meth:`TrainingLoop.peek`): a step may ask for the item that follows it (drawn then, after the step's
+  own draws, and kept for the next step), so that its last round can carry the next step's first request (one round
+  trip per step instead of two); an epoch's end is crossed unless a validation check comes between, and a checkpoint
+  keeps the generator as it was before the look ahead, so the order of every draw, and a resume, are unchanged.
 
 A resumed fit therefore ends in the same parameters as an uninterrupted one (tested for every method family, in
 process and over gRPC).
@@ -75,6 +79,16 @@ def check_finite_output(method: str, output: np.ndarray, ids: np.ndarray) -> Non
 Metrics = Mapping[str, tuple[float, float]]
 #: ``on_epoch(stage, epoch, metrics)``: called after every epoch (epochs count from 1).
 EpochCallback = Callable[[str, int, dict[str, float]], None]
+
+
+@dataclass
+class _Peeked:
+    """The next item, drawn ahead by :meth:`TrainingLoop.peek`: the generator's state before the draw and, when the
+    item opens the next epoch, that epoch's iterator."""
+
+    item: Any
+    rng_before: Any
+    next_epoch: Iterator[Any] | None = None
 
 
 @dataclass
@@ -139,6 +153,9 @@ class TrainingLoop:
         self.fingerprint = dict(fingerprint or {})
         self.resume: dict[str, Any] | None = None
         self.resumed_step: int | None = None
+        # the epoch being run (stage, epoch, its iterator, early stopping) and the item drawn ahead (peek)
+        self._current: tuple[Stage, int, Iterator[Any], EarlyStopping | None] | None = None
+        self._peeked: _Peeked | None = None
         if checkpointer is not None and (latest := checkpointer.latest()) is not None:
             self._check_fingerprint(latest.state.get("fingerprint", {}), latest.directory)
             saved = checkpointer.restore()
@@ -162,6 +179,7 @@ class TrainingLoop:
         if stage.name in self.stages_run:
             raise ValueError(f"{self.name}: stage {stage.name!r} run twice in one fit")
         self.stages_run.append(stage.name)
+        self._peeked = None
         if self.resume is not None and self.resume["stage"] != stage.name:
             return  # the whole stage lies before the checkpoint: its effects are in the restored states
         first_epoch = int(self.resume["epoch"]) if self.resume is not None else 0
@@ -182,15 +200,63 @@ class TrainingLoop:
         except PartyUnavailable as e:
             raise PartyLost(e.party, e.reason, self.step_count) from None
 
+    def peek(self) -> Any | None:
+        """The item the running stage processes next, drawn now (after the calling step's own draws) and kept for
+        that step; ``None`` when none follows the current one without something in between: the stage's end, or an
+        epoch's end followed by a validation check (early stopping).  Called again before the next step, the same
+        item."""
+        if self._current is None:
+            return None
+        if self._peeked is not None:
+            return self._peeked.item
+        stage, epoch, items, stopper = self._current
+        before = rng_state(stage.rng)
+        item = next(items, _END)
+        if item is not _END:
+            self._peeked = _Peeked(item, before)
+            return item
+        if epoch + 1 >= stage.epochs or (stopper is not None and stopper.due(epoch)):
+            return None
+        following = iter(stage.items(epoch + 1, stage.rng))
+        item = next(following, _END)
+        if item is _END:  # an empty epoch: as if nothing had been drawn
+            set_rng_state(stage.rng, before)
+            return None
+        self._peeked = _Peeked(item, before, following)
+        return item
+
+    def _next_item(self, items: Iterator[Any]) -> Any:
+        """The next item of this epoch: the one drawn ahead, if any (an item of the next epoch waits for it)."""
+        peeked = self._peeked
+        if peeked is None:
+            return next(items, _END)
+        if peeked.next_epoch is not None:
+            return _END
+        self._peeked = None
+        return peeked.item
+
     def _run_epoch(self, stage: Stage, epoch: int, stopper: EarlyStopping | None = None) -> None:
         if stage.on_epoch_start is not None:
             stage.on_epoch_start(epoch)
+        peeked = self._peeked
         if self.resume is not None:
             index, sums, epoch_rng, items = self._fast_forward(stage, stopper)
+        elif peeked is not None and peeked.next_epoch is not None:  # its first item was drawn ahead
+            index, sums, epoch_rng = 0, {}, peeked.rng_before
+            items = peeked.next_epoch
+            self._peeked = _Peeked(peeked.item, peeked.rng_before)
         else:
             index, sums, epoch_rng = 0, {}, rng_state(stage.rng)
             items = iter(stage.items(epoch, stage.rng))
-        for item in items:
+        self._current = (stage, epoch, items, stopper)
+        try:
+            self._run_items(stage, epoch, stopper, items, index, sums, epoch_rng)
+        finally:
+            self._current = None
+
+    def _run_items(self, stage: Stage, epoch: int, stopper: EarlyStopping | None, items: Iterator[Any], index: int,
+                   sums: dict[str, list[float]], epoch_rng: Any) -> None:
+        while (item := self._next_item(items)) is not _END:
             self.transport.new_step()
             self.step_count += 1
             failures = len(self.transport.failures)
@@ -255,11 +321,14 @@ class TrainingLoop:
         if self.checkpointer is None:
             return
 
+        # drawn ahead: the checkpoint keeps the generator before that draw (a resume draws the item again)
+        rng = self._peeked.rng_before if self._peeked is not None else rng_state(stage.rng)
+
         def state() -> dict[str, Any]:
             return {
                 "fingerprint": self.fingerprint, "step": self.step_count, "stage": stage.name, "epoch": epoch,
                 "index": index,
-                "rng_epoch": epoch_rng, "rng": rng_state(stage.rng),
+                "rng_epoch": epoch_rng, "rng": rng,
                 "sums": {k: [float(s), float(w)] for k, (s, w) in sums.items()},
                 "history": [dict(row) for row in self.history],
                 "coordinator": self.save_coordinator(),

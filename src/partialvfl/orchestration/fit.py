@@ -13,7 +13,9 @@ protect them (:func:`label_exposure`), opens the session, aligns the parties' ID
 nonces for ``fit seed N``, unless the federation's ``alignment_id`` is set, so that a resumed fit gets the same
 sample order; every setup says it is a fit and how its labels are protected) and trains; with ``party_timeout`` a
 party that stops answering is waited for (up to ``party_retries`` times) and the fit continues from the last
-checkpoint once every party answers again, ending in the parameters of an uninterrupted fit.  Without it the fit
+checkpoint once every party answers again, ending in the parameters of an uninterrupted fit (a party that restarts
+with its session on disk continues it instead, in the very step it left: the others wait, nothing is redone,
+:meth:`~partialvfl.federation.grpc.federation.GrpcFederation.continue_party`).  Without it the fit
 stops with the party's :class:`~partialvfl.federation.wire.transport.PartyUnavailable`; a
 :class:`~.stopping.StopRequest` stops it with :class:`~partialvfl.federation.runtime.checkpoint.FitInterrupted` after a
 checkpoint.  Both leave the checkpoint that a call with ``resume=True`` continues from.
@@ -21,6 +23,7 @@ checkpoint.  Both leave the checkpoint that a call with ``resume=True`` continue
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -215,8 +218,16 @@ def _fit_attempts(method: VFLMethod, fed: Any, options: FitOptions, ck: Checkpoi
                     "alignment": {"mode": getattr(fed, "alignment_mode", None),
                                   "salt": getattr(getattr(fed, "aligner", None), "salt", None)}}
             threads = fit_threads(options.threads, method, view)
-            with use_threads(threads):  # the coordinator's; each party sets its own
-                method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck, on_epoch=on_epoch)
+            if timeout is not None and callable(getattr(fed, "continue_party", None)):
+                # a party that restarts with its session on disk is waited for and continues in the same step
+                fed.grpc_transport.on_lost = functools.partial(fed.continue_party, timeout=timeout, mid_step=True,
+                                                               handles=[handle])
+            try:
+                with use_threads(threads):  # the coordinator's; each party sets its own
+                    method.fit_federated(fed, view, handle, data_info=info, checkpointer=ck, on_epoch=on_epoch)
+            finally:
+                if callable(getattr(fed, "continue_party", None)):
+                    fed.grpc_transport.on_lost = None
             fed.release(handle)
             return threads, attempt
         except PartyUnavailable as e:

@@ -42,13 +42,16 @@ class GradientObservation:
 
 
 def _row_tensors(m: Recorded) -> dict[str, np.ndarray]:
-    """Model -> rows of a request (``rows``, ``rows:<model>``; an update's ``next_rows``: the next training batch)."""
+    """Model -> rows of a request (``rows``, ``rows:<model>``; the next training batch's that ride with a gradient:
+    an update's ``next_rows``, a ``grad_embedding``'s ``next:<model>``)."""
     out = {}
     for name, t in m.tensors.items():
         if name == "rows" or name.startswith("rows:"):
             out[name.removeprefix("rows").removeprefix(":")] = t
         elif name == "next_rows" and m.kind == "update":
             out[""] = t
+        elif name.startswith("next:") and m.kind == "grad_embedding":
+            out[name.removeprefix("next:")] = t
     return out
 
 

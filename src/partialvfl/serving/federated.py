@@ -13,9 +13,10 @@ kinds of party trouble are told apart:
   it at once (not asked), except one per :attr:`FederationPredictor.late_probe_interval` (1 s), which asks it and
   waits for it as usual, so a party that is on time again is used again within that interval, and a late party holds
   at most one batch per interval;
-* *down* (connection refused, or its process restarted and lost the session): it is left out of the batches until
-  its server accepts connections again; then, between two batches, every party gets a new session and the model is
-  loaded again (:meth:`FederationPredictor.rejoin_if_back`).  The return is noticed by the party's channel itself
+* *down* (connection refused, or its process restarted): it is left out of the batches until its server accepts
+  connections again; then, between two batches, it continues the session if it restarted with it on disk (one
+  ``hello`` to it alone: its tokens, data and model as they were), else every party gets a new session and the model
+  is loaded again (:meth:`FederationPredictor.rejoin_if_back`).  The return is noticed by the party's channel itself
   (a ready future set when it is marked down; the channel tries to connect every
   :data:`~partialvfl.federation.grpc.transport.RECONNECT_BACKOFF_MS` at most), so the rejoin follows the party's
   listening, not a poll period.
@@ -260,12 +261,31 @@ class FederationPredictor(_Base):
         back = self._back()
         if not back:
             return False
+        if self._continue(back):
+            return True
         log.info("parties %s accept connections again: a new session", [self.fed.party_names[k] for k in back])
         before = set(self.down)
         self._open(self.model_dir, self.rejoin_timeout)
         # a party that accepts connections but does not answer in time: ask it less and less often (up to 30 s)
         self._backoff = min(30.0, 2 * self._backoff) if self.down & before else self.rejoin_interval
         self._retry_at = time.monotonic() + self._backoff
+        return True
+
+    def _continue(self, back: list[int]) -> bool:
+        """The returned parties continue this session (each restarted with it on disk); whether all did (else the
+        caller opens a new one)."""
+        fed = self.fed
+        lanes = {ln.fed.grpc_transport.lane_number: ln.fed.grpc_transport.seq for ln in self._lanes[1:]}
+        fed.transport.new_step()
+        if not all(fed.continue_party(k, lane_seqs=lanes) for k in back):
+            return False
+        for k in back:
+            self.down.discard(k)
+            fut = self._ready.pop(k, None)
+            if fut is not None:
+                fut.cancel()
+            self.state[fed.party_names[k]] = "ok"
+        log.info("parties %s continue the session", [fed.party_names[k] for k in back])
         return True
 
     def close(self) -> None:

@@ -3,7 +3,9 @@
 :class:`DelayProxy` listens on 127.0.0.1 and forwards every connection to the party's address; bytes towards the
 party arrive ``delay`` seconds late (in order), replies come back at once.  TLS passes through untouched (the
 coordinator checks the party's certificate by its identity, not its address).  ``delay`` may change while it runs:
-``0`` is a party that is on time again.
+``0`` is a party that is on time again.  :meth:`DelayProxy.close` cancels every connection's tasks and waits for them
+and for the sockets to close before it closes its event loop, so nothing is left pending for the interpreter to
+complain about at exit.
 """
 
 from __future__ import annotations
@@ -79,17 +81,34 @@ class DelayProxy:
         finally:
             for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for w in (writer, up_writer):
                 w.close()
 
-    def close(self) -> None:
-        def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-            self._loop.stop()
+    async def _shutdown(self) -> None:
+        """Stop accepting, cancel every connection's tasks and wait for them (their ``finally`` closes the sockets),
+        then let the transports finish closing."""
+        if self._server is not None:
+            self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(3):  # the closed transports' connection_lost callbacks
+            await asyncio.sleep(0)
 
-        self._loop.call_soon_threadsafe(stop)
-        self._thread.join(5)
+    def close(self) -> None:
+        """Stop forwarding: every connection closed, the thread ended, the event loop closed (idempotent)."""
+        if self._loop.is_closed():
+            return
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> DelayProxy:
         return self

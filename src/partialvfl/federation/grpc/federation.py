@@ -21,8 +21,10 @@ to fix that order:
   observes (it reads them from its own file) and no feature leaves the coordinator.
 
 ``save``/``load`` send each party a directory *relative to its own state directory*; the model directory on the
-coordinator records it in ``party_states.json``.  :meth:`GrpcFederation.rejoin` waits for every party to answer a
-``hello`` again (a party restarted after a crash), so a fit can continue from its last checkpoint.
+coordinator records it in ``party_states.json``.  :meth:`GrpcFederation.continue_party` continues the session at a
+party that restarted with it on disk (its alignment, data and program as they were, nothing computed again
+elsewhere: :mod:`.party_resume`); :meth:`GrpcFederation.rejoin`, what is left when it cannot, waits for every party to
+answer a ``hello`` again, so a fit can continue from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ from partialvfl.federation.grpc.federation_file import (
 from partialvfl.federation.grpc.federation_rows import RowAlignment
 from partialvfl.federation.grpc.psu_session import AlignmentError, make_alignment
 from partialvfl.federation.grpc.sessions import AlignmentTickets, SessionSecrets
-from partialvfl.federation.grpc.transport import DEFAULT_MAX_MESSAGE_BYTES, GrpcTransport, PartyEndpoint, TlsFiles
+from partialvfl.federation.grpc.transport import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    GrpcTransport,
+    PartyEndpoint,
+    PartyError,
+    TlsFiles,
+)
 from partialvfl.federation.runtime.checkpoint import LATEST
 from partialvfl.federation.runtime.coordinator import Federation, model_tag
 from partialvfl.federation.trust.alignment import load_key
@@ -219,6 +227,35 @@ class GrpcFederation(RowAlignment, Federation):
                     raise
                 log.info("waiting for party %d (%s) to come back: %s", e.party, self.party_names[e.party], e.reason)
                 time.sleep(poll)
+
+    def continue_party(self, k: int, timeout: float = 0.0, *, mid_step: bool = False, handles: Sequence[str] = (),
+                       lane_seqs: Mapping[int, int] | None = None) -> bool:
+        """Continue this session at party ``k`` (restarted with its session on disk, :mod:`.party_resume`): wait up
+        to ``timeout`` seconds for its server, then one ``hello`` with the session's secret and ``continue_session``
+        (and where each lane's sequence numbers stand).  Whether the party continues it, holding a program (and,
+        with ``mid_step``, one that continues a step in progress) and the data sets ``handles``;
+        ``False`` leaves the other parties as they are (the caller then opens a new session: :meth:`rejoin`)."""
+        name = self.party_names[k]
+        secret = self.sessions.get(name)
+        transport = self.grpc_transport
+        if secret is None or (timeout > 0 and not transport.wait_ready(k, timeout)):
+            return False
+        meta: dict[str, Any] = {"resume": secret, "continue_session": True}
+        if lane_seqs:
+            meta["lane_seqs"] = {str(lane): int(seq) for lane, seq in lane_seqs.items()}
+        try:
+            reply = transport.side_call(k, Request("hello", {}, meta))
+        except (PartyUnavailable, PartyError) as e:
+            log.info("party %d (%s) did not continue the session: %s", k, name, e)
+            return False
+        self.sessions.set(name, reply.meta.get("session_secret"))
+        holds = reply.meta.get("holds") or {}
+        ok = bool(reply.meta.get("continued")) and holds.get("program") is not None \
+            and (not mid_step or bool(holds.get("mid_step"))) and set(handles) <= set(holds.get("handles", ()))
+        log.info("party %d (%s) %s the session (%s)", k, name, "continues" if ok else "cannot continue", holds)
+        if ok:
+            self.absent.discard(k)
+        return ok
 
     def announced_policies(self) -> list[dict[str, Any]]:
         return [dict(self.party_info.get(k, {}).get("policy") or {}) for k in range(self.n_parties)]

@@ -122,8 +122,10 @@ class LocalDeployment:
         alignment: str = "psu",
         threads: int = 1,
         launcher: str | None = None,
+        resume_sessions: bool = True,
     ) -> None:
         self.dir = Path(directory)
+        self.resume_sessions = resume_sessions  # [party] resume_sessions of the parties started from now on
         self.data = data
         self.extra = tuple(extra)
         self.plugins = tuple(plugins)
@@ -191,6 +193,7 @@ state_dir = {_q(self.dir / "state" / name)}
 allowed_peers = ["coordinator"]
 plugins = [{plugins}]
 threads = {self.threads}
+resume_sessions = {"true" if self.resume_sessions else "false"}
 {self._idle_line()}
 [data]
 path = {_q(self.dir / "data" / f"party-{k}.parquet")}

@@ -64,6 +64,7 @@ from partialvfl.federation.grpc.frames import (
 )
 from partialvfl.federation.grpc.limits import PeerLimits, Refused, read_request
 from partialvfl.federation.grpc.party_config import TRAINING_TABLE, PartyConfig
+from partialvfl.federation.grpc.party_resume import ResumeStore
 from partialvfl.federation.grpc.party_tables import TableBuiltins
 from partialvfl.federation.grpc.sessions import SessionGuard
 from partialvfl.federation.grpc.transport import ATTACH_PREFIX
@@ -91,9 +92,15 @@ PRIVACY_LEDGER = "privacy-ledger.npz"
 
 #: The server's own message kinds (besides the runtime's ``ping``/``setup``/``save``/``load``/``forget``).
 SERVER_MESSAGES: dict[str, MessageSpec] = {
-    "hello": MessageSpec(optional_meta={"resume": MetaKey(str, doc="the live session's secret")},
+    "hello": MessageSpec(optional_meta={"resume": MetaKey(str, doc="the live session's secret"),
+                                        "continue_session": MetaKey(bool, doc="continue the session as it is (a "
+                                                                    "restarted party that kept it on disk)"),
+                                        "lane_seqs": MetaKey(dict, doc="lane -> its last sequence number")},
                          doc="Open a coordinator session (refused while another one is live, unless `resume` is "
-                             "that session's secret); replies the party's name, index, row count, feature shape, the "
+                             "that session's secret; with `continue_session`, refused unless the party holds that "
+                             "very session, which then goes on as it was: its alignment, data and program, "
+                             "`continued` and what it holds in the reply); replies the party's name, index, row "
+                             "count, feature shape, the "
                              "names and row counts of its prediction tables and the session's secret as metadata "
                              "(and `dp`, its differential-privacy budget, where it keeps one)."),
     "bye": MessageSpec(doc="End this coordinator session (another coordinator may then say hello)."),
@@ -164,6 +171,9 @@ class PartyServer(TableBuiltins):
         self.access = AccessLog(cfg.access_log or AccessLogConfig(self.state_dir / "access.log"))
         #: the threads its calls are answered on (the gRPC server's pool): :meth:`close` waits for them
         self.workers = futures.ThreadPoolExecutor(max_workers=cfg.max_concurrent_rpcs, thread_name_prefix="party-call")
+        #: its session on its own disk, read back now if it restarted with one (:mod:`.party_resume`)
+        self.resume = ResumeStore(self, cfg.resume_sessions)
+        self.restored = self.resume.restore()
 
     @property
     def session(self) -> str | None:
@@ -204,8 +214,10 @@ class PartyServer(TableBuiltins):
 
     # -- built-ins
     def _hello(self, req: Request) -> Reply:
-        self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
-        self._reread_prediction_tables()
+        continued = req.meta.get("continue_session", False)
+        if not continued:  # a continued session keeps its alignment, data and program as they were
+            self.aligner.new_session(self.sessions.resumed)  # keys, blindings and tokens are per session
+            self._reread_prediction_tables()
         t = self.table
         tables = {name: int(len(tb.ids)) for name, tb in self.tables.items() if name != TRAINING_TABLE}
         meta = {"name": self.cfg.name, "index": self.cfg.index, "n_rows": int(len(t.ids)),
@@ -217,6 +229,8 @@ class PartyServer(TableBuiltins):
             meta["dp"] = {"epsilon": budget.epsilon, "delta": budget.delta}
         if self.cfg.alignment == "psu" and self.aligner.budget():  # its lookup budget, and what this caller used
             meta["lookups"] = self.aligner.budget()
+        if continued:
+            meta.update(continued=True, holds=self.resume.summary())
         return Reply(meta=meta)
 
     def _bye(self, req: Request) -> Reply:
@@ -293,6 +307,12 @@ class PartyServer(TableBuiltins):
             program = self.runtime.program
             if wire.lane:
                 self._check_lane(request, wire.lane)
+            cached = self.resume.cached_reply(wire)
+            if cached is not None:  # served and kept just before the party went down: not applied twice
+                self._accepted(wire)
+                self.sessions.touch(wire.session)
+                entry["sent_again"] = True
+                return Reply(cached.tensors, {**cached.meta, SECONDS_KEY: time.perf_counter() - t0})
             try:
                 request = self._carried_attach(request, entry)
                 if kind not in self.runtime.builtins:
@@ -315,6 +335,7 @@ class PartyServer(TableBuiltins):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                               f"party {self.cfg.name!r} refused {kind!r}: {type(e).__name__}: {e}") from None
             self._check_disclosure(kind, reply)
+            self.resume.after(wire, request, reply)
             if self.runtime.privacy is not None and kind not in self.runtime.builtins:
                 entry["dp_epsilon_spent"] = self.runtime.privacy.ledger.epsilon_spent()
             if kind == "psu_eval" and self.aligner.ledger is not None:  # the caller's lookups after this one

@@ -64,6 +64,7 @@ class PartyConfig:
     max_concurrent_rpcs: int = 4
     peers: dict[str, PeerPin] = field(default_factory=dict)  # [peers.<name>]: what each allowed peer must present
     session_idle_seconds: float = DEFAULT_IDLE_SECONDS
+    resume_sessions: bool = True  # keep the session on disk (state_dir/session/): a restarted party continues it
     alignment: str = "psu"  # or "hmac" (one trust domain only)
     alignment_key_file: Path | None = None  # the passive parties' shared alignment secret (never the label holder's)
 
@@ -73,7 +74,8 @@ class PartyConfig:
 PARTY_KEYS: dict[str, tuple[str, ...] | None] = {
     "party": ("name", "index", "address", "port_file", "state_dir", "hmac_key_file", "alignment",
               "alignment_key_file", "allowed_peers", "max_message_mb", "plugins", "threads", "max_concurrent_rpcs",
-              "session_idle_seconds", "device", "precision", "alignment_threads", "ray_address"),
+              "session_idle_seconds", "resume_sessions", "device", "precision", "alignment_threads",
+              "ray_address"),
     "data": ("path", "id_column", "feature_columns", "exclude_columns", "feature_shape", "predict"),
     "tls": ("ca", "cert", "key"),
     "policy": PartyPolicy.keys(),
@@ -169,6 +171,9 @@ def load_party_config(path: str | Path) -> PartyConfig:
     idle = float(party.get("session_idle_seconds", DEFAULT_IDLE_SECONDS))
     if not idle > 0:
         raise ValueError(f"{p}: [party] session_idle_seconds must be a positive number of seconds")
+    resume = party.get("resume_sessions", True)
+    if not isinstance(resume, bool):
+        raise ValueError(f"{p}: [party] resume_sessions must be true or false, got {resume!r}")
     fc = data.get("feature_columns")
     shape = data.get("feature_shape")
     return PartyConfig(
@@ -202,4 +207,5 @@ def load_party_config(path: str | Path) -> PartyConfig:
         max_concurrent_rpcs=max(1, int(party.get("max_concurrent_rpcs", 4))),
         peers=peers,
         session_idle_seconds=idle,
+        resume_sessions=resume,
     )

@@ -7,6 +7,11 @@ session opened (``session_secret`` in the first ``hello``'s reply, 32 random byt
 constant time).  So an allowlisted peer's stray ``hello`` can no longer end a running fit, and a coordinator that
 really restarted (``fit --resume``, which finds the secrets kept with its checkpoints) takes its session back; one
 without the secret waits for the idle timeout.  ``bye`` ends the session (the coordinator says it when it closes).
+A party that restarted with its session on disk (:mod:`.party_resume`) knows the session and a digest of its secret:
+the coordinator *continues* it with a ``hello`` that carries the secret and ``continue_session`` (refused, leaving
+everything as it is, unless this party holds that very session), and says where each of its lanes' sequence numbers
+stand, so that nothing it sent before is served again.  Until then the session serves nothing but that ``hello`` and
+its coordinator's ``bye``, and holds no other coordinator off (as a party that restarted without it).
 
 :class:`SessionGuard` is the party's side (with the replay rules inside a session); :class:`SessionSecrets` the
 coordinator's (a JSON file, readable by its owner only, written atomically).  :class:`AlignmentTickets` keeps the
@@ -18,6 +23,7 @@ checkpoints) aligns in the same order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import math
@@ -33,7 +39,7 @@ from partialvfl.federation.grpc.frames import WireRequest
 from partialvfl.federation.grpc.limits import Refused
 from partialvfl.utils.private_files import write_private_json
 
-__all__ = ["DEFAULT_IDLE_SECONDS", "AlignmentTickets", "SessionGuard", "SessionSecrets"]
+__all__ = ["DEFAULT_IDLE_SECONDS", "AlignmentTickets", "SessionGuard", "SessionSecrets", "secret_digest"]
 
 #: how long a party keeps a silent session before another coordinator may open one
 DEFAULT_IDLE_SECONDS = 600.0
@@ -54,6 +60,8 @@ class SessionGuard:
         self.clock = clock
         self.session: str | None = None
         self.secret: str | None = None
+        self.secret_sha256: str | None = None  # a restored session's secret, as its digest (the party's disk)
+        self.awaiting_continue = False  # restored from disk: nothing is served until its coordinator continues it
         self.last_active = -math.inf
         self.resumed = False  # whether the last hello resumed the session it found (rather than opening one)
         self.last_seq = 0
@@ -72,12 +80,33 @@ class SessionGuard:
 
     def _resumes(self, meta: Mapping[str, Any]) -> bool:
         proof = meta.get("resume")
-        return isinstance(proof, str) and self.secret is not None and hmac.compare_digest(proof, self.secret)
+        if not isinstance(proof, str):
+            return False
+        if self.secret is not None:
+            return hmac.compare_digest(proof, self.secret)
+        return self.secret_sha256 is not None and hmac.compare_digest(secret_digest(proof), self.secret_sha256)
+
+    def restore(self, session: str, secret_sha256: str, idle_for: float) -> None:
+        """A session kept on the party's disk (a restart): known by its digest until its coordinator continues it;
+        ``idle_for``: seconds since its last request (its idle timeout goes on counting)."""
+        self.session, self.secret, self.secret_sha256 = session, None, secret_sha256
+        self.last_active = self.clock() - max(0.0, float(idle_for))
+        self.last_seq, self.last_step = 0, -1
+        self.served.clear()
+        self.lanes.clear()
+        self.awaiting_continue = True
 
     def check(self, wire: WireRequest) -> None:
         kind = wire.request.kind
+        if kind == "hello" and wire.request.meta.get("continue_session"):
+            if not (self.live() and wire.session == self.session and self._resumes(wire.request.meta)):
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"party {self.party!r} holds no such session to continue (it restarted without it, "
+                              "the session ended or went idle, or another took over): a new session is needed")
+            return
         if kind == "hello":
-            if self.live() and not self._resumes(wire.request.meta):
+            # a session read back from disk, not continued yet, holds nobody off: as a party that restarted did
+            if self.live() and not self.awaiting_continue and not self._resumes(wire.request.meta):
                 quiet = self.clock() - self.last_active
                 raise Refused(grpc.StatusCode.ABORTED,
                               f"party {self.party!r} is serving another coordinator session (its last request "
@@ -89,6 +118,10 @@ class SessionGuard:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                           f"party {self.party!r} has no coordinator session (it restarted, or the session ended): "
                           "a coordinator must say hello first")
+        if self.awaiting_continue and not (kind == "bye" and wire.session == self.session):
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"party {self.party!r} restarted and holds its session on disk: its coordinator continues "
+                          "it with a hello (continue_session) first")
         if wire.session != self.session:
             raise Refused(grpc.StatusCode.ABORTED,
                           f"party {self.party!r} no longer serves this coordinator session: another session took "
@@ -112,14 +145,23 @@ class SessionGuard:
         self.last_active = self.clock()
         if kind == "hello":
             self.resumed = self.session is not None and self._resumes(wire.request.meta)
+            if self.resumed and self.secret is None:  # a restored session, continued: its secret is known again
+                self.secret = str(wire.request.meta["resume"])
             if not self.resumed:
                 self.secret = secrets.token_hex(32)  # a new session, not a resumed one
+            self.secret_sha256 = secret_digest(self.secret)
             self.session, self.last_seq, self.last_step = wire.session, wire.seq, wire.step
             self.served.clear()
             self.lanes.clear()
+            self.awaiting_continue = False
+            floors = wire.request.meta.get("lane_seqs") if self.resumed else None
+            for lane, seq in (floors or {}).items():  # nothing a lane sent before this hello is served again
+                if str(lane).isdigit() and int(lane) > 0 and isinstance(seq, int):
+                    self.lanes[int(lane)] = (seq, -1, set())
             return {"session_secret": self.secret}
         if kind == "bye":
-            self.session = self.secret = None
+            self.session = self.secret = self.secret_sha256 = None
+            self.awaiting_continue = False
             self.served.clear()
             self.lanes.clear()
             return {}
@@ -139,6 +181,11 @@ class SessionGuard:
         """A request of ``session`` finished: the session is active now (its idle time starts again)."""
         if session == self.session:
             self.last_active = self.clock()
+
+
+def secret_digest(secret: str) -> str:
+    """What a party keeps of a session secret on its disk: its SHA-256 (hex)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 class SessionSecrets:

@@ -210,6 +210,10 @@ class GrpcTransport(Transport):
         # call_many runs the parties' blocking calls on these long-lived threads: gRPC's ``.future()`` starts a
         # fresh "channel spin" thread per call, which was about half of a federated step's coordinator time
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.endpoints)), thread_name_prefix="grpc-call")
+        #: called with a party that did not answer a request (down, or restarted): ``True`` once the party continues
+        #: this session (a restarted party that kept it on disk), and the request is then sent to it again in the
+        #: same round (:meth:`GrpcFederation.continue_party`); ``None``: the party is unavailable for the round
+        self.on_lost: Callable[[int], bool] | None = None
 
     def new_session(self) -> str:
         """Start a fresh session (a resumed coordinator): parties reset their replay counters on ``hello``."""
@@ -256,7 +260,7 @@ class GrpcTransport(Transport):
         Transport.__init__(other, self.n_parties, self.coordinator, MessageLog(keep_entries=False))
         other.device = self.device
         other.lane_number, other._seq = number, 0
-        other.deadline_at, other.late, other.carried = None, set(), {}
+        other.deadline_at, other.late, other.carried, other.on_lost = None, set(), {}, None
         other.bytes_sent = other.bytes_received = 0
         other.party_seconds = other.wait_seconds = 0.0
         other.call_spans = None
@@ -292,13 +296,50 @@ class GrpcTransport(Transport):
         self._span(party, req, start, end, seconds)
         return reply
 
+    @property
+    def seq(self) -> int:
+        """The last sequence number this transport (lane) sent."""
+        return self._seq
+
+    def wait_ready(self, party: int, timeout: float) -> bool:
+        """Whether ``party``'s server accepts connections within ``timeout`` seconds (the channel connects again by
+        itself, every :data:`RECONNECT_BACKOFF_MS` at most)."""
+        try:
+            grpc.channel_ready_future(self._channels[party]).result(timeout=max(0.0, timeout))
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+
+    def side_call(self, party: int, request: Request, timeout: float | None = None) -> Reply:
+        """One request to ``party`` outside the rounds' bookkeeping (a ``hello`` that continues the session in the
+        middle of a round): stamped with the current step and round and a new sequence number, logged, its reply
+        checked as every reply is."""
+        req = self._stamp(request)
+        self.log.record(step=self.step, round=self.round, sender=self.coordinator, receiver=party, kind=req.kind,
+                        direction="request", tensors=req.tensors)
+        start = time.perf_counter()
+        payload = self._encode(req)
+        self.bytes_sent += len(payload)
+        reply = self._result(party, lambda: self._calls[party](payload, timeout or self.deadline), req, start)
+        return self._answered(party, req, reply)
+
+    def _again(self, party: int, req: Request) -> Reply | None:
+        """``req`` sent again to ``party`` once it continues this session (:attr:`on_lost`), or ``None``."""
+        if self.on_lost is None or not self.on_lost(party):
+            return None
+        start = time.perf_counter()
+        payload = self._encode(req)
+        self.bytes_sent += len(payload)
+        return self._result(party, lambda: self._calls[party](payload, self.call_timeout(party)), req, start)
+
     def _span(self, party: int, req: Request, start: float, end: float, seconds: float, ok: bool = True) -> None:
         if self.call_spans is not None:
             self.call_spans.append(CallSpan(party, req.kind, self.step, self._delivery, start, end, seconds, ok))
 
     def _deliveries(self, requests: Mapping[int, Request], *, tolerate: bool,
                     gather: bool) -> Generator[tuple[int, Request, Reply | Exception], None, None]:
-        """Issue every request at once (one pooled thread per party), then gather the replies in party order."""
+        """Issue every request at once (one pooled thread per party), then gather the replies in party order; a
+        party that did not answer is asked again once it continues the session (:attr:`on_lost`)."""
         futures: dict[int, tuple[Request, Any, float]] = {}
         self._delivery += 1
         for party, req in requests.items():
@@ -311,7 +352,13 @@ class GrpcTransport(Transport):
         try:
             for party, (req, fut, start) in futures.items():
                 try:
-                    reply = self._result(party, fut.result, req, start)
+                    try:
+                        reply = self._result(party, fut.result, req, start)
+                    except PartyUnavailable:
+                        again = self._again(party, req)
+                        if again is None:
+                            raise
+                        reply = again
                 except PartyUnavailable as e:
                     log.warning("step %d: party %d (%s) unavailable for %r: %s", self.step, party,
                                 self.endpoints[party].name, req.kind, e.reason)

@@ -130,6 +130,12 @@ class MessageLog:
                 c[kind] += b
         return dict(c)
 
+    def round_trips(self) -> int:
+        """Rounds of requests sent (distinct step and round): the round trips the transport waited for one after
+        another (a round's requests travel concurrently)."""
+        self._need_entries()
+        return len({(e.step, e.round) for e in self.entries if e.direction == "request"})
+
     def tensor_names(self, crossing_only: bool = True) -> set[str]:
         self._need_entries()
         return {n for e in self.entries if e.crosses_boundary or not crossing_only for n in e.names}

@@ -130,6 +130,9 @@ class PartyProgram:
     #: whether the program can run at a party with a differential-privacy budget: it says which rows its releases
     #: are about (:meth:`released_rows`) and makes its own updates DP-SGD (``runtime.privacy.private_sum``)
     supports_privacy: ClassVar[bool] = False
+    #: whether ``state_dict()`` also holds what a step in progress holds (e.g. the rows of a training forward whose
+    #: gradient has not arrived, run again on load), so that a party restarted in the middle of a step continues it
+    resumes_mid_step: ClassVar[bool] = False
     #: the declaration of its set-up config (:mod:`partialvfl.federation.wire.setup_config`): keys, types, ranges;
     #: ``None``: the program takes the config as a plain dict, unchecked
     setup_config: ClassVar[type[SetupConfig] | None] = None

@@ -34,21 +34,37 @@ class _Group:
 
 
 def handle_batch(items: Sequence[tuple[PartyProgram, Request]]) -> list[Reply]:
-    """The replies to one round's requests, each as the party's own handler would answer it."""
+    """The replies to one round's requests, each as the party's own handler would answer it.
+
+    Every update of the round comes first, then every forward pass (an ``embed``, or the next step's that rides with
+    a ``grad_embedding``) as one stacked computation: the computations of a round of gradients followed by a round of
+    ``embed`` requests, in the same order.
+    """
     replies: dict[int, Reply] = {}
-    embeds, grads = [], []
+    embeds: list[tuple[int, Any, Request]] = []
+    grads, alone = [], []
     for i, (program, request) in enumerate(items):
         if request.kind == "embed":
-            embeds.append(i)
-        elif request.kind == "grad_embedding" and program._groups:  # type: ignore[attr-defined]
-            grads.append(i)
+            embeds.append((i, program, request))
+        elif request.kind == "grad_embedding":
+            nxt = program.next_embed(request)  # type: ignore[attr-defined]
+            stacked = program._groups and not any(k.startswith("sections:") for k in request.tensors)  # type: ignore[attr-defined]
+            (grads if stacked else alone).append(i)
+            replies[i] = Reply()
+            if nxt is not None:
+                embeds.append((i, program, nxt))
         else:
             replies[i] = program.handle(request)
     if grads:
         _grad_embedding([items[i] for i in grads])
-        replies.update({i: Reply() for i in grads})
+    for i in alone:
+        program, request = items[i]
+        for name in list(program._groups):  # type: ignore[attr-defined]
+            program._groups.pop(name)  # type: ignore[attr-defined]
+        program.apply_gradients(request)  # type: ignore[attr-defined]
     if embeds:
-        replies.update(zip(embeds, _embed([items[i] for i in embeds])))
+        for (i, _, _), reply in zip(embeds, _embed([(p, r) for _, p, r in embeds])):
+            replies[i] = Reply({**replies[i].tensors, **reply.tensors}) if i in replies else reply
     return [replies[i] for i in range(len(items))]
 
 
@@ -66,7 +82,7 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
             x = program._features(request.meta["data"], rows)
             sig = mlp_signature(model)
             if sig is None or not len(x):  # answered alone, as its own handler does
-                h = program.forward_model(name, x, train)
+                h = program.forward_model(name, x, train, (request.meta["data"], rows))
                 outs[i][f"emb:{name}"] = h
                 continue
             units.setdefault((sig, train), []).append((i, name, x))
@@ -81,10 +97,16 @@ def _embed(items: list[tuple[Any, Request]]) -> list[Reply]:
         for slot, (member, (i, name, x)) in enumerate(zip(members, group_units)):
             h = out[slot, :len(x)]
             if group is not None:
+                member.keep_buffers(name, (items[i][1].meta["data"], _rows_of(items[i][1], name)))
                 member._pending[name] = h
+                member._inputs[name] = x
                 member._groups[name] = (group, slot)
             outs[i][f"emb:{name}"] = h
     return [Reply(o) for o in outs]
+
+
+def _rows_of(request: Request, name: str) -> torch.Tensor:
+    return request.tensors[f"rows:{name}"]
 
 
 def _grad_embedding(items: list[tuple[Any, Request]]) -> None:
@@ -94,8 +116,10 @@ def _grad_embedding(items: list[tuple[Any, Request]]) -> None:
     alone: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
     for program, request in items:
         for key, grad in request.tensors.items():
+            if not key.startswith("grad:"):
+                continue
             name = key.removeprefix("grad:")
-            h = program._pending.pop(name, None)
+            h, _ = program._pending_forward(name)
             if h is None:
                 raise RuntimeError(f"party {program.party}: gradient for {name!r} without a pending training forward")
             stepped.append((program, name))

@@ -18,6 +18,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.splitnn import SplitNNMethod
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
 
@@ -59,8 +60,8 @@ class Combinatorial(SplitNNMethod):
             return torch.cat(parts, dim=1)
         return torch.stack(parts, dim=1).mean(dim=1)
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor | None:
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan | None:
+        """Every subset's predictor on the batch rows that subset observes (``extra``: the subsets and their rows)."""
         obs = view.observed[rows]
         wanted: dict[int, dict[str, np.ndarray]] = {}
         used: list[tuple[tuple[int, ...], np.ndarray]] = []
@@ -71,16 +72,16 @@ class Combinatorial(SplitNNMethod):
             used.append((s, mask))
             for k in s:
                 wanted.setdefault(k, {})[subset_name(s)] = rows[mask]
-        if not used:
-            return None
-        embs = self._embed(handle, wanted, train=True)
-        y = self._tensor(view.y[rows], dtype=torch.long)
+        return StepPlan(rows, obs, wanted, used) if used else None
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        y = self._tensor(view.y[plan.rows], dtype=torch.long)
         loss = torch.zeros((), device=self.torch_device)
-        for s, mask in used:
+        for s, mask in plan.extra:
             loss = loss + F.cross_entropy(self.heads_[subset_name(s)](self._fused(s, embs)),
                                           y[self._tensor(np.flatnonzero(mask))])
-        self._step_heads(loss, embs)
-        return loss.detach()
+        return loss
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.n_classes))

@@ -16,7 +16,9 @@ each with its own optimiser.  Message kinds:
 Coordinator side: :class:`SplitNNMethod`, the base of the methods, holds the fusion models / heads (at the active
 party, the only label holder) and runs the loops: pick a batch, ask every observing party for representations, fuse,
 compute the loss, send each party the gradient of its representations.  Raw features never leave a party; only
-representations, their gradients, row positions and scalars cross.
+representations, their gradients, row positions and scalars cross.  A method says what a step asks for
+(``_step_plan``) and its loss (``_step_loss``); the round trips (``rounds``: the next step's representations riding
+with this step's gradients, or several steps per round) are :mod:`.rounds`'.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from partialvfl.federation.wire.messages import Request
 from partialvfl.federation.wire.setup_config import OptimiserSetup
 from partialvfl.methods.base import VFLMethod
 from partialvfl.methods.splitnn.party import SplitSetup
+from partialvfl.methods.splitnn.rounds import (
+    Prefetch,
+    StepPlan,
+    grouped,
+    merge_plans,
+    representations,
+    ride_next,
+    stale_group,
+)
 from partialvfl.methods.splitnn.simsiam import SimSiamConfig
 from partialvfl.methods.training import Metrics, Stage, TrainingLoop
 from partialvfl.nn.blocks import MLP
@@ -50,7 +61,9 @@ class SplitNNMethod(VFLMethod):
     """Coordinator half of the split-network methods: heads at the active party, loops, pretraining, presets.
 
     Subclasses define ``name``, ``_model_names(k)`` (the representation models party k holds), ``_build_heads()``,
-    ``_training_rows(view)``, ``_train_step(view, handle, rows, rng)`` (returns the loss) and ``_predict``.
+    ``_training_rows(view)``, ``_step_plan(view, rows, rng)`` (what a training step asks for) and
+    ``_step_loss(view, plan, embs, rng)`` (its loss), and ``_predict``; a subclass may instead override
+    ``_train_step(view, handle, rows, rng)`` (returns the loss), which then runs two round trips per step.
     """
 
     parallel_inference: ClassVar[bool] = True  # one inference round (IDs in, representations out), nothing kept
@@ -79,9 +92,77 @@ class SplitNNMethod(VFLMethod):
         """How many batches :meth:`_batches` makes of ``rows`` in one epoch."""
         return math.ceil(len(rows) / self.settings_.batch_size)
 
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan | None:
+        """What the training step of batch ``rows`` asks for (``None``: nothing, the step is skipped).  It may draw
+        from ``rng``: drawn ahead with the batch when the step's representations ride with the previous step's
+        gradients, in the same order."""
+        raise NotImplementedError
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        """The loss of a planned step from the representations it asked for (leaves requiring grad)."""
+        raise NotImplementedError
+
+    def _plans_steps(self) -> bool:
+        """Whether this method says its steps' plans (:meth:`_step_plan`), which its rounds then carry ahead."""
+        return type(self)._step_plan is not SplitNNMethod._step_plan
+
     def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
                     rng: np.random.Generator) -> torch.Tensor | None:
-        raise NotImplementedError
+        """One training step: the plan (drawn ahead with the batch, or now), the representations (from the
+        previous step's round, or an ``embed`` round), the loss, the heads' step and the gradients' round."""
+        pre = self._take_prefetch(handle, [rows])
+        plan = pre.plans[0] if pre is not None else self._step_plan(view, rows, rng)
+        if plan is None:
+            return None
+        embs = ({key: e.requires_grad_() for key, e in pre.replies.items()} if pre is not None
+                else self._embed(handle, plan.wanted, train=True))
+        loss = self._step_loss(view, plan, embs, rng)
+        self._step_heads(loss, embs)
+        return loss.detach()
+
+    # ------------------------------------------------------------------ the rounds of a training stage
+    def _take_prefetch(self, handle: str, key: list[np.ndarray]) -> Prefetch | None:
+        """The item's plans and representations if they rode with the previous step's round (then forgotten)."""
+        pre, self._prefetch = getattr(self, "_prefetch", None), None
+        return pre if pre is not None and pre.matches(handle, key) else None
+
+    def _ahead(self) -> tuple[str, list[np.ndarray], list[StepPlan | None]] | None:
+        """The next item of the stage and its plans, drawn now (the training loop's look ahead), if this fit's
+        schedule lets the next step's requests ride with this step's last round."""
+        ctx = getattr(self, "_stage_ctx", None)
+        if ctx is None or self.settings_.rounds == "sequential" or not self._plans_steps():
+            return None
+        view, handle, loop, rng = ctx
+        item = loop.peek()
+        if item is None:
+            return None
+        key = list(item) if self.settings_.rounds == "stale" else [item]
+        return handle, key, [self._step_plan(view, r, rng) for r in key]
+
+    def _ride(self, requests: dict[int, Request]) -> None:
+        """Send this round's ``requests`` with the next item's ``embed`` riding on them; its representations become
+        the prefetch of the next step."""
+        ahead = self._ahead()
+        self._prefetch = None
+        if ahead is None:
+            self.transport.call_many(requests)
+            return
+        handle, key, plans = ahead
+        wanted = merge_plans([p for p in plans if p is not None])[0]
+        replies = self.transport.call_many(ride_next(requests, handle, wanted, train=True))
+        self._prefetch = Prefetch(handle, key, plans, representations(replies, wanted))
+
+    def _train_group(self, view: CoordinatorView, handle: str, group: list[np.ndarray],
+                     rng: np.random.Generator) -> tuple[float, int] | None:
+        """One loop step of the ``stale`` schedule (:func:`.rounds.stale_group`)."""
+        pre = self._take_prefetch(handle, group)
+        plans = pre.plans if pre is not None else [self._step_plan(view, r, rng) for r in group]
+        live = [p for p in plans if p is not None]
+        if not live:
+            return None
+        return stale_group(self, handle, live, pre.replies if pre is not None else None,
+                           lambda plan, embs: self._step_loss(view, plan, embs, rng), self._ride)
 
     # ------------------------------------------------------------------ differential privacy
     def _privacy_charges(self, party: int, purpose: str) -> int:
@@ -147,25 +228,43 @@ class SplitNNMethod(VFLMethod):
         rows = self._training_rows(view)
         if rows.size == 0:
             raise ValueError(f"{self.name}: no training sample qualifies ({self._rows_description()})")
-        loop.run(self._train_stage(view, handle, rows))
+        stage = self._train_stage(view, handle, rows)
+        self._stage_ctx = (view, handle, loop, stage.rng)  # what the rounds' look ahead needs
+        self._prefetch = None
+        try:
+            loop.run(stage)
+        finally:
+            self._stage_ctx, self._prefetch = None, None
         self.heads_.eval()
 
     def _train_stage(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> Stage:
         """Supervised split learning: batches from one seeded generator, which the steps also draw from; the
-        epochs follow the schedule (``min_steps``)."""
+        epochs follow the schedule (``min_steps``).  Under the ``stale`` schedule a loop step is a group of
+        ``stale_steps`` batches (:mod:`.rounds`)."""
         epochs = self._supervised_epochs("train", self.settings_.epochs, self._steps_per_epoch(view, rows))
+        stale = self.settings_.rounds == "stale" and self._plans_steps()
+        if stale and getattr(self.federation_, "privacy_setups", None):
+            raise ValueError(f"{self.name}: rounds = 'stale' is not covered by a party's differential-privacy budget: "
+                             "fit with rounds = 'piggyback'")
 
         def start(epoch: int) -> None:
             if self.settings_.lr_schedule == "cosine":
                 self._set_lr(self._cosine_lr(epoch, epochs))
 
-        def step(batch: np.ndarray, rng: np.random.Generator) -> Metrics | None:
+        def step(item: Any, rng: np.random.Generator) -> Metrics | None:
             self.heads_.train()
-            loss = self._train_step(view, handle, batch, rng)
-            return None if loss is None else {"loss": (scalar(loss) * len(batch), len(batch))}
+            if stale:
+                done = self._train_group(view, handle, item, rng)
+                return None if done is None else {"loss": done}
+            loss = self._train_step(view, handle, item, rng)
+            return None if loss is None else {"loss": (scalar(loss) * len(item), len(item))}
+
+        def items(epoch: int, rng: np.random.Generator) -> Iterator[Any]:
+            batches = self._batches(view, rows, rng)
+            return grouped(batches, self.settings_.stale_steps) if stale else batches
 
         opt = self.head_optimizer_
-        return Stage("train", epochs, lambda epoch, rng: self._batches(view, rows, rng), step,
+        return Stage("train", epochs, items, step,
                      numpy_rng(self.seed, "batches", self.name), on_epoch_start=start,
                      state=lambda: {"optimizer": opt.state_dict() if opt is not None else {}},
                      load_state=lambda st: opt.load_state_dict(st["optimizer"]) if opt is not None else None,
@@ -239,11 +338,12 @@ class SplitNNMethod(VFLMethod):
         self.history_.extend({**h, "stage": "generative-" + h["stage"]} for h in gen.history_)
 
     # ------------------------------------------------------------------ wire helpers
-    def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool
+    def _embed(self, handle: str, wanted: dict[int, dict[str, np.ndarray]], train: bool, leaves: bool = True
                ) -> dict[tuple[int, str], torch.Tensor]:
         """Ask parties for representations: ``wanted[k][model]`` are the rows party k holds (sorted positions).
 
-        In training mode the returned tensors are leaves requiring grad, to be passed to :meth:`_send_grads`.
+        In training mode (unless ``leaves`` is false) the returned tensors are leaves requiring grad, to be passed to
+        :meth:`_send_grads`.
         """
         reqs = {}
         for k, models in wanted.items():
@@ -255,7 +355,7 @@ class SplitNNMethod(VFLMethod):
         for k, rep in replies.items():
             for m in wanted[k]:
                 e = rep.tensors[f"emb:{m}"]
-                out[(k, m)] = e.requires_grad_() if train else e
+                out[(k, m)] = e.requires_grad_() if train and leaves else e
         return out
 
     def _embed_observed(self, handle: str, rows: np.ndarray, observed: np.ndarray, train: bool
@@ -270,7 +370,7 @@ class SplitNNMethod(VFLMethod):
         for (k, m), e in embs.items():
             g = e.grad if e.grad is not None else torch.zeros_like(e)
             by_party.setdefault(k, {})[f"grad:{m}"] = g
-        self.transport.call_many({k: Request("grad_embedding", t) for k, t in by_party.items()})
+        self._ride({k: Request("grad_embedding", t) for k, t in by_party.items()})
 
     def _step_heads(self, loss: torch.Tensor, embs: dict[tuple[int, str], torch.Tensor]) -> None:
         """Back-propagate ``loss`` at the active party, update the heads, send the parties their gradients."""

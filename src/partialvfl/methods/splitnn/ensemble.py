@@ -21,6 +21,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.splitnn import SplitNNMethod
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
 
@@ -46,16 +47,17 @@ class Ensemble(SplitNNMethod):
         d = self.settings_.latent_dim
         return nn.ModuleDict({f"g{k}": self._make_head(d) for k in range(self.index_.n_parties)})
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor:
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan:
         obs = view.observed[rows]
-        y = self._tensor(view.y[rows], dtype=torch.long)
-        embs = self._embed_observed(handle, rows, obs, train=True)
+        return StepPlan(rows, obs, {k: {"f": rows[obs[:, k]]} for k in range(obs.shape[1]) if obs[:, k].any()})
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        y = self._tensor(view.y[plan.rows], dtype=torch.long)
         loss = torch.zeros((), device=self.torch_device)
         for (k, _), e in embs.items():
-            loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[self._tensor(np.flatnonzero(obs[:, k]))])
-        self._step_heads(loss, embs)
-        return loss.detach()
+            loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[self._tensor(np.flatnonzero(plan.obs[:, k]))])
+        return loss
 
     def _votes(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:
         votes = np.zeros((len(rows), self.n_classes))

@@ -49,6 +49,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.splitnn import SplitNNMethod
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_device, to_numpy
 
@@ -217,17 +218,16 @@ class LaserVFL(SplitNNMethod):
         for i in rng.permutation(len(batches)):
             yield batches[i]
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor:
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan:
         obs = view.observed[rows]
-        wanted = {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()}
-        embs = self._embed(handle, wanted, train=True)
-        emb = self._stack(rows, obs, embs)
-        sets, weights = sample_task_sets(obs, rng, shared=self.settings_.batching == "pattern")
-        y = self._tensor(view.y[rows], dtype=torch.long)
-        loss = laser_estimate(emb, y, sets, weights, self._head)
-        self._step_heads(loss, embs)
-        return loss.detach()
+        return StepPlan(rows, obs, {k: {"f": rows[obs[:, k]]} for k in range(view.n_parties) if obs[:, k].any()})
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        emb = self._stack(plan.rows, plan.obs, embs)
+        sets, weights = sample_task_sets(plan.obs, rng, shared=self.settings_.batching == "pattern")
+        y = self._tensor(view.y[plan.rows], dtype=torch.long)
+        return laser_estimate(emb, y, sets, weights, self._head)
 
     def _head_probabilities(self, cut: np.ndarray, emb: torch.Tensor) -> np.ndarray:
         """Each head's class probabilities ``(B, H, C)`` from the mean of ``emb`` ``(B, K, d)`` over the pattern

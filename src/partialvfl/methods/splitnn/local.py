@@ -17,6 +17,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.splitnn import SplitNNMethod
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
 
@@ -42,13 +43,13 @@ class Local(SplitNNMethod):
     def _rows_description(self) -> str:
         return "Local trains on labelled samples the active party observes, and there are none"
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor:
-        a = view.active_party
-        embs = self._embed(handle, {a: {"f": rows}}, train=True)
-        loss = F.cross_entropy(self.heads_["g"](embs[(a, "f")]), self._tensor(view.y[rows], dtype=torch.long))
-        self._step_heads(loss, embs)
-        return loss.detach()
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan:
+        return StepPlan(rows, view.observed[rows], {view.active_party: {"f": rows}})
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        return F.cross_entropy(self.heads_["g"](embs[(view.active_party, "f")]),
+                               self._tensor(view.y[plan.rows], dtype=torch.long))
 
     def parties_used(self, view: CoordinatorView | VerticalDataset) -> np.ndarray:
         """Only the active party's block, for the rows it holds; the others use no party (the label prior)."""

@@ -76,6 +76,7 @@ class SplitParty(PartyProgram):
 
     program_name = "splitnn/party"
     supports_privacy = True
+    resumes_mid_step = True  # state_dict holds the rows of a pending training forward: it is run again on load
     setup_config = SplitSetup
     config: SplitSetup
     messages: ClassVar[Messages] = {
@@ -83,8 +84,16 @@ class SplitParty(PartyProgram):
                              reply=[TensorSpec("emb:{model}", "float32", ("B", "latent_dim"))],
                              meta={"data": HANDLE}, optional_meta={"train": FLAG}, role=INFERS,
                              releases=["emb:{model}"]),
-        "grad_embedding": MessageSpec(request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim"))],
-                                      gradients=["grad:{model}"]),
+        "grad_embedding": MessageSpec(
+            request=[TensorSpec("grad:{model}", "float32", ("B", "latent_dim")),
+                     TensorSpec("sections:{model}", "int64", ("Q",), optional=True),
+                     TensorSpec("next:{model}", "int64", ("N",), optional=True)],
+            reply=[TensorSpec("emb:{model}", "float32", ("N", "latent_dim"), optional=True)],
+            optional_meta={"data": HANDLE, "train": FLAG}, gradients=["grad:{model}"], releases=["emb:{model}"],
+            doc="The loss gradient of the representations it sent: back-propagate, step.  `sections:<model>` (rows "
+                "per step, in order): several steps' gradients, each applied after the model is run again on that "
+                "step's rows (the stale schedule).  `next:<model>`: the next step's rows, whose `embed` (of "
+                "`data`, with `train`) rides with this message: their representations come back as `emb:<model>`."),
         "pretrain": MessageSpec(meta={"data": HANDLE, "simsiam": MetaKey(dict, doc="SimSiam's settings"),
                                       "epoch": MetaKey(int, low=0, doc="0 starts pretraining")},
                                 optional_meta={"models": MetaKey(tuple[str, ...], doc="the models to pretrain"),
@@ -119,8 +128,9 @@ class SplitParty(PartyProgram):
     def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
         """``emb:<model>`` is about the rows of ``rows:<model>``."""
         handle: str = request.meta["data"]
-        return {f"emb:{k.removeprefix('rows:')}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
-                if f"emb:{k.removeprefix('rows:')}" in reply.tensors}
+        prefix = "next:" if kind == "grad_embedding" else "rows:"
+        return {f"emb:{k.removeprefix(prefix)}": (handle, t.numpy(), 0) for k, t in request.tensors.items()
+                if k.startswith(prefix) and f"emb:{k.removeprefix(prefix)}" in reply.tensors}
 
     def __init__(self, runtime: PartyRuntime, config: SplitSetup, seed: int) -> None:
         super().__init__(runtime, config, seed)
@@ -135,6 +145,10 @@ class SplitParty(PartyProgram):
             self.optimizers[name] = make_optimizer(model.parameters(), opt.name, opt.lr, opt.weight_decay,
                                                    opt.momentum)
         self._pending: dict[str, torch.Tensor] = {}
+        self._inputs: dict[str, torch.Tensor] = {}  # model -> the features of its pending training forward
+        self._sources: dict[str, tuple[str, torch.Tensor]] = {}  # model -> (handle, rows) of that forward
+        self._lazy: dict[str, tuple[str, torch.Tensor]] = {}  # pending forwards of a loaded state, run on demand
+        self._buffers_before: dict[str, dict[str, torch.Tensor]] = {}  # model -> buffers before a ridden forward
         self._private_rows: dict[str, tuple[str, np.ndarray, torch.Tensor]] = {}  # model -> (handle, rows, x)
         self._groups: dict[str, Any] = {}  # model -> (stacked group, slot) of a batched training forward
         self._simsiam: dict[str, SimSiamTrainer] = {}
@@ -151,11 +165,15 @@ class SplitParty(PartyProgram):
                 f"party {self.party}: no representation model {name!r}; it holds {sorted(self.models)}"
             ) from None
 
-    def forward_model(self, name: str, x: torch.Tensor, train: bool) -> torch.Tensor:
-        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives).  Under a privacy
-        budget each row's representation is clipped to the plan's norm here, inside the graph, so that the gradient
-        the party back-propagates is that of what it released."""
+    def forward_model(self, name: str, x: torch.Tensor, train: bool,
+                      source: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Model ``name`` on its rows ``x`` (training: the graph is kept until its gradient arrives; ``source``: the
+        handle and rows ``x`` is of, kept with the state meanwhile).  Under a privacy budget each row's
+        representation is clipped to the plan's norm here, inside the graph, so that the gradient the party
+        back-propagates is that of what it released."""
         model = self._model(name)
+        if train:
+            self.keep_buffers(name, source)
         model.train(train)
         with torch.set_grad_enabled(train):
             h = model(x) if len(x) else x.new_zeros(0, self.latent_dim)
@@ -163,20 +181,64 @@ class SplitParty(PartyProgram):
                 h = clip_rows(h, self.runtime.privacy.clip_for("emb:{model}"))
         if train:
             self._pending[name] = h
+            self._inputs[name] = x
         return h
 
     def on_embed(self, req: Request) -> Reply:
-        train = req.meta.get("train", False)
+        return Reply(self._embed_rows(req.meta["data"], req.tensors, req.meta.get("train", False), "rows:"))
+
+    def _embed_rows(self, handle: str, tensors: dict[str, torch.Tensor], train: bool, prefix: str
+                    ) -> dict[str, torch.Tensor]:
+        """``emb:<model>`` of the rows each ``<prefix><model>`` tensor names."""
         out: dict[str, torch.Tensor] = {}
-        for key, rows in req.tensors.items():
-            if not key.startswith("rows:"):
-                raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
-            name = key.removeprefix("rows:")
-            x = self._features(req.meta["data"], rows)
-            out[f"emb:{name}"] = self.forward_model(name, x, train)
+        for key, rows in tensors.items():
+            if not key.startswith(prefix):
+                if prefix == "rows:":
+                    raise ValueError(f"party {self.party}: unexpected tensor {key!r} in an embed request")
+                continue
+            name = key.removeprefix(prefix)
+            x = self._features(handle, rows)
+            out[f"emb:{name}"] = self.forward_model(name, x, train, (handle, rows))
             if train and self.runtime.privacy is not None:
-                self._private_rows[name] = (req.meta["data"], rows.numpy(), x)
-        return Reply(out)
+                self._private_rows[name] = (handle, rows.numpy(), x)
+        return out
+
+    def next_embed(self, req: Request) -> Request | None:
+        """The ``embed`` that rides with a ``grad_embedding`` (its ``next:<model>`` rows), or ``None``."""
+        rows = {f"rows:{k.removeprefix('next:')}": t for k, t in req.tensors.items() if k.startswith("next:")}
+        if not rows:
+            return None
+        if "data" not in req.meta:
+            raise ValueError(f"party {self.party}: next-step rows without meta 'data' (the handle they are of)")
+        return Request("embed", rows, {"data": req.meta["data"], "train": req.meta.get("train", False)})
+
+    def keep_buffers(self, name: str, source: tuple[str, torch.Tensor] | None) -> None:
+        """Before a training forward of model ``name``: keep the buffers it will change (batch normalisation) and
+        what it is run on, so that :meth:`state_dict` until its gradient arrives is the state before it (a
+        checkpoint or a restart in between runs it again and comes out the same)."""
+        self._lazy.pop(name, None)
+        buffers = {k: b.detach().clone() for k, b in self._model(name).named_buffers()}
+        self._buffers_before.pop(name, None)
+        if buffers:
+            self._buffers_before[name] = buffers
+        if source is not None:
+            self._sources[name] = source
+        else:
+            self._sources.pop(name, None)
+
+    def _pending_forward(self, name: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The pending training forward of model ``name`` (its output and features): the one this process ran, or
+        one of a loaded state run now (at the same weights: the same floats)."""
+        h, x = self._pending.pop(name, None), self._inputs.pop(name, None)
+        if h is None and name in self._lazy:
+            handle, rows = self._lazy.pop(name)
+            x = self._features(handle, rows)
+            h = self.forward_model(name, x, True, (handle, rows))
+            self._pending.pop(name, None)
+            self._inputs.pop(name, None)
+        self._buffers_before.pop(name, None)
+        self._sources.pop(name, None)
+        return h, x
 
     def handle(self, request: Request) -> Reply:
         if request.kind == "grad_embedding" and self._groups:  # its forward was part of a batched round's
@@ -189,27 +251,58 @@ class SplitParty(PartyProgram):
         return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
+        nxt = self.next_embed(req)
+        self.apply_gradients(req)
+        return Reply() if nxt is None else self.on_embed(nxt)
+
+    def apply_gradients(self, req: Request) -> None:
+        """The update of a ``grad_embedding`` (without the ``embed`` riding with it)."""
+        grads = {k.removeprefix("grad:"): g for k, g in req.tensors.items() if k.startswith("grad:")}
+        sections = {k.removeprefix("sections:"): t for k, t in req.tensors.items() if k.startswith("sections:")}
+        if sections and self.runtime.privacy is not None:
+            raise ValueError(f"party {self.party}: the stale schedule (sections) is not covered by this party's "
+                             "differential-privacy budget")
         if self.runtime.privacy is not None:
-            private_update(self, {k.removeprefix("grad:"): g for k, g in req.tensors.items()})
-            return Reply()
+            private_update(self, grads)
+            self._inputs, self._sources, self._buffers_before = {}, {}, {}
+            return
         total: torch.Tensor | None = None
-        names = []
-        for key, grad in req.tensors.items():
-            name = key.removeprefix("grad:")
-            h = self._pending.pop(name, None)
-            if h is None:
+        stale: dict[str, torch.Tensor] = {}
+        for name, grad in grads.items():
+            h, x = self._pending_forward(name)
+            if h is None or x is None:
                 raise RuntimeError(f"party {self.party}: gradient for {name!r} without a pending training forward")
+            if name in sections:
+                stale[name] = x
+                continue
             if h.requires_grad and h.numel():
                 term = (h * grad).sum()
                 total = term if total is None else total + term
-            names.append(name)
-        for name in names:
+        plain = [name for name in grads if name not in sections]
+        for name in plain:
             self.optimizers[name].zero_grad()
         if total is not None:
             total.backward()
-        for name in names:
+        for name in plain:
             self.optimizers[name].step()
-        return Reply()
+        for name, x in stale.items():  # the rows of several steps: one update each
+            self._stale_updates(name, x, grads[name], sections[name])
+
+    def _stale_updates(self, name: str, x: torch.Tensor, grad: torch.Tensor, counts: torch.Tensor) -> None:
+        """One optimiser step per section of ``x`` (a step's rows, in order): the model run again at its current
+        weights, back-propagated with that step's (stale) gradient."""
+        sizes = [int(n) for n in counts.tolist()]
+        if sum(sizes) != len(x) or any(n < 0 for n in sizes):
+            raise ValueError(f"party {self.party}: sections of {name!r} sum to {sum(sizes)}, its rows are {len(x)}")
+        model, optimizer = self._model(name), self.optimizers[name]
+        model.train(True)
+        start = 0
+        for n in sizes:
+            if n:
+                optimizer.zero_grad()
+                (model(x[start:start + n]) * grad[start:start + n]).sum().backward()
+                optimizer.step()
+            start += n
 
     def on_set_lr(self, req: Request) -> Reply:
         for opt in self.optimizers.values():
@@ -259,12 +352,17 @@ class SplitParty(PartyProgram):
     def state_dict(self) -> dict[str, Any]:
         """Models and optimisers (and SimSiam's heads between pretraining epochs), for an exact resume."""
         state: dict[str, Any] = {
-            "models": {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
-                       for name, m in self.models.items()},
+            "models": {name: {k: self._buffers_before.get(name, {}).get(k, v).detach().clone()
+                              for k, v in m.state_dict().items()} for name, m in self.models.items()},
             "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
         }
         if self._simsiam:
             state["simsiam"] = {name: t.state_dict() for name, t in self._simsiam.items()}
+        pending = {name: {"handle": h, "rows": r.clone()} for name, (h, r) in self._sources.items()
+                   if name in self._pending}
+        pending.update({name: {"handle": h, "rows": r.clone()} for name, (h, r) in self._lazy.items()})
+        if pending:  # training forwards whose gradient has not arrived: run again on load, when it arrives
+            state["pending"] = pending
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -277,3 +375,5 @@ class SplitParty(PartyProgram):
         self._simsiam = {}
         self._simsiam_saved = state.get("simsiam")
         self._pending, self._groups, self._private_rows = {}, {}, {}
+        self._inputs, self._buffers_before, self._sources = {}, {}, {}
+        self._lazy = {name: (str(p["handle"]), p["rows"]) for name, p in state.get("pending", {}).items()}

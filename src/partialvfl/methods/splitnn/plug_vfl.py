@@ -22,6 +22,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
 
@@ -57,19 +58,20 @@ class PlugVFL(SplitNNMethod):
     def _build_heads(self) -> nn.ModuleDict:
         return nn.ModuleDict({"g": self._make_head(self._fusion_dim())})
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor | None:
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan | None:
+        """The batch's dropout draw (the only draw of a step) and the parties it keeps."""
         obs = plug_dropout(view.observed[rows], view.active_party, self.settings_.p_drop, rng,
                            self.settings_.dropout_unit)
         keep = obs.any(axis=1)
         rows, obs = rows[keep], obs[keep]
         if rows.size == 0:
             return None
-        embs = self._embed_observed(handle, rows, obs, train=True)
-        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
-        loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
-        self._step_heads(loss, embs)
-        return loss.detach()
+        return StepPlan(rows, obs, {k: {"f": rows[obs[:, k]]} for k in range(obs.shape[1]) if obs[:, k].any()})
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        logits = self.heads_["g"](fuse(self._stack(plan.rows, plan.obs, embs), plan.obs, how=self.settings_.fusion))
+        return F.cross_entropy(logits, self._tensor(view.y[plan.rows], dtype=torch.long))
 
     def _coalition_predictions(self, view: CoordinatorView, handle: str, masks: np.ndarray, wanted: np.ndarray
                                ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

@@ -14,7 +14,8 @@ from partialvfl.methods.params import Param, ParamSpace
 from partialvfl.methods.registry import MethodSpec, register_spec
 from partialvfl.methods.schedule import SCHEDULE_PARAMS
 
-__all__ = ["LASER_CODE", "PAPER_LATENT", "PAPER_PRETRAIN", "PAPER_TABLES", "SPACES", "SPLIT_PARAMS", "split_space"]
+__all__ = ["LASER_CODE", "PAPER_LATENT", "PAPER_PRETRAIN", "PAPER_TABLES", "ROUNDS", "SPACES", "SPLIT_PARAMS",
+           "split_space"]
 
 #: The FALSE-VFL paper's Tables 6 (Vanilla VFL), 7 (LASER-VFL) and 8 (PlugVFL): fine-tuning optimiser Adam,
 #: pretraining (SimSiam) optimiser SGD; weight decay 1e-4 (fine-tuning) and 3e-5 (pretraining) everywhere.
@@ -50,6 +51,8 @@ LASER_CODE: dict[str, dict[str, tuple[str, float, float, float, int, int, bool]]
 }
 
 ENCODERS = ("auto", "mlp", "cnn", "resnet18")
+#: the training schedules of the ``rounds`` parameter (:mod:`partialvfl.methods.splitnn.rounds`)
+ROUNDS = ("piggyback", "sequential", "stale")
 OPTIMIZERS = ("adam", "sgd")
 
 SPLIT_PARAMS = ParamSpace((
@@ -88,6 +91,12 @@ SPLIT_PARAMS = ParamSpace((
           "resnet_width and pretrain_epochs are this method's latent_dim, encoder, encoder_hidden, resnet_width and "
           "pretrain_epochs", optional=True),
     Param("predict_batch_size", 4096, "int", "rows per prediction batch", low=1),
+    Param("rounds", "piggyback", "str", "round trips of training: piggyback (the next step's representations ride "
+          "with this step's gradients: one per step, the weights of sequential to the bit), sequential "
+          "(representations out, gradients back: two per step) or stale (FedBCD-style local updates: one per "
+          "stale_steps steps, from representations up to stale_steps - 1 of the party's own updates old)",
+          choices=ROUNDS),
+    Param("stale_steps", 4, "int", "rounds = stale: training steps per round trip", low=1),
     *SCHEDULE_PARAMS,
 ), groups={
     # the arguments of make_optimizer, and the SimSiam pretraining each party runs (SimSiamConfig's fields)

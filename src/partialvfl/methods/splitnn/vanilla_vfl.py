@@ -22,6 +22,7 @@ from torch import nn
 
 from partialvfl.data.dataset import CoordinatorView, VerticalDataset
 from partialvfl.methods.splitnn import SplitNNMethod, fuse
+from partialvfl.methods.splitnn.rounds import StepPlan
 from partialvfl.methods.splitnn.spec import SPACES
 from partialvfl.utils.devices import to_numpy
 
@@ -46,14 +47,13 @@ class VanillaVFL(SplitNNMethod):
     def _rows_description(self) -> str:
         return "Vanilla VFL trains on labelled samples observed by every party, and there are none"
 
-    def _train_step(self, view: CoordinatorView, handle: str, rows: np.ndarray,
-                    rng: np.random.Generator) -> torch.Tensor:
-        obs = view.observed[rows]
-        embs = self._embed(handle, {k: {"f": rows} for k in range(view.n_parties)}, train=True)
-        logits = self.heads_["g"](fuse(self._stack(rows, obs, embs), obs, how=self.settings_.fusion))
-        loss = F.cross_entropy(logits, self._tensor(view.y[rows], dtype=torch.long))
-        self._step_heads(loss, embs)
-        return loss.detach()
+    def _step_plan(self, view: CoordinatorView, rows: np.ndarray, rng: np.random.Generator) -> StepPlan:
+        return StepPlan(rows, view.observed[rows], {k: {"f": rows} for k in range(view.n_parties)})
+
+    def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
+                   rng: np.random.Generator) -> torch.Tensor:
+        logits = self.heads_["g"](fuse(self._stack(plan.rows, plan.obs, embs), plan.obs, how=self.settings_.fusion))
+        return F.cross_entropy(logits, self._tensor(view.y[plan.rows], dtype=torch.long))
 
     def fallback(self) -> str:
         if self.settings_.missing == "random":
