@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from partialvfl.methods.registry import DEFAULT_METHOD
+
 __all__ = ["DEFAULT_METHOD", "DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS",
            "SPLITTER_FORMS", "THREADS_HELP", "add_device_options", "add_protocol_options", "add_table_options",
            "add_threads_option", "device_form", "device_options", "emit", "non_negative", "parse_tables",
@@ -21,9 +23,6 @@ __all__ = ["DEFAULT_METHOD", "DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
 #: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
 DEFAULT_PRESET = "fast"
-#: the method ``fit`` runs without ``--method``: the command's promise to its users (README), so a constant of the
-#: command, not a flag a method's declaration (or a plugin's) could take over
-DEFAULT_METHOD = "false-vfl-1"
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")

@@ -42,11 +42,10 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from partialvfl.data.builders import from_blocks
 from partialvfl.data.dataset import DataValidationError, Task, VerticalDataset
+from partialvfl.methods.registry import DEFAULT_METHOD
 
 __all__ = ["VFLClassifier", "VFLRegressor"]
 
-#: the method the estimators run by default (as ``partialvfl fit`` does without ``--method``)
-DEFAULT_METHOD = "false-vfl-1"
 #: ``set_params``/``get_params`` name a method parameter ``params__NAME``
 _NESTED = "params__"
 
