@@ -28,7 +28,8 @@ from partialvfl.utils.plugins import import_entry_points
 VFLMethod = Any
 
 __all__ = ["DEFAULT_METHOD", "ENTRY_POINT_GROUP", "METHODS", "SPECS", "MethodSpec", "get_method", "get_spec",
-           "load_all", "load_specs", "method_names", "package_methods", "private_methods", "register_spec", "unregister"]
+           "load_all", "load_specs", "method_names", "package_methods", "private_methods", "register_spec",
+           "unregister"]
 
 #: the entry point group a plugin package lists its families' ``spec`` modules under (``pyproject.toml``:
 #: ``[project.entry-points."partialvfl.methods"] toy = "toy_family.spec"``)
