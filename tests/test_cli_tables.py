@@ -201,11 +201,11 @@ def test_fit_and_evaluate_on_tables_run_with_the_threads_given(example: Path, mo
     seen: list[tuple[str, int]] = []
     fit, evaluate = VFLMethod.fit, evaluation_module.evaluate
 
-    def recording_fit(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def recording_fit(self, *a, **kw):
         seen.append(("fit", torch.get_num_threads()))
         return fit(self, *a, **kw)
 
-    def recording_evaluate(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def recording_evaluate(*a, **kw):
         seen.append(("evaluate", torch.get_num_threads()))
         return evaluate(*a, **kw)
 

@@ -33,7 +33,7 @@ def two_party_half_labelled_data(n: int = 120) -> VerticalDataset:
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory):  # noqa: ANN201, ANN001
+def dep(tmp_path_factory):
     d = LocalDeployment(tmp_path_factory.mktemp("dp"), two_party_half_labelled_data(), deadline=600.0,
                         start_timeout=600.0)
     d.policy[1] = dict(BUDGET)
@@ -45,7 +45,7 @@ def dep(tmp_path_factory):  # noqa: ANN201, ANN001
 
 
 @pytest.mark.slow
-def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:  # noqa: ANN001
+def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:
     torch.set_num_threads(1)
     fed = dep.federation()
     try:
@@ -85,7 +85,7 @@ def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys,
 
 
 @pytest.mark.slow
-def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:
     torch.set_num_threads(1)
     with LocalDeployment(tmp_path / "dep", two_party_half_labelled_data(), deadline=600.0, start_timeout=600.0) as d:
         d.policy[1] = dict(BUDGET)

@@ -204,7 +204,7 @@ def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = 
         rows = _fit_and_evaluate(cell, grid_name, version, notify, threads, run)
         check_source()  # an edit during the fit: its lazily imported modules may be the new code
         error = None
-    except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error
+    except Exception as e:  # a failed fit is a result, recorded with its error
         error = "".join(traceback.format_exception(e))[-4000:]
         rows = failed_rows(cell, grid_name, version, error, started)
     return CellResult(cell.key, cell.describe(), rows, error, time.perf_counter() - t0)

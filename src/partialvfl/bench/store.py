@@ -205,14 +205,6 @@ class ResultStore:
             out["finished_at"] = now_utc()
         return out
 
-    def delete_cells(self, cell_hashes: Iterable[str]) -> int:
-        hashes = list(cell_hashes)
-        with self.transaction() as conn:
-            n = 0
-            for h in hashes:
-                n += conn.execute("DELETE FROM results WHERE cell_hash = ?", (h,)).rowcount
-        return n
-
     # ------------------------------------------------------------------ reading
     def done_keys(self) -> set[str]:
         """Config hashes of the rows finished successfully."""
@@ -235,7 +227,7 @@ class ResultStore:
         sql = "SELECT COUNT(*) FROM results" + (" WHERE status = ?" if status else "")
         return int(self._conn.execute(sql, (status,) if status else ()).fetchone()[0])
 
-    def dataframe(self, *, status: str | None = "done"):  # noqa: ANN201 - pandas.DataFrame
+    def dataframe(self, *, status: str | None = "done"):  # pandas.DataFrame
         import pandas as pd
 
         rows = self.rows(status=status)

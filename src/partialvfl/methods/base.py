@@ -111,7 +111,7 @@ class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
             cls.presets = cls.params.preset_names
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
-                 precision: str = "fp32", compile: bool = False,  # noqa: A002 - torch's word
+                 precision: str = "fp32", compile: bool = False,  # torch's word
                  **params: Any) -> None:
         """``progress``, ``device``, ``precision``, ``compile``: how the fit runs (:class:`~partialvfl.methods.
         run_options.RunOptions`); ``params``: declared parameters by name, the method's (:meth:`param_space`) and
@@ -163,18 +163,18 @@ class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
         """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
-    def _plan(self, federation: Federation) -> None:  # noqa: B027 - optional
+    def _plan(self, federation: Federation) -> None:  # optional
         """Fix the parameters a method derives from what the parties announce (``federation.announced_policies()``;
         e.g. a wire protocol within their policies), in ``params_``, before anything is set up."""
 
-    def _build_coordinator(self) -> None:  # noqa: B027 - optional
+    def _build_coordinator(self) -> None:  # optional
         """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
 
     def _coordinator_extra_state(self) -> dict[str, Any]:
         """What the active party holds besides its modules' weights (plain values and tensors)."""
         return {}
 
-    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
+    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # optional
         """Restore :meth:`_coordinator_extra_state`."""
 
 
@@ -200,7 +200,7 @@ class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
 
     # ------------------------------------------------------------------ helpers for subclasses
     @property
-    def transport(self):  # noqa: ANN201 - Transport
+    def transport(self):  # Transport
         return self.federation_.transport
 
     def _tensor(self, data: Any, dtype: Any = None) -> Any:
@@ -403,7 +403,7 @@ class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
     @classmethod
     def load(cls, directory: str | Path, *, federation: Federation | None = None,
              log: MessageLog | None = None, device: Any = "cpu", precision: str = "fp32",
-             compile: bool = False) -> VFLMethod:  # noqa: A002 - torch's word
+             compile: bool = False) -> VFLMethod:  # torch's word
         """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states.
 
         The model runs on ``device`` whatever device it was fitted on (states are read to the CPU, then moved);

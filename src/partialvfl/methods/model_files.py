@@ -138,7 +138,7 @@ def _swap(tmp: Path, target: Path, tag: str, forget_parties: Callable[[Path], No
     if (old / "model.json").exists():
         try:  # the parties' halves of the replaced model (over gRPC they live on the parties' disks)
             forget_parties(old)
-        except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
+        except Exception as e:  # a party that cannot delete keeps a stale file, no more
             log.warning("parties could not delete their state of the replaced model: %s", e)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -172,7 +172,7 @@ def read_coordinator_state(directory: Path, meta: dict[str, Any]) -> dict[str, A
                              "from another model")
     try:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)  # any device it was saved on
-    except Exception as e:  # noqa: BLE001 - whatever torch says, the file is unusable
+    except Exception as e:  # whatever torch says, the file is unusable
         raise ModelFileError(f"{path} is not a readable coordinator state (corrupted, truncated or foreign: "
                              f"{type(e).__name__})") from None
     if not isinstance(state, dict):

@@ -144,7 +144,7 @@ class MicroBatcher:
             if due():  # another lane may have done it meanwhile
                 try:
                     self.predictor.maintain()
-                except Exception:  # noqa: BLE001 - the batches go on without the returned party; tried again later
+                except Exception:  # the batches go on without the returned party; tried again later
                     log.exception("the predictor's upkeep failed")
 
     def _gather(self, first: Job) -> tuple[list[Job], Job | _Control | None]:

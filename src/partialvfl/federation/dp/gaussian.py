@@ -217,10 +217,6 @@ class PrivacyPlan:
             raise ValueError(f"a privacy plan needs charges >= 1 and positive clip norms, got {dict(meta)!r}")
         return plan
 
-    def to_meta(self) -> dict[str, Any]:
-        return {"charges": int(self.charges), "clip": {k: float(v) for k, v in self.clip.items()},
-                "default_clip": float(self.default_clip), "grad_clip": float(self.grad_clip)}
-
 
 def clip_rows(t: torch.Tensor, clip: float, axis: int = 0) -> torch.Tensor:
     """``t`` with every slice along ``axis`` (a row) scaled down to L2 norm at most ``clip`` (differentiable)."""

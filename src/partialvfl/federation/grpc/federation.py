@@ -206,7 +206,7 @@ class GrpcFederation(RowAlignment, Federation):
                 self.tickets.discard()  # no checkpoint to resume: a fit that stopped early leaves nothing behind
             if len(replies) == len(self._present()):
                 self.sessions.forget()
-        except Exception as e:  # noqa: BLE001 - closing: a party that refuses or is gone keeps its session
+        except Exception as e:  # closing: a party that refuses or is gone keeps its session
             log.info("bye was not answered by every party (%s): their sessions end at their idle timeout", e)
         finally:
             super().close()

@@ -226,7 +226,7 @@ class LocalFederation(Federation):
         policies: Mapping[int | str, PartyPolicy] | None = None,
         device: Any = "cpu",
         precision: str = "fp32",
-        compile: bool = False,  # noqa: A002 - torch's word
+        compile: bool = False,  # torch's word
         concurrent: bool | None = None,
     ) -> None:
         chosen = _by_index(policies or {}, party_names, "policies")
@@ -242,7 +242,7 @@ class LocalFederation(Federation):
     def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None, batched: bool = True,
                     policies: Mapping[int | str, PartyPolicy] | None = None,
                     party_dp: Mapping[int | str, tuple[float, float]] | None = None,
-                    device: Any = "cpu", precision: str = "fp32", compile: bool = False,  # noqa: A002
+                    device: Any = "cpu", precision: str = "fp32", compile: bool = False,
                     concurrent: bool | None = None) -> LocalFederation:
         """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport);
         ``device``/``precision``/``compile``: where and how the parties compute; ``concurrent``: see the class.

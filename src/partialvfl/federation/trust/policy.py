@@ -412,13 +412,6 @@ class PartyPolicy:
                                    {key: v} if key != "max_momentum" or v < 1 else None)
         return None
 
-    def check_lr(self, lr: Any, what: str = "lr") -> None:
-        """Refuse a learning rate under the floor (a frozen model is a fixed, probeable function of the data) or
-        over the ceiling (a huge step resets the model to what the coordinator's gradients say)."""
-        refused = self._lr_violation(lr, what)
-        if refused is not None:
-            raise refused
-
     def check_request(self, spec: MessageSpec, kind: str, meta: Mapping[str, Any]) -> None:
         """Refuse a program request outside the policy, by its declaration: a kind that shares weights (its role),
         a learning rate under the floor (the metadata it declares as ``learning_rates``)."""

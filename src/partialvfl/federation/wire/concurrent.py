@@ -73,7 +73,7 @@ class ConcurrentParties:
         for party, future in futures.items():
             try:
                 out[party] = future.result()
-            except Exception as e:  # noqa: BLE001 - handed back in its place, raised where the caller would
+            except Exception as e:  # handed back in its place, raised where the caller would
                 out[party] = e
         for party, (device, _) in calls.items():  # the coordinator reads the replies after the parties' work
             if party in self._streams and device in callers:

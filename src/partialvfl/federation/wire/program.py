@@ -216,5 +216,5 @@ class PartyProgram:
         """Everything needed to restore the trained program (tensors and plain values only)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # optional
         """Restore :meth:`state_dict`."""

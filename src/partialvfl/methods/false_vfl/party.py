@@ -381,9 +381,6 @@ class FalseVFLParty(PartyProgram):
         return Reply({})
 
     # -------------------------------------------------------------- state
-    def parameters_snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
-
     def state_dict(self) -> dict[str, Any]:
         """Modules and optimiser (the optimiser so that a checkpointed stage 1 resumes exactly)."""
         return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}

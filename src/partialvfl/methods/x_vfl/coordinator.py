@@ -377,7 +377,7 @@ class XVFL(VFLMethod):
                 "ds_align1": ds1, "ds_align2": ds2}
 
     @property
-    def _align_space(self):  # noqa: ANN202 - a tensor map
+    def _align_space(self):  # a tensor map
         if self.settings_.ds_align_space == "probs":
             return lambda t: torch.softmax(t, dim=-1)
         return lambda t: t
