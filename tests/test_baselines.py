@@ -207,7 +207,7 @@ def test_majority_vote_tie_break_is_seeded_and_uniform() -> None:
 
 
 @pytest.mark.parametrize("pretrain", [False, True])
-def test_vanilla_vfl_trains_only_on_fully_aligned_labelled_samples(pretrain: bool) -> None:
+def test_vanilla_vfl_trains_only_on_fully_aligned_labeled_samples(pretrain: bool) -> None:
     data = _data()
     log = MessageLog(keep_payloads=True)
     _fit("vanilla-vfl", data, log=log, pretrain=pretrain)

@@ -51,8 +51,8 @@ def by_hand(X: pd.DataFrame, y: np.ndarray, train: np.ndarray, test: np.ndarray)
 
     model = get_method("laser-vfl")("fast", seed=0, **QUICK).fit(dataset(train, y[train]))
     predicted = model.predict(dataset(test, None))
-    labelled = np.array([v is not None for v in y[test]])
-    return float(np.mean(predicted[labelled] == y[test][labelled]))
+    labeled = np.array([v is not None for v in y[test]])
+    return float(np.mean(predicted[labeled] == y[test][labeled]))
 
 
 # ---------------------------------------------------------------------- scikit-learn's tools
@@ -146,7 +146,7 @@ def test_a_two_level_column_index_names_the_parties() -> None:
     np.testing.assert_array_equal(by_index.predict_proba(grouped), by_dict.predict_proba(X))
 
 
-def test_nan_blocks_are_missing_parties_and_unlabelled_rows_are_kept() -> None:
+def test_nan_blocks_are_missing_parties_and_unlabeled_rows_are_kept() -> None:
     from partialvfl.methods.frame_estimators import _dataset
 
     X, y = frame(90)
@@ -156,8 +156,8 @@ def test_nan_blocks_are_missing_parties_and_unlabelled_rows_are_kept() -> None:
     assert data.observed[:, 0].all() and list(data.ids[:2]) == ["u0", "u1"]
     np.testing.assert_array_equal(data.labeled, np.arange(90) % 3 != 1)
     model = VFLClassifier("laser-vfl", PARTIES, active_party="shop", params=QUICK).fit(X, y)
-    labelled = y[np.arange(90) % 3 != 1]
-    np.testing.assert_allclose(model.model_.label_prior_, [np.mean(labelled == "no"), np.mean(labelled == "yes")])
+    labeled = y[np.arange(90) % 3 != 1]
+    np.testing.assert_allclose(model.model_.label_prior_, [np.mean(labeled == "no"), np.mean(labeled == "yes")])
 
 
 @pytest.mark.parametrize(("parties", "message"), [

@@ -217,7 +217,7 @@ def party_weights(fed: Federation) -> dict[int, torch.Tensor]:
     return {k: r.tensors["w"] for k, r in fed.transport.broadcast(range(fed.n_parties), "weights").items()}
 
 
-def mostly_labelled_data(n: int = 48, seed: int = 0) -> VerticalDataset:
+def mostly_labeled_data(n: int = 48, seed: int = 0) -> VerticalDataset:
     """Three parties (widths 3, 4, 2), three classes, each block held with p 0.8, one sample nobody holds, about 90 %
     labelled, party 2 holds the labels (its widths recorded in ``_DIMS[3]``)."""
     rng = np.random.default_rng(seed)
@@ -308,8 +308,8 @@ class ToySplitMethod(VFLMethod):
 
     def _fit(self, view, handle, loop) -> None:
         _DIMS[view.n_parties] = self.index_.feature_dims
-        labelled = view.labeled & view.observed.any(axis=1)
-        obs = view.observed & labelled[:, None]
+        labeled = view.labeled & view.observed.any(axis=1)
+        obs = view.observed & labeled[:, None]
         y = np.where(view.labeled, view.y, 0)
         self.head_, opt = toy_head(self.seed, self.index_.task.n_classes)
         pool = np.flatnonzero(obs.any(axis=1))
@@ -350,7 +350,7 @@ class ToySplitMethod(VFLMethod):
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return mostly_labelled_data()
+    return mostly_labeled_data()
 
 
 @pytest.fixture(scope="module")
@@ -738,7 +738,7 @@ def _coordinator_main(argv: list[str]) -> int:
     """A coordinator process for the crash test: toy training with checkpoints every 3 steps."""
     torch.set_num_threads(1)
     fed_file, ck_dir, out, crash_at = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
-    data = mostly_labelled_data()
+    data = mostly_labeled_data()
     # the session secrets live with the checkpoints: a coordinator that really restarted proves it holds the
     # parties' sessions (the killed one never said bye, so a coordinator without them would be refused)
     fed = GrpcFederation.from_config(fed_file, session_file=ck_dir / "sessions.json")

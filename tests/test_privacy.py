@@ -84,7 +84,7 @@ def test_randomized_response_has_exactly_its_epsilon() -> None:
 
 
 # ---------------------------------------------------------------------- label DP
-def test_randomized_labels_flip_at_the_rate_of_epsilon_and_leave_unlabelled_rows_alone() -> None:
+def test_randomized_labels_flip_at_the_rate_of_epsilon_and_leave_unlabeled_rows_alone() -> None:
     n, k = 20_000, 4
     y = np.arange(n) % k
     labeled = np.arange(n) % 5 != 0

@@ -29,7 +29,7 @@ from partialvfl.privacy import (
     gradient_observations,
     known_row_attack,
     label_attack,
-    labelled_rows_attack,
+    labeled_rows_attack,
     relative_rmse,
     released_per_row,
     ridge,
@@ -70,10 +70,10 @@ def test_label_dp_bounds_what_a_passive_party_infers_from_its_gradients(train, m
     assert dp["norm_auc_fit"] <= 0.6 and dp["norm_auc"][0] <= 0.6, dp
 
 
-def test_which_rows_are_labelled_is_not_protected_by_label_dp(train) -> None:
+def test_which_rows_are_labeled_is_not_protected_by_label_dp(train) -> None:
     for kw in ({}, {"label_dp": 1.0}):
         _, rec = recorded_fit(train, "laser-vfl", epochs=3, **kw)
-        found = labelled_rows_attack(row_counts(rec, 1, train.n_samples), train.observed[:, 1], train.labeled)
+        found = labeled_rows_attack(row_counts(rec, 1, train.n_samples), train.observed[:, 1], train.labeled)
         assert found["auc"] == 1.0 and found["accuracy"] == 1.0, found
 
 

@@ -192,7 +192,7 @@ def paper_comparison(aggs: Sequence[Aggregate], ratios: Sequence[dict[str, Any]]
         out.append({"table": "accuracy", "dataset": a.dataset, "train": a.train, "method": a.title, "test": a.test,
                     "ours": a.mean, "ours_std": a.std, "paper": p.mean, "paper_std": p.std,
                     "diff": a.mean - p.mean, "ours_labelled_only": a.starred,
-                    "paper_labelled_only": p.labelled_only})
+                    "paper_labelled_only": p.labeled_only})
     for r in ratios:
         if r["dataset"] not in PAPER_DATASET_NAME or r["method"] not in PAPER_NAME:
             continue

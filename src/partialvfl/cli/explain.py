@@ -252,20 +252,20 @@ def cmd_value(args: argparse.Namespace) -> int:
             raise ValueError("value --truth needs the users' features: --table PARTY=FILE ... or --federation FILE")
         data = protocol_data(args, model)
         where = f"on the protocol's test set under {args.test_missing}"
-    from partialvfl.cli.truth import labelled_view
+    from partialvfl.cli.truth import labeled_view
     from partialvfl.methods.party_value import value_attached
 
     with model.attached(data) as (conformed, handle):
         view = conformed.coordinator_view()
         if outcomes is not None:
-            view = labelled_view(model, view, *outcomes)
+            view = labeled_view(model, view, *outcomes)
         values = value_attached(model, view, handle, **options)
     _report_value(args, values, where)
     return 0
 
 
 def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from partialvfl.cli.truth import labelled_view, read_truth
+    from partialvfl.cli.truth import labeled_view, read_truth
     from partialvfl.methods.model_files import read_model_meta
     from partialvfl.orchestration.explain import value_across
 
@@ -284,8 +284,8 @@ def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
                                f"the parties' {tables}")
 
     def then(model: Any, view: Any, handle: str) -> Any:
-        labelled = labelled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
-        return value_across(model, labelled, handle, **options)
+        labeled = labeled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        return value_across(model, labeled, handle, **options)
 
     _report_value(args, rows_across(args, ids, then, check), f"across the federation (the {tables})")
     return 0

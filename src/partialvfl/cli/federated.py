@@ -179,12 +179,12 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
 
     def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any, diagnostics: dict[str, np.ndarray]) -> None:
         from partialvfl.cli.reliability import write_reliability
-        from partialvfl.cli.truth import labelled_view
+        from partialvfl.cli.truth import labeled_view
 
         values = truth.aligned(ids, f"--truth {args.truth}")
         res = score_against_truth(model, out, view, values, truth)
         add_diagnostics(res, model, diagnostics)
-        write_reliability(getattr(args, "reliability", None), model, out, labelled_view(model, view, values, truth),
+        write_reliability(getattr(args, "reliability", None), model, out, labeled_view(model, view, values, truth),
                           f"{model.name} across the federation ({where})")
         res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
         emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "

@@ -250,7 +250,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     """Score a saved model on ``--table`` files that carry the label (matched by value), or, with ``--truth FILE``,
     on tables without it against outcomes keyed by ID."""
     from partialvfl.cli.reliability import write_reliability
-    from partialvfl.cli.truth import labelled_view, metric_lines, read_truth, score_against_truth
+    from partialvfl.cli.truth import labeled_view, metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods.evaluation import add_diagnostics, evaluate, predict_with_diagnostics
     from partialvfl.utils.threads import use_threads
@@ -265,7 +265,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
         res = score_against_truth(model, output, data.coordinator_view(), values, truth)
         add_diagnostics(res, model, diagnostics)
         title = f"{model.name} on the given tables, scored against --truth {args.truth}"
-        scored = labelled_view(model, model.conform(data).coordinator_view(), values, truth)
+        scored = labeled_view(model, model.conform(data).coordinator_view(), values, truth)
     else:
         try:
             data, tables, _ = _model_tables(args, model, labels=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from partialvfl.methods.evaluation import ESS, ess_line
 
-__all__ = ["Truth", "calibration_lines", "labelled_view", "metric_lines", "read_truth", "score_against_truth"]
+__all__ = ["Truth", "calibration_lines", "labeled_view", "metric_lines", "read_truth", "score_against_truth"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,7 @@ def read_truth(path: str | Path, id_column: str, label_column: str) -> Truth:
     return Truth(str(path), ids, df[label_column].to_numpy(dtype=object), label_column)
 
 
-def labelled_view(model: Any, view: Any, values: np.ndarray, truth: Truth) -> Any:
+def labeled_view(model: Any, view: Any, values: np.ndarray, truth: Truth) -> Any:
     """``view`` (a coordinator's view or a dataset's) labelled with ``values``, the outcomes of its rows: classes by
     value (an outcome the model never saw in training is a class of its own, an error when scored); an empty outcome
     is no label."""
@@ -119,7 +119,7 @@ def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.nd
     from partialvfl.methods.evaluation import metrics_from_predictions
 
     task = model.index_.task
-    scored = labelled_view(model, view, values, truth)
+    scored = labeled_view(model, view, values, truth)
     res = metrics_from_predictions(output, scored, task.classes if task.is_classification else None,
                                    used=model.parties_used(view), party_names=model.index_.party_names)
     res["unscored_empty_outcomes"] = int((~scored.labeled).sum())

@@ -196,7 +196,7 @@ class _VFLEstimator(BaseEstimator):
                     (Path(tmp) / name).write_bytes(content)
                 self.model_ = VFLMethod.load(tmp, device=self.device, precision=self.precision)
 
-    def _labelled(self, y: Any, sample_weight: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+    def _labeled(self, y: Any, sample_weight: Any) -> tuple[np.ndarray, np.ndarray, Any]:
         """The labelled rows of ``y`` (a mask), their labels and their weights."""
         labels = np.asarray(y, dtype=object if self._classification else np.float64)
         if labels.ndim != 1:
@@ -228,7 +228,7 @@ class VFLClassifier(ClassifierMixin, _VFLEstimator):
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Accuracy over the labelled rows of ``X`` (rows whose ``y`` is missing are not scored)."""
-        keep, labels, weights = self._labelled(y, sample_weight)
+        keep, labels, weights = self._labeled(y, sample_weight)
         predicted = self.predict(_rows(X, keep))
         return float(accuracy_score(labels.astype(self.classes_.dtype, copy=False), predicted, sample_weight=weights))
 
@@ -250,7 +250,7 @@ class VFLRegressor(RegressorMixin, _VFLEstimator):
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """The coefficient of determination R^2 over the labelled rows of ``X`` (higher is better)."""
-        keep, values, weights = self._labelled(y, sample_weight)
+        keep, values, weights = self._labeled(y, sample_weight)
         return float(r2_score(values, self.predict(_rows(X, keep)), sample_weight=weights))
 
 
