@@ -149,7 +149,8 @@ def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(
             assert fed.announced_policies()[0] == {"allow_likelihood_release": False, "min_latent_scale": 0.05,
                                                    "max_request_mb": 64.0, "max_width_ratio": 4.0,
                                                    "max_setup_width_ratio": 8.0,
-                                                   "accept_coordinator_features": False}
+                                                   "accept_coordinator_features": False,
+                                                   "allow_explanations": True}
             model = get_method("false-vfl-1")("fast", seed=0, **TINY["false-vfl-1"]).fit(train, federation=fed)
             assert model.params_["wire"] == "bound" and model.params_["latent_scale_floor"] == 0.1
             proba = model.predict_proba(train)

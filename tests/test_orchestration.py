@@ -237,11 +237,11 @@ def test_run_predict_drops_a_party_lost_mid_prediction_from_the_rows_after_it(de
         calls = {"n": 0}
         predict = model.predict_output_federated
 
-        def predict_and_lose(view: Any, handle: str) -> Any:
+        def predict_and_lose(view: Any, handle: str, **kwargs: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == 2:
                 dep.kill(1)
-            return predict(view, handle)
+            return predict(view, handle, **kwargs)
 
         model.predict_output_federated = predict_and_lose
         pred = run_predict(model, list(data.ids), PredictOptions(chunk=20))

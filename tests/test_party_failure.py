@@ -308,18 +308,18 @@ def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(de
     original = predict.predict_reporting_parties
 
     def losing_party(model: Any, fed: Any, view: Any, handle: str, chunk: int | None = None,
-                     size: int | None = chunk) -> Any:
+                     size: int | None = chunk, **kwargs: Any) -> Any:
         calls = {"n": 0}
         predict = model.predict_output_federated
 
-        def predict_and_lose(v: Any, h: str) -> Any:
+        def predict_and_lose(v: Any, h: str, **inner: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == (2 if size else 1):  # after the first 20 rows / before any row
                 dep.kill(1)
-            return predict(v, h)
+            return predict(v, h, **inner)
 
         monkeypatch.setattr(model, "predict_output_federated", predict_and_lose)
-        return original(model, fed, view, handle, chunk=size)
+        return original(model, fed, view, handle, chunk=size, **kwargs)
 
     monkeypatch.setattr(predict, "predict_reporting_parties", losing_party)
     try:
