@@ -169,8 +169,11 @@ def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> Non
 
 
 def used_parties(model: Any, view: Any) -> np.ndarray:
-    """Which parties each row's prediction used, as the method reports it (:meth:`~partialvfl.methods.base.VFLMethod.
-    parties_used`); says on stderr how many rows some party holds were nevertheless predicted without any."""
+    """Which parties each row's prediction used, as the method reports it.
+
+    From :meth:`~partialvfl.methods.base.VFLMethod.parties_used`; says on stderr how many rows some party holds
+    were nevertheless predicted without any.
+    """
     used = np.asarray(model.parties_used(view), dtype=bool)
     fell = np.asarray(view.observed, dtype=bool).any(axis=1) & ~used.any(axis=1)
     if fell.any():

@@ -469,7 +469,7 @@ def fit_best_of_pretraining(method: type[VFLMethod] | str, train: VerticalDatase
     """Fit a method with and without SimSiam pretraining and keep the better, chosen on held-out labels.
 
     The FALSE-VFL paper reports, per cell, the better of "pretrained on all data" and "labelled data only" (marked
-    *).  Choosing on the test set would be optimistic, so the choice here is made on ``select_on``: a fraction of
+    ``*``).  Choosing on the test set would be optimistic, so the choice here is made on ``select_on``: a fraction of
     the labelled training samples (held out, seeded by ``seed``; they stay in training as unlabelled samples) or a
     separate labelled dataset.  With ``refit`` the chosen variant is then refitted on all of ``train``.
 
