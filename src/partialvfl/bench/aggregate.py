@@ -79,6 +79,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def is_validation(row: dict[str, Any]) -> bool:
+    """Whether a results row is a validation cell (used to choose variants), not a test cell."""
     return row.get("role") == "validation" or row.get("test_mechanism") == "validation"
 
 
@@ -151,6 +152,7 @@ def select(values: Iterable[Aggregate]) -> Aggregate | None:
 
 
 def best(values: Iterable[Aggregate]) -> Aggregate | None:
+    """The aggregate with the best mean (highest or lowest, as its metric says); ``None`` for none."""
     vals = list(values)
     if not vals:
         return None

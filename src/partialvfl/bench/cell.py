@@ -60,6 +60,7 @@ _IMPORTED: set[str] = set()
 
 
 def import_modules(modules: Sequence[str]) -> None:
+    """Import each module once per process (a grid's plugin modules that register methods or datasets)."""
     for m in modules:
         if m not in _IMPORTED:
             importlib.import_module(m)

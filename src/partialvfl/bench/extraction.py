@@ -72,6 +72,7 @@ def _config(d: int, hidden: Sequence[int], latent: int, lr: float) -> dict[str, 
 
 
 def describe_config(cfg: dict[str, Any]) -> str:
+    """A short description of an attack configuration's encoder and learning rate."""
     return (f"mlp hidden {cfg['encoder_hidden']} -> {cfg['latent_dim']}, lr {cfg['optimizer']['lr']:g}")
 
 

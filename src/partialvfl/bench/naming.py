@@ -45,6 +45,7 @@ def dataset_key(name: str) -> tuple[tuple[int, float, str], ...]:
 
 
 def mech_key(name: str) -> tuple[int, str]:
+    """Sort key of a test mechanism: the paper's order, unknown names after it by name."""
     return (_MECH_ORDER.index(name) if name in _MECH_ORDER else len(_MECH_ORDER), name)
 
 

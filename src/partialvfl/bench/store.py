@@ -73,6 +73,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def now_utc() -> str:
+    """The current UTC time in ISO 8601, to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 

@@ -25,6 +25,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``partialvfl`` argument parser with every command."""
     parser = argparse.ArgumentParser(
         prog="partialvfl",
         description="Vertical federated learning on partially aligned, partially labelled data.",
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``partialvfl`` command line on ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     from partialvfl.utils.threads import configure_openmp
 
     configure_openmp()  # before any command loads torch: idle OpenMP threads sleep instead of spinning

@@ -66,6 +66,7 @@ def run_party_serve(args: argparse.Namespace) -> int:
 
 
 def run_certs_init(args: argparse.Namespace) -> int:
+    """``certs init``: development certificates, alignment keys and config templates for a local federation."""
     from partialvfl.federation.grpc.certs import init_dev_pki
     from partialvfl.federation.grpc.templates import free_loopback_ports, write_templates
     from partialvfl.federation.trust.alignment import write_key

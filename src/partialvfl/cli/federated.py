@@ -26,6 +26,7 @@ __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate",
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    """``predict --federation``: predict a list of IDs across the federation's parties."""
     if not args.federation:
         raise ValueError("predict here needs --federation FILE")
     return federated(run_federated_predict, args)

@@ -181,6 +181,7 @@ def test_set_title(mechanism: str) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``evaluate``: score a saved model under a test mechanism of its protocol, or on labeled tables."""
     from partialvfl.cli.reliability import write_reliability
     from partialvfl.cli.truth import calibration_lines
     from partialvfl.data.protocol import ProtocolConfig, make_protocol

@@ -222,6 +222,7 @@ def add_ess_column(df: Any, model: Any, diagnostics: dict[str, np.ndarray], orde
 
 
 def write_predictions(df: Any, out: str | Path) -> None:
+    """Write the prediction frame as CSV to ``out`` (its folder created) and say so on stderr."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)

@@ -40,6 +40,7 @@ class Splitter(Protocol):
 
 
 def check_parties(n_parties: int, n_features: int) -> None:
+    """Refuse a party count that is not a positive integer or exceeds the number of features."""
     if not isinstance(n_parties, (int, np.integer)) or n_parties < 1:
         raise SplitterError(f"the number of parties must be a positive integer, got {n_parties!r}")
     if n_parties > n_features:

@@ -153,6 +153,7 @@ def _implementation(spec: MethodSpec) -> type[VFLMethod]:
 
 
 def method_names() -> list[str]:
+    """Every registered method's name (plugins and test methods included), sorted."""
     return sorted(load_specs())
 
 

@@ -62,6 +62,7 @@ SOURCES: dict[str, SourceInfo] = {}
 
 
 def register_source(info: SourceInfo) -> SourceInfo:
+    """Register a dataset source under its name (a name registered twice is an error)."""
     if info.name in SOURCES:
         raise ValueError(f"dataset {info.name!r} registered twice")
     SOURCES[info.name] = info

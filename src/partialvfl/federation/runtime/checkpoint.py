@@ -93,6 +93,7 @@ def rng_state(gen: torch.Generator | np.random.Generator) -> Any:
 
 
 def set_rng_state(gen: torch.Generator | np.random.Generator, state: Any) -> None:
+    """Restore a torch or NumPy generator's state saved in a checkpoint."""
     if isinstance(gen, torch.Generator):
         gen.set_state(state)
     elif isinstance(gen, np.random.Generator):

@@ -110,6 +110,7 @@ def register_program(cls: type[PartyProgram]) -> type[PartyProgram]:
 
 
 def state_file(directory: str | Path, party: int) -> Path:
+    """The file in ``directory`` that holds party ``party``'s program state."""
     return Path(directory) / f"party-{party}.pt"
 
 
