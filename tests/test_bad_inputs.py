@@ -25,7 +25,7 @@ def fit_tables(tmp_path: Path, bad: Path, capsys: pytest.CaptureFixture[str]) ->
     good = tmp_path / "good.csv"
     pd.DataFrame({"id": ["a", "b", "c", "d"], "x": [1.0, 2.0, 3.0, 4.0]}).to_csv(good, index=False)
     capsys.readouterr()
-    code = main(["fit", "--table", f"bank={bad}", "--table", f"shop={good}", "--id", "id", "--label", "label",
+    code = main(["fit", "--table", f"bank={bad}", "--table", f"shop={good}", "--id-column", "id", "--label", "label",
                  "--active", "bank", "--method", "local", "--out", str(tmp_path / "model"), "--quiet"])
     return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 

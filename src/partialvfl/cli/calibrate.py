@@ -126,7 +126,8 @@ def _calibrate_across(args: argparse.Namespace) -> int:
     if args.remove:
         ids = None
     elif not id_column or not label:
-        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: "
+                         "--id-column COLUMN --label COLUMN")
     else:
         truth = read_truth(args.truth, id_column, label)
         ids = np.array(truth.ids, dtype=object)

@@ -164,7 +164,8 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
     id_column = args.id_column or info.get("id_column")
     label = args.label_column or info.get("label_column")
     if not id_column or not label:
-        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: "
+                         "--id-column COLUMN --label COLUMN")
     truth = read_truth(args.truth, id_column, label)
     ids = np.array(truth.ids, dtype=object)
 

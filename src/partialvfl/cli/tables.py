@@ -83,7 +83,7 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     from partialvfl.data.tables import MissingLabelColumn
 
     if not args.id_column or not args.label_column or not args.active:
-        raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
+        raise ValueError("fit --table needs --id-column COLUMN, --label COLUMN and --active PARTY")
     tables = parse_tables(args.table)
     if args.active not in tables:
         raise ValueError(f"--active {args.active!r} is not one of the --table parties {list(tables)}")
@@ -131,7 +131,7 @@ def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> tupl
             "users)" if lacking else "", f"{unknown} are not parties of the model" if unknown else ""])))
     id_column = args.id_column or info.get("id_column")
     if not id_column:
-        raise ValueError("say which column holds the IDs: --id COLUMN")
+        raise ValueError("say which column holds the IDs: --id-column COLUMN")
     label = (args.label_column or info.get("label_column")) if labels else None
     if labels and not label:
         raise ValueError("say which column holds the labels: --label COLUMN")
@@ -277,7 +277,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
             raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); "
                              "evaluate scores tables that carry the outcomes (name the column with --label COLUMN), "
                              "or tables without them against outcomes in a separate file: --truth FILE "
-                             "(IDs in --id COLUMN)") from None
+                             "(IDs in --id-column COLUMN)") from None
         with use_threads(threads_for(args, model, data)):
             res = evaluate(model, data, calibration=True)
             output = model.predict_output(data) if getattr(args, "reliability", None) else None  # the same floats

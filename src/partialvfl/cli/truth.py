@@ -51,7 +51,7 @@ class Truth:
         extra = [k for k in self.ids if k not in held]
         if extra:
             raise ValueError(f"{len(extra)} of {len(self.ids)} IDs of --truth {self.path} are not among the users of "
-                             f"{what} (first: {extra[:3]}); check that both use the same IDs (--id COLUMN)")
+                             f"{what} (first: {extra[:3]}); check that both use the same IDs (--id-column COLUMN)")
         return self.values[[index[k] for k in keys]]
 
     def check_federation(self, held: np.ndarray, unlisted: dict[str, Any], party_names: Sequence[str],
@@ -66,7 +66,7 @@ class Truth:
         if none.any() and not absent:
             first = [self.ids[i] for i in np.flatnonzero(none)[:3]]
             raise ValueError(f"{int(none.sum())} of {len(self.ids)} IDs of --truth {self.path} are not among the "
-                             f"users of {what} (first: {first}); check that both use the same IDs (--id COLUMN)")
+                             f"users of {what} (first: {first}); check that both use the same IDs (--id-column COLUMN)")
         users = int(unlisted.get("users", 0))
         if users:
             per_party = ", ".join(f"{party_names[k]!r} holds {n}" for k, n in sorted(unlisted["parties"].items()) if n)
