@@ -1,5 +1,5 @@
 """Test-wide settings: one torch thread per test process (the suite runs on 2 cores), the costliest modules
-collected first, so that the full suite's parallel workers (README: running the tests) end together, and the
+collected first, so that the full suite's parallel workers (CONTRIBUTING.md: running the tests) end together, and the
 fixtures several modules share (one deployment of party processes for the tiny gRPC fits); party processes are forked
 from a preloaded interpreter (below)."""
 
