@@ -55,6 +55,14 @@ def test_an_old_spelling_sets_what_the_new_one_sets_and_warns(old: list[str], ne
         a for a in new if a.startswith("--") and a not in old))] in err
 
 
+def test_no_hmac_key_is_the_default_now_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    base = ["certs", "init", "d", "--parties", "a", "b"]
+    assert vars(parser.parse_args([*base, "--no-hmac-key"])) == vars(parser.parse_args(base))
+    assert parser.parse_args(base).hmac_key is False
+    assert "--no-hmac-key is deprecated" in capsys.readouterr().err
+
+
 def test_the_old_spellings_are_hidden_from_help(capsys: pytest.CaptureFixture[str]) -> None:
     for command, old in (("serve", "--deadline-ms"), ("fit", "--id "), ("predict", "--id "), ("certs init",
         "--hmac-key")):

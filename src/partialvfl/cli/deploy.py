@@ -42,7 +42,8 @@ def add_commands(sub: Any) -> None:
     init.add_argument("--local", action="store_true",
                       help="templates for a trial on this machine: parties listen on 127.0.0.1 at free ports "
                            "(named in federation.toml), write a port_file and carry a [policy] table")
-    init.add_argument("--no-hmac-key", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
+    add_old_spelling(init, "--no-hmac-key", dest="hmac_key", flag=True, const=False,  # the old default's opt-out
+                     new="nothing (without --write-hmac-key no hmac.key is written)")
     init.set_defaults(func=run_certs_init)
 
 

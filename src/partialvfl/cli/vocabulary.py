@@ -27,7 +27,7 @@ RENAMED: dict[str, dict[str, str]] = {
     "evaluate": {"--party INDEX": "--party NAME"},
     "serve": {"--deadline-ms MS": "--deadline SECONDS", "--min-round-ms MS": "--min-round SECONDS",
               "--batch-window-ms MS": "--batch-window SECONDS"},
-    "certs init": {"--hmac-key": "--write-hmac-key"},
+    "certs init": {"--hmac-key": "--write-hmac-key", "--no-hmac-key": "nothing (the default writes no hmac.key)"},
 }
 
 #: the commands of ``partialvfl --help``, by task
@@ -65,14 +65,14 @@ class OldSpelling(argparse.Action):
         setattr(namespace, self.dest, self.convert(value) if self.convert is not None else value)
 
 
-def add_old_spelling(p: Any, old: str, *, dest: str, new: str, flag: bool = False,
+def add_old_spelling(p: Any, old: str, *, dest: str, new: str, flag: bool = False, const: Any = True,
                      convert: Callable[[Any], Any] | None = None, type: Callable[[str], Any] | None = None) -> None:
     """Add ``old`` to parser or group ``p`` as a hidden :class:`OldSpelling` of ``new`` that sets ``dest``.
 
-    ``flag``: the old spelling takes no value (it sets ``dest`` to true).
+    ``flag``: the old spelling takes no value (it sets ``dest`` to ``const``).
     """
     if flag:
-        p.add_argument(old, action=OldSpelling, dest=dest, new=new, nargs=0, const=True)
+        p.add_argument(old, action=OldSpelling, dest=dest, new=new, nargs=0, const=const)
     else:
         p.add_argument(old, action=OldSpelling, dest=dest, new=new, convert=convert, type=type)
 
