@@ -39,6 +39,7 @@ class RawSource:
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample (without the sample axis)."""
         return tuple(int(s) for s in self.X_train.shape[1:])
 
 
