@@ -60,6 +60,7 @@ class OldSpelling(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
+        """Warn that the old spelling was used, then set the new option's value."""
         warn_old_spelling(option_string or self.option_strings[0], self.new)
         value = self.const if self.nargs == 0 else values
         setattr(namespace, self.dest, self.convert(value) if self.convert is not None else value)

@@ -79,6 +79,7 @@ class MicroBatcher:
             t.start()
 
     def submit(self, job: Job) -> Future:
+        """Queue ``job`` for the next batch; its future gets the job's answer."""
         self._queue.put(job)
         return job.future
 
@@ -89,6 +90,7 @@ class MicroBatcher:
         return c.future
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stop the batching threads after the jobs already queued (waiting up to ``timeout`` each)."""
         self._queue.put(None)  # each thread passes it on to the next
         for t in self._threads:
             t.join(timeout)
