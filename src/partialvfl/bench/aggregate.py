@@ -53,6 +53,7 @@ class Aggregate:
 
     @property
     def title(self) -> str:
+        """The method's name as reports print it."""
         return method_title(self.label, self.method)
 
     @property
@@ -62,6 +63,7 @@ class Aggregate:
 
     @property
     def higher_is_better(self) -> bool:
+        """Whether a higher mean is better (accuracy; RMSE is lower-is-better)."""
         return self.metric == "accuracy"
 
 
@@ -168,10 +170,12 @@ class GapSummary:
 
     @property
     def wins(self) -> int:
+        """How many configurations FALSE-VFL wins."""
         return sum(1 for c in self.configs if c["gap"] > 0)
 
     @property
     def total(self) -> int:
+        """How many configurations are compared."""
         return len(self.configs)
 
     @property
@@ -185,11 +189,16 @@ class GapSummary:
         return "validation" if all(c["selected_on"] == "validation" for c in self.configs) else "test"
 
     def mean_gap(self, *, wins_only: bool = False, key: str = "gap", **where: str) -> float:
+        """The mean of ``key`` over the configurations matching ``where`` (with ``wins_only``, the wins only).
+
+        NaN when no configuration matches.
+        """
         vals = [c[key] for c in self.configs
                 if all(c[k] == v for k, v in where.items()) and (c[key] > 0 or not wins_only)]
         return statistics.fmean(vals) if vals else math.nan
 
     def by(self, axis: str) -> dict[str, float]:
+        """The mean gap per value of ``axis`` (a key of the configurations, such as ``dataset``), in report order."""
         keys = sorted({c[axis] for c in self.configs}, key=mech_key if axis != "dataset" else dataset_key)
         return {k: self.mean_gap(**{axis: k}) for k in keys}
 

@@ -54,9 +54,11 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
+        """Whether every fit succeeded and the run was not interrupted."""
         return not self.failed and not self.interrupted
 
     def text(self) -> str:
+        """The summary in words, as ``partialvfl bench`` prints it."""
         lines = [
             f"grid {self.grid!r}: {self.total} fits; {len(self.done)} done, {len(self.failed)} failed, "
             f"{len(self.skipped)} skipped (already done); wall time {self.wall_seconds:.1f} s"

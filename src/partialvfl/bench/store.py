@@ -149,6 +149,7 @@ class ResultStore:
             )
 
     def close(self) -> None:
+        """Close the store's database connection."""
         self._conn.close()
 
     def __enter__(self) -> ResultStore:
@@ -225,10 +226,12 @@ class ResultStore:
         return out
 
     def count(self, status: str | None = None) -> int:
+        """How many rows the store holds (with ``status``: those rows only)."""
         sql = "SELECT COUNT(*) FROM results" + (" WHERE status = ?" if status else "")
         return int(self._conn.execute(sql, (status,) if status else ()).fetchone()[0])
 
     def dataframe(self, *, status: str | None = "done"):  # pandas.DataFrame
+        """The rows (of ``status``; ``None``: all) as a pandas DataFrame."""
         import pandas as pd
 
         rows = self.rows(status=status)
