@@ -201,6 +201,7 @@ class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
     # ------------------------------------------------------------------ helpers for subclasses
     @property
     def transport(self):  # Transport
+        """The transport of the federation the model was fitted on or loaded with."""
         return self.federation_.transport
 
     def _tensor(self, data: Any, dtype: Any = None) -> Any:

@@ -63,6 +63,7 @@ class IndexInfo:
 
     @property
     def n_parties(self) -> int:
+        """The number of parties the model was fitted on."""
         return len(self.party_names)
 
     @classmethod
@@ -74,12 +75,14 @@ class IndexInfo:
                    tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
 
     def to_dict(self) -> dict[str, Any]:
+        """The index as plain values (what ``model.json`` stores)."""
         d = asdict(self)
         d["task"] = self.task.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
+        """The index stored by :meth:`to_dict`."""
         names = d.get("feature_names")
         return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
                    tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),

@@ -63,6 +63,7 @@ class Prefetch:
     replies: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def matches(self, handle: str, rows: np.ndarray) -> bool:
+        """Whether this prefetch answered the same rows of the same dataset."""
         return self.handle == handle and np.array_equal(self.rows, rows)
 
 
@@ -143,6 +144,7 @@ class Rounds:
 
     @property
     def wire_dtype(self) -> torch.dtype:
+        """The floating-point type of the tensors the parties send."""
         return getattr(torch, self.settings.wire_dtype)
 
     # ------------------------------------------------------------------ forward: encode, fuse, decode

@@ -80,6 +80,9 @@ class FedHSSL(VFLMethod):
 
     @property
     def rep_dim(self) -> int:
+        """The width of a party's representation (twice the latent width when the cross and local parts are
+        concatenated).
+        """
         d = self.settings_.latent_dim
         return 2 * d if self.settings_.pool == "concat" else d
 

@@ -198,6 +198,7 @@ class SplitNNMethod(VFLMethod):
 
     @property
     def n_classes(self) -> int:
+        """The number of classes of the fitted task (0 for regression)."""
         return self.index_.task.n_classes
 
     def _fusion_dim(self, n_parts: int | None = None) -> int:

@@ -127,6 +127,7 @@ class XVFL(VFLMethod):
 
     @property
     def n_classes(self) -> int:
+        """The number of classes of the fitted task."""
         return self.index_.task.n_classes
 
     def _build_top(self) -> nn.Module:
