@@ -177,6 +177,7 @@ class PartyServer(TableBuiltins):
 
     @property
     def session(self) -> str | None:
+        """The coordinator session the party serves (``None`` before a hello)."""
         return self.sessions.session
 
     # -- checks

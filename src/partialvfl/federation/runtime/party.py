@@ -122,6 +122,7 @@ class PartyRuntime:
         self._tables.pop(handle, None)
 
     def release(self, handle: str) -> None:
+        """Forget the data attached as ``handle``."""
         self._data.pop(handle, None)
         self._scaled.pop(handle, None)
         self._tables.pop(handle, None)

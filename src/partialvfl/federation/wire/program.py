@@ -181,6 +181,7 @@ class PartyProgram:
 
     @property
     def party(self) -> int:
+        """The party's index in the federation."""
         return self.runtime.index
 
     @property
@@ -189,6 +190,7 @@ class PartyProgram:
         return self.runtime.device
 
     def data(self, handle: str) -> PartyView:
+        """The party's view of the data attached as ``handle``."""
         return self.runtime.data(handle)
 
     def rows_features(self, handle: str, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -198,6 +200,7 @@ class PartyProgram:
         return self.runtime.table(handle)[to_device(torch.as_tensor(pos), self.device)]
 
     def handle(self, request: Request) -> Reply:
+        """Answer ``request`` with its ``on_<kind>`` handler (an unknown kind is a ``ValueError``)."""
         fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
         if fn is None:
             raise ValueError(f"party program {self.program_name!r} has no handler for message kind {request.kind!r}")

@@ -78,6 +78,7 @@ class Transport(ABC):
         return self.step
 
     def new_round(self) -> int:
+        """Start a new round within the step (another exchange with the parties); its number."""
         self.round += 1
         self._sent.clear()
         return self.round
