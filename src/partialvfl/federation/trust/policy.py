@@ -368,7 +368,7 @@ class PartyPolicy:
             return None
         return PolicyViolation("allow_likelihood_release", f"{program!r} as configured would answer the likelihood "
                                "of this party's rows at latents the coordinator chooses freely, an exact linear "
-                               "oracle on the raw rows (docs/deployment.md, threat model); a program that draws its "
+                               "oracle on the raw rows (docs/security.md, threat model); a program that draws its "
                                "latents itself is accepted", True, {"allow_likelihood_release": True})
 
     def _sharing(self, program: str, shape: SetupShape) -> PolicyViolation | None:

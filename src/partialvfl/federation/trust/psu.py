@@ -22,7 +22,7 @@ The evaluating party sees only uniformly random group elements; it counts them a
 per coordinator identity in its own state, over time windows and in total: :mod:`partialvfl.federation.trust.lookups`)
 and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
 but cannot compute ``T`` for a guessed ID without a keyed party's online answer.  The security argument is in
-``docs/deployment.md`` ("Alignment").
+``docs/security.md`` ("Alignment without a central table").
 
 This module holds the group operations and the party's side (:class:`PartyAligner`); the coordinator's side is
 :mod:`partialvfl.federation.grpc.psu_session`.
