@@ -1,7 +1,7 @@
 """A party's policy: which party programs it runs, within which bounds, and who seeds its parameters.
 
 The coordinator *asks* a party to build a program (``setup``: program name, config, seed); the party decides.  Its
-:class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/deployment.md``) is checked on
+:class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/reference.md``) is checked on
 every ``setup`` and on the requests that change how a program learns, in process and behind the gRPC server alike
 (:class:`~partialvfl.federation.runtime.party.PartyRuntime` calls it).  A request outside the policy raises
 :class:`PolicyViolation` (``PERMISSION_DENIED`` on the wire), naming every rule it breaks, the values, and the
@@ -68,7 +68,7 @@ def _ceil_ratio(sent: int, d: int) -> float:
 # ---------------------------------------------------------------------- the policy
 @dataclass(frozen=True)
 class PartyPolicy:
-    """What this party agrees to run (``None``: no bound).  See ``docs/deployment.md`` for every key."""
+    """What this party agrees to run (``None``: no bound).  See ``docs/reference.md`` for every key."""
 
     preset: str = "default"
     programs: tuple[str, ...] | None = (PACKAGE_PROGRAMS,)
