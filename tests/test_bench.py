@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from partialvfl.bench.aggregate import is_validation
@@ -427,6 +427,8 @@ def test_aggregate_keeps_the_better_variant(pretrained: list[float], labeled: li
                   accuracy=v) for s, v in enumerate(labeled)]
     (a,) = aggregate(rows)
     means = {False: 100 * np.mean(pretrained), True: 100 * np.mean(labeled)}
+    # two means a rounding apart (the same values summed in another order) are a tie: its rule has its own test
+    assume(abs(means[True] - means[False]) > 1e-9)
     assert a.mean == pytest.approx(max(means.values()))
     assert a.starred == (means[True] > means[False]) and a.variants == 2
     chosen = labeled if a.starred else pretrained
