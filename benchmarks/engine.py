@@ -462,8 +462,8 @@ def bytes_section(train: Any, params: dict[str, Any], steps: int) -> dict[str, A
         model = get_method("false-vfl-1")("paper", seed=0, **dict(params, pretrain_epochs=0, epochs=1, wire=wire,
                                                                    wire_dtype=dtype, predict_importance_samples=20))
         model.fit(train, federation=fed)
-        labelled = int((train.labeled & train.observed.any(1)).sum())
-        stage2 = log.total_bytes() / labelled
+        labeled = int((train.labeled & train.observed.any(1)).sum())
+        stage2 = log.total_bytes() / labeled
         log.clear()
         sample = train.subset(np.arange(min(500, train.n_samples)))
         model.predict_proba(sample)

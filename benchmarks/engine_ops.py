@@ -117,7 +117,7 @@ def _measured(step: Any, steps: int, device: torch.device, timed: Any, sync: Any
                            "steps_per_epoch": getattr(step, "steps_per_epoch", None)}
     try:  # a profiler failure costs its own figures, not the section's
         activity = profile_steps(step, steps, device, sync)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         activity = {"profiler_error": f"{type(e).__name__}: {e}"}
     if activity:
         if "kernel_ms_per_step" in activity:
@@ -126,7 +126,7 @@ def _measured(step: Any, steps: int, device: torch.device, timed: Any, sync: Any
         out["device"] = activity
         try:
             out["device"]["host_waits"] = sync_points(step, 2, device)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             out["device"]["host_waits"] = {"error": f"{type(e).__name__}: {e}"}
     return out
 

@@ -161,7 +161,7 @@ def paper_epochs_section(epochs: tuple[int, int], quick: bool, method: Any, sync
         try:  # a failed prediction costs the accuracy, not the measured epochs
             accuracy.update(test_images=int(test.n_samples), test_accuracy=round(float(model.score(test)), 4),
                             predict_seconds=round(time.perf_counter() - t1, 2))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             accuracy["test_error"] = f"{type(e).__name__}: {e}"
     seconds: dict[str, list[float]] = {"pretrain": [], "train": []}
     for i, (stage, t) in enumerate(marks):

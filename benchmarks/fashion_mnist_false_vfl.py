@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     source = load_source("fashion-mnist", a.data_dir)
 
-    def protocol(test_missing: str):  # noqa: ANN202
+    def protocol(test_missing: str):
         cfg = ProtocolConfig("fashion-mnist", parties=8, n_labels=1000, n_aligned=200, train_missing="mcar:0.2",
                              test_missing=test_missing, seed=a.seed, max_train=a.max_train, max_test=a.max_test)
         return make_protocol(cfg, source=source)

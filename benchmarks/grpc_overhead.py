@@ -49,11 +49,11 @@ def samples_per_fit(method: str, train: Any, epochs: int) -> int:
     on every sample with an observed block, stage 2 on the labelled ones; a split-network method: its own training
     rows (Vanilla VFL: the labelled rows every party observes; Local: those the active party observes)."""
     some = int(train.observed.any(axis=1).sum())
-    labelled = int((train.labeled & train.observed.any(axis=1)).sum())
+    labeled = int((train.labeled & train.observed.any(axis=1)).sum())
     if method.startswith("false-vfl"):
-        return epochs * (some + labelled)
+        return epochs * (some + labeled)
     rows = getattr(get_method(method)("fast"), "_training_rows", None)
-    return epochs * (len(rows(train.coordinator_view())) if rows is not None else labelled)
+    return epochs * (len(rows(train.coordinator_view())) if rows is not None else labeled)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -80,9 +80,9 @@ def in_process(tables: dict[str, Path], work: Path, args: argparse.Namespace) ->
     where = [a for p, f in tables.items() for a in ("--table", f"{p}={f}")]
     extra = [] if args.epochs is None else ["--epochs", str(args.epochs)]
     extra += [] if args.batch_size is None else ["--param", f"batch_size={args.batch_size}"]
-    fit_s, fit_rss = timed_command([*cli, "fit", *where, "--id", "customer_id", "--label", "defaulted", "--active",
-                                    "bank", "--method", args.method, "--seed", "0", "--out", str(work / "model"),
-                                    "--quiet", *extra], work / "fit.log")
+    fit_s, fit_rss = timed_command([*cli, "fit", *where, "--id-column", "customer_id", "--label", "defaulted",
+                                    "--active", "bank", "--method", args.method, "--seed", "0",
+                                    "--out", str(work / "model"), "--quiet", *extra], work / "fit.log")
     predict_s, predict_rss = timed_command([*cli, "predict", "--model", str(work / "model"), *where, "--out",
                                             str(work / "predictions.csv")], work / "predict.log")
     return {"fit_seconds": round(fit_s, 1), "fit_peak_rss_mb": fit_rss, "predict_seconds": round(predict_s, 1),

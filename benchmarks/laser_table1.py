@@ -45,7 +45,7 @@ LABELS = {"local": "Local", "vanilla-vfl": "Vanilla VFL", "ensemble": "Ensemble"
           "plug-vfl": "PlugVFL", "laser-vfl": "LASER-VFL", "false-vfl-1": "FALSE-VFL-I", "false-vfl-2": "FALSE-VFL-II"}
 
 
-def _load_source(dataset: str, data_dir: str | None):  # noqa: ANN202 - RawSource
+def _load_source(dataset: str, data_dir: str | None):  # RawSource
     try:
         from partialvfl.data.sources import load_source
 

@@ -139,7 +139,7 @@ def run_fit(cell: dict[str, Any], train: Any, test: Any, party: int) -> dict[str
         gradient_observations,
         known_row_attack,
         label_attack,
-        labelled_rows_attack,
+        labeled_rows_attack,
         released_per_row,
         row_counts,
     )
@@ -160,7 +160,7 @@ def run_fit(cell: dict[str, Any], train: Any, test: Any, party: int) -> dict[str
     out["norm_auc"] = labels.get("norm_auc_fit")
     out["norm_auc_epoch1"] = labels["norm_auc"][0] if labels["norm_auc"] else None
     counts = row_counts(rec, party, train.n_samples)
-    out["labelled_rows_auc"] = labelled_rows_attack(counts, train.observed[:, party], train.labeled)["auc"]
+    out["labelled_rows_auc"] = labeled_rows_attack(counts, train.observed[:, party], train.labeled)["auc"]
     released = released_per_row(rec, party, ["emb:f", "mu"])
     if len(released) > KNOWN + 1:
         out["known_row_rmse_std"] = known_row_attack(released, _features_by_row(train, party), KNOWN,

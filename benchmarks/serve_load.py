@@ -94,9 +94,9 @@ class ServiceProcess:
         if command is None:
             assert model is not None
             where = ["--federation", str(federation)] if tables is None else [
-                a for p, f in tables.items() for a in ("--table", f"{p}={f}")] + ["--id", "customer_id"]
+                a for p, f in tables.items() for a in ("--table", f"{p}={f}")] + ["--id-column", "customer_id"]
             command = [python, "-m", "partialvfl", "serve", "--model", str(model), *where, "--port", "0",
-                       "--deadline-ms", "5000", "--max-ids", "100", *(extra or [])]
+                       "--deadline", "5", "--max-ids", "100", *(extra or [])]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
             [str(root / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         self.log = open(work / f"serve-{name}.log", "ab")  # noqa: SIM115 - closed in stop

@@ -46,7 +46,7 @@ from partialvfl.utils.progress import progress
 DEFAULT_RATES = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
 
 
-def _digits():  # noqa: ANN202 - RawSource
+def _digits():  # RawSource
     from partialvfl.data.sources.bundled import load_digits
 
     return load_digits()

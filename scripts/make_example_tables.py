@@ -29,7 +29,7 @@ import pandas as pd
 
 #: share of the customers each institution holds (the bank, as the label holder, holds the most)
 COVERAGE = {"bank": 0.9, "shop": 0.7, "telco": 0.6}
-LABELLED_SHARE = 0.3  # of the bank's training customers, those whose outcome is known
+LABELED_SHARE = 0.3  # of the bank's training customers, those whose outcome is known
 
 
 def customers(rng: np.random.Generator, n: int, first_id: int) -> pd.DataFrame:
@@ -64,7 +64,7 @@ def party_tables(rng: np.random.Generator, people: pd.DataFrame, *, label: str) 
         if party == "bank" and label != "none":
             y = held["defaulted"].astype("Int64")
             if label == "some":
-                y[rng.random(len(held)) >= LABELLED_SHARE] = pd.NA
+                y[rng.random(len(held)) >= LABELED_SHARE] = pd.NA
             table["defaulted"] = y
         out[party] = table.sample(frac=1.0, random_state=int(rng.integers(2**31)))
     return out

@@ -1,5 +1,5 @@
 """Test-wide settings: one torch thread per test process (the suite runs on 2 cores), the costliest modules
-collected first, so that the full suite's parallel workers (README: running the tests) end together, and the
+collected first, so that the full suite's parallel workers (CONTRIBUTING.md: running the tests) end together, and the
 fixtures several modules share (one deployment of party processes for the tiny gRPC fits); party processes are forked
 from a preloaded interpreter (below)."""
 
@@ -15,8 +15,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # `partialvfl party serve` themselves start fresh interpreters.
 os.environ.setdefault("PARTIALVFL_LOCAL_LAUNCHER", "fork")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 
@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 # that moment (uvicorn's dictConfig in the serving tests): pytest's capture then failed with "I/O operation on closed
 # file" at every later test of that process.  Its stream is the process's own stderr here, which absl never closes.
 try:
-    import absl.logging as absl_logging  # noqa: E402
+    import absl.logging as absl_logging
 except ImportError:  # pragma: no cover - absl comes with dp-accounting
     pass
 else:

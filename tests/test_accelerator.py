@@ -94,7 +94,7 @@ def test_latent_noise_is_the_generators_draw_and_eps_z_follows_it() -> None:
     assert latent_noise(11, shape, META).device == META
 
 
-def _stage1(data, device: str = "cpu", name: str = "false-vfl-1", stage: int = 1):  # noqa: ANN001, ANN202
+def _stage1(data, device: str = "cpu", name: str = "false-vfl-1", stage: int = 1):
     """A FALSE-VFL step function of ``stage`` (every party and the coordinator on ``device``), cycling over epoch 0."""
     fed = LocalFederation.for_dataset(data, device=device)
     params = dict(TINY[name], pretrain_epochs=0, epochs=0)

@@ -25,7 +25,7 @@ def fit_tables(tmp_path: Path, bad: Path, capsys: pytest.CaptureFixture[str]) ->
     good = tmp_path / "good.csv"
     pd.DataFrame({"id": ["a", "b", "c", "d"], "x": [1.0, 2.0, 3.0, 4.0]}).to_csv(good, index=False)
     capsys.readouterr()
-    code = main(["fit", "--table", f"bank={bad}", "--table", f"shop={good}", "--id", "id", "--label", "label",
+    code = main(["fit", "--table", f"bank={bad}", "--table", f"shop={good}", "--id-column", "id", "--label", "label",
                  "--active", "bank", "--method", "local", "--out", str(tmp_path / "model"), "--quiet"])
     return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
@@ -40,7 +40,7 @@ def write_bomb(path: Path, mb: int) -> None:
 
 
 @pytest.mark.parametrize("case", ["binary", "parquet named csv", "zero bytes", "gzip bomb", "no rows"])
-def test_a_bad_table_is_one_line_naming_the_file_and_exit_code_2(case: str, tmp_path, capsys) -> None:  # noqa: ANN001
+def test_a_bad_table_is_one_line_naming_the_file_and_exit_code_2(case: str, tmp_path, capsys) -> None:
     bad = tmp_path / ("bank.csv.gz" if case == "gzip bomb" else "bank.csv")
     says = {"binary": "cannot read", "parquet named csv": "is a Parquet file: name it .parquet",
             "zero bytes": "is empty (0 bytes)", "gzip bomb": "refused as a compression bomb",
@@ -61,7 +61,7 @@ def test_a_bad_table_is_one_line_naming_the_file_and_exit_code_2(case: str, tmp_
     assert str(bad) in errors[0] and says in errors[0], errors[0]
 
 
-def test_a_compression_bomb_is_refused_in_bounded_memory(tmp_path) -> None:  # noqa: ANN001
+def test_a_compression_bomb_is_refused_in_bounded_memory(tmp_path) -> None:
     bomb = tmp_path / "t.csv.gz"
     write_bomb(bomb, 200)  # 200 MB of valid rows in a few hundred KB
     tracemalloc.start()
@@ -77,7 +77,7 @@ def test_a_compression_bomb_is_refused_in_bounded_memory(tmp_path) -> None:  # n
 
 
 @pytest.mark.slow
-def test_party_serve_refuses_a_training_table_without_rows(tmp_path) -> None:  # noqa: ANN001
+def test_party_serve_refuses_a_training_table_without_rows(tmp_path) -> None:
     init_dev_pki(tmp_path, ["bank", "coordinator"])
     (tmp_path / "hmac.key").write_bytes(b"k" * 32)
     (tmp_path / "bank.csv").write_text("id,x\n")
@@ -93,7 +93,7 @@ def test_party_serve_refuses_a_training_table_without_rows(tmp_path) -> None:  #
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "marker"])
-def test_a_damaged_checkpoint_with_resume_is_one_line_naming_the_file(damage: str, tmp_path, capsys) -> None:  # noqa: ANN001
+def test_a_damaged_checkpoint_with_resume_is_one_line_naming_the_file(damage: str, tmp_path, capsys) -> None:
     out = tmp_path / "model"
     args = ["fit", "--dataset", "digits", "--parties", "2", "--labels", "100", "--method", "vanilla-vfl", "--seed",
             "0", "--out", str(out), "--checkpoint-every", "1", "--param", "epochs=1", "--quiet"]

@@ -50,7 +50,7 @@ def _data(n: int = 120, k: int = 3, p_miss: float = 0.3, seed: int = 0, n_labele
                            name="toy")
 
 
-def _fit(name: str, data: VerticalDataset, log: MessageLog | None = None, **params) -> VFLMethod:  # noqa: ANN003
+def _fit(name: str, data: VerticalDataset, log: MessageLog | None = None, **params) -> VFLMethod:
     return get_method(name)("fast", seed=1, **{**TINY, **params}).fit(data, log=log)
 
 
@@ -98,7 +98,7 @@ def test_sampled_task_sets_are_valid(shared: bool) -> None:
         assert (sets == sets[:, :, :1]).all()
 
 
-def _estimate_task_by_task(emb, y, sets, weights, head):  # noqa: ANN001, ANN202
+def _estimate_task_by_task(emb, y, sets, weights, head):
     """eq. 8 one (head, size) task at a time, the plain loop the batched estimate must equal."""
     total = emb.new_zeros(())
     for k in range(emb.shape[1]):
@@ -207,7 +207,7 @@ def test_majority_vote_tie_break_is_seeded_and_uniform() -> None:
 
 
 @pytest.mark.parametrize("pretrain", [False, True])
-def test_vanilla_vfl_trains_only_on_fully_aligned_labelled_samples(pretrain: bool) -> None:
+def test_vanilla_vfl_trains_only_on_fully_aligned_labeled_samples(pretrain: bool) -> None:
     data = _data()
     log = MessageLog(keep_payloads=True)
     _fit("vanilla-vfl", data, log=log, pretrain=pretrain)
@@ -332,7 +332,7 @@ def test_simsiam_resumes_exactly_between_epochs() -> None:
     assert [again.run_epoch(), again.run_epoch()] == losses[2:]
 
 
-def test_pretraining_is_recorded_and_survives_save_load(tmp_path) -> None:  # noqa: ANN001
+def test_pretraining_is_recorded_and_survives_save_load(tmp_path) -> None:
     model = _fit("laser-vfl", _data(), pretrain=True)
     assert model.pretrained_ and model.params_["pretrain"]
     model.save(tmp_path)

@@ -35,17 +35,17 @@ def data():
     return make_protocol(cfg, source=source)
 
 
-def _fit(name: str, params: dict, train: VerticalDataset, batched: bool):  # noqa: ANN202
+def _fit(name: str, params: dict, train: VerticalDataset, batched: bool):
     log = MessageLog()
     fed = LocalFederation.for_dataset(train, log=log, batched=batched)
     return get_method(name)("fast", seed=2, **params).fit(train, federation=fed), log
 
 
-def _programs_state(model) -> list[dict]:  # noqa: ANN001
+def _programs_state(model) -> list[dict]:
     return [rt.program.state_dict() for rt in model.federation_.runtimes]
 
 
-def _assert_close_nested(a, b, where: str = "") -> None:  # noqa: ANN001
+def _assert_close_nested(a, b, where: str = "") -> None:
     if isinstance(a, dict):
         assert a.keys() == b.keys(), where
         for key in a:
@@ -87,7 +87,7 @@ def test_the_batched_path_really_stacks_the_parties(data, monkeypatch) -> None:
     calls = []
     original = splitnn_batched.stacked_mlp
 
-    def counting(modules, x, **options):  # noqa: ANN001, ANN003, ANN202
+    def counting(modules, x, **options):
         calls.append(len(modules))
         return original(modules, x, **options)
 
@@ -134,7 +134,7 @@ def test_heterogeneous_parties_are_answered_alone_with_the_same_result() -> None
     _assert_close_nested(_programs_state(together), _programs_state(alone), "laser-vfl")
 
 
-def _dataset(dims, n: int = 120, shapes=None, seed: int = 0) -> VerticalDataset:  # noqa: ANN001
+def _dataset(dims, n: int = 120, shapes=None, seed: int = 0) -> VerticalDataset:
     rng = np.random.default_rng(seed)
     blocks = [rng.normal(size=(n, d)).astype(np.float32) for d in dims]
     obs = rng.random((n, len(dims))) > 0.2

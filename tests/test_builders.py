@@ -16,7 +16,7 @@ from partialvfl.data.ids import sample_order
 from partialvfl.data.sources import load_source
 
 
-def by_id(ds):  # noqa: ANN001, ANN201 - test helper
+def by_id(ds):  # test helper
     """The dataset in ID order (from_tables gives the canonical keyed-hash order; these checks read easier by ID)."""
     return ds.subset(np.argsort(ds.ids, kind="stable"))
 

@@ -71,7 +71,7 @@ def test_temperature_scaling_recovers_a_known_overconfidence_and_keeps_every_cla
 def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = write_example(tmp_path_factory.mktemp("example"), seed=3, n_train=400, n_new=120)
     flags = [a for p in ("bank", "shop", "telco") for a in ("--table", f"{p}={d / 'train' / f'{p}.csv'}")]
-    assert main(["fit", *flags, "--id", "customer_id", "--label", "defaulted", "--active", "bank", "--method",
+    assert main(["fit", *flags, "--id-column", "customer_id", "--label", "defaulted", "--active", "bank", "--method",
                  "laser-vfl", "--seed", "0", "--epochs", "5", "--out", str(d / "model"), "--quiet"]) == 0
     return d
 

@@ -49,7 +49,7 @@ def test_datasets_lists_digits_as_available(capsys: pytest.CaptureFixture) -> No
     assert {"isolet", "hapt", "fashion-mnist", "synthetic"} <= set(rows)
 
 
-def test_fit_then_evaluate_remembers_the_protocol(tmp_path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+def test_fit_then_evaluate_remembers_the_protocol(tmp_path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "model"
     assert main(["fit", "--dataset", "digits", "--parties", "4", "--labels", "200", "--aligned", "50",
                  "--train-missing", "mcar:0.2", "--method", "false-vfl-1", "--epochs", "1", "--seed", "3",
@@ -149,7 +149,7 @@ def test_epochs_sets_every_epoch_count_pretraining_included() -> None:
                                                     ("--party-retries", "-2", "must be >= 0"),
                                                     ("--party-timeout", "soon", "not a number")])
 def test_bad_party_timeout_or_retries_are_refused_before_anything_connects(
-        tmp_path, capsys: pytest.CaptureFixture, option: str, value: str, message: str) -> None:  # noqa: ANN001
+        tmp_path, capsys: pytest.CaptureFixture, option: str, value: str, message: str) -> None:
     missing = tmp_path / "no-such-federation.toml"  # never read: the parser refuses first
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--federation", str(missing), "--method", "vanilla-vfl", "--out", str(tmp_path / "m"),

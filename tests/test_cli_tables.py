@@ -39,7 +39,8 @@ def tables(d: Path, folder: str, bank: str | None = None) -> list[str]:
 @pytest.fixture(scope="module")
 def model(example: Path) -> Path:
     out = example / "model"
-    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *tables(example, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active",
+                 "bank",
                  "--method", "laser-vfl", "--epochs", "3", "--seed", "0", "--out", str(out), "--quiet"]) == 0
     return out
 
@@ -107,15 +108,17 @@ def test_predict_reads_each_table_once(example: Path, model: Path, tmp_path: Pat
 
 def test_fit_with_tables_refuses_protocol_options(example: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture) -> None:
-    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *tables(example, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active",
+                 "bank",
                  "--labels", "200", "--out", str(tmp_path / "m")]) == 2
     assert "--labels belong to the benchmark protocol" in capsys.readouterr().err
-    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *tables(example, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active",
+                 "bank",
                  "--max-train", "10", "--splitter", "grid", "--train-missing", "mcar5", "--seed", "3",
                  "--out", str(tmp_path / "m")]) == 2  # --seed applies to tables too: not named
     assert "--train-missing, --splitter, --max-train belong to" in capsys.readouterr().err
     assert main(["fit", *tables(example, "train"), "--out", str(tmp_path / "m")]) == 2
-    assert "fit --table needs --id COLUMN, --label COLUMN and --active PARTY" in capsys.readouterr().err
+    assert "fit --table needs --id-column COLUMN, --label COLUMN and --active PARTY" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- the federation's labels: integers
@@ -157,10 +160,11 @@ def test_help_lists_every_splitter_and_mechanism_the_parsers_know() -> None:
 
 
 def test_every_command_is_in_the_parser_and_the_docs() -> None:
-    commands = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-    readme = (ROOT / "README.md").read_text()
+    sub = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+    commands = {a.dest for a in sub._choices_actions}  # each command under its name, not its aliases
+    cli_page = (ROOT / "docs" / "cli.md").read_text()
     for c in commands:
-        assert f"partialvfl {c}" in readme, c
+        assert f"partialvfl {c}" in cli_page, c
     deployment = (ROOT / "docs" / "deployment.md").read_text()
     assert "not wired" not in deployment and "partialvfl fit --federation" in deployment
 
@@ -201,11 +205,11 @@ def test_fit_and_evaluate_on_tables_run_with_the_threads_given(example: Path, mo
     seen: list[tuple[str, int]] = []
     fit, evaluate = VFLMethod.fit, evaluation_module.evaluate
 
-    def recording_fit(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def recording_fit(self, *a, **kw):
         seen.append(("fit", torch.get_num_threads()))
         return fit(self, *a, **kw)
 
-    def recording_evaluate(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def recording_evaluate(*a, **kw):
         seen.append(("evaluate", torch.get_num_threads()))
         return evaluate(*a, **kw)
 
@@ -213,7 +217,8 @@ def test_fit_and_evaluate_on_tables_run_with_the_threads_given(example: Path, mo
     monkeypatch.setattr(evaluation_module, "evaluate", recording_evaluate)
     before = torch.get_num_threads()
     want = 2 if before == 1 else 1  # a number the process does not already use
-    assert main(["fit", *tables(example, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *tables(example, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active",
+                 "bank",
                  "--method", "vanilla-vfl", "--epochs", "1", "--out", str(tmp_path / "m"), "--quiet",
                  "--threads", str(want)]) == 0
     assert main(["evaluate", "--model", str(model), *tables(example, "new", bank="outcomes"), "--threads",

@@ -14,7 +14,8 @@ import pytest
 from example_tables import PARTIES, write_example
 from partialvfl.cli import main
 
-FIT = ["--id", "customer_id", "--label", "defaulted", "--active", "bank", "--epochs", "3", "--seed", "0", "--quiet"]
+FIT = ["--id-column", "customer_id", "--label", "defaulted", "--active", "bank", "--epochs", "3", "--seed", "0",
+       "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,8 @@ def test_evaluate_truth_scores_new_users_against_outcomes_keyed_by_id(example: P
     other.to_csv(tmp_path / "other.csv", index=False)
     capsys.readouterr()
     assert main(["evaluate", "--model", model, *tables(example, "new"), "--truth", str(tmp_path / "other.csv"),
-                 "--id", "cid", "--label", "y"]) == 2  # --id applies to the tables as well: they have customer_id
+                 "--id-column", "cid", "--label", "y"]) == 2  # --id-column applies to the tables as well:
+                 # they have customer_id
     assert "ID column 'cid' not found" in capsys.readouterr().err
     other = other.rename(columns={"cid": "customer_id"})
     other.to_csv(tmp_path / "other.csv", index=False)
@@ -117,7 +119,7 @@ def test_evaluate_truth_refuses_ids_missing_either_way_with_counts_and_examples(
     assert main(["evaluate", "--model", model, *tables(example, "new"), "--truth", str(tmp_path / "extra.csv")]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: 2 of {len(extra)} IDs of --truth {tmp_path / 'extra.csv'} are not among the users of the --table "
-        "files (first: ['5', '6']); check that both use the same IDs (--id COLUMN)")
+        "files (first: ['5', '6']); check that both use the same IDs (--id-column COLUMN)")
     assert main(["evaluate", "--model", model, "--truth", str(tmp_path / "extra.csv")]) == 2
     assert "evaluate --truth needs the users' features: --table PARTY=FILE" in capsys.readouterr().err
 
@@ -145,7 +147,7 @@ def test_vanilla_random_names_no_party_for_the_rows_it_guesses(example: Path, tm
 
 def test_fit_messages_name_flags_not_python_arguments(example: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture) -> None:
-    base = ["fit", *tables(example, "train"), "--id", "customer_id", "--out", str(tmp_path / "m"), "--quiet"]
+    base = ["fit", *tables(example, "train"), "--id-column", "customer_id", "--out", str(tmp_path / "m"), "--quiet"]
     cases = {
         ("--label", "default", "--active", "bank"): "active party 'bank': its --table has no label column 'default'",
         ("--label", "defaulted", "--active", "insurer"): "--active 'insurer' is not one of the --table parties",

@@ -14,13 +14,13 @@ from test_contract import TINY
 
 
 @pytest.fixture(scope="module")
-def data():  # noqa: ANN201
+def data():
     return make_data(96, seed=0, prefix="tr"), make_data(40, seed=1, prefix="te")
 
 
 @pytest.mark.slow
-def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data, tmp_path, monkeypatch,  # noqa: ANN001
-                                                                          capsys) -> None:  # noqa: ANN001
+def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data, tmp_path, monkeypatch,
+                                                                          capsys) -> None:
     import torch._inductor.config as inductor_config
 
     train, test = data
@@ -45,7 +45,7 @@ def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_a_message(data,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["false-vfl-1", "vanilla-vfl"])
-def test_compiled_steps_give_the_eager_results(name: str, data, monkeypatch) -> None:  # noqa: ANN001
+def test_compiled_steps_give_the_eager_results(name: str, data, monkeypatch) -> None:
     train, test = data
     monkeypatch.setattr(compiled_module, "_FAILED", {})
     eager = get_method(name)("fast", seed=3, **TINY[name]).fit(train)

@@ -28,7 +28,7 @@ FALSE_VFL = dict(d_h=6, d_z=3, encoder_hidden=[12], decoder_hidden=[12], global_
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _fit(name: str, concurrent: bool, device: str = "cpu", wire: str = "lean"):  # noqa: ANN202
+def _fit(name: str, concurrent: bool, device: str = "cpu", wire: str = "lean"):
     train = tiny_train()
     log = MessageLog()
     fed = LocalFederation.for_dataset(train, log=log, device=device, concurrent=concurrent)
@@ -36,7 +36,7 @@ def _fit(name: str, concurrent: bool, device: str = "cpu", wire: str = "lean"): 
     return model, log
 
 
-def _weights(model) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def _weights(model) -> dict[str, torch.Tensor]:
     out = {f"party{k}.{n}": t.detach().cpu() for k, rt in enumerate(model.federation_.runtimes)
            for n, t in rt.program.net.state_dict().items()}
     out.update({f"coordinator.{n}": t.detach().cpu() for n, t in model._coordinator_state().items()
@@ -76,7 +76,7 @@ def test_rounds_run_in_several_threads_only_when_asked_or_on_cuda() -> None:
         original = program_cls.on_encode
         names: set[str] = set()
 
-        def spy(self, req, original=original, names=names):  # noqa: ANN001, ANN202
+        def spy(self, req, original=original, names=names):
             names.add(threading.current_thread().name)
             return original(self, req)
 

@@ -153,7 +153,7 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def references(train, test_data, tmp_path_factory) -> Callable[[str], Reference]:  # noqa: ANN001
+def references(train, test_data, tmp_path_factory) -> Callable[[str], Reference]:
     cache: dict[str, Reference] = {}
 
     def get(name: str) -> Reference:
@@ -234,13 +234,13 @@ def assert_declared_and_leak_free(model: VFLMethod, log: MessageLog, *datasets: 
 
 # ---------------------------------------------------------------------- the contract
 @pytest.mark.parametrize("name", METHODS)
-def test_no_raw_feature_crosses_and_only_declared_tensors_do(name: str, references, test_data, train) -> None:  # noqa: ANN001
+def test_no_raw_feature_crosses_and_only_declared_tensors_do(name: str, references, test_data, train) -> None:
     ref = references(name)
     assert_declared_and_leak_free(ref.model, ref.log, train, test_data)
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_save_load_gives_identical_predictions(name: str, references, test_data, tmp_path) -> None:  # noqa: ANN001
+def test_save_load_gives_identical_predictions(name: str, references, test_data, tmp_path) -> None:
     ref = references(name)
     ref.model.save(tmp_path / "m")
     loaded = VFLMethod.load(tmp_path / "m")
@@ -252,7 +252,7 @@ def test_save_load_gives_identical_predictions(name: str, references, test_data,
 
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
-def test_same_seed_same_model_other_seed_other_model(name: str, references, train, test_data, tmp_path) -> None:  # noqa: ANN001
+def test_same_seed_same_model_other_seed_other_model(name: str, references, train, test_data, tmp_path) -> None:
     ref = references(name)
     ref.model.save(tmp_path / "ref")
     again, other = fit(name, train), fit(name, train, seed=OTHER_SEED)
@@ -274,8 +274,8 @@ def gpu_atol(name: str) -> float:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", METHODS)
-def test_on_each_device_same_seed_same_model_and_it_predicts_on_the_cpu(name: str, device: str, references, train,  # noqa: ANN001
-                                                                        test_data, tmp_path) -> None:  # noqa: ANN001
+def test_on_each_device_same_seed_same_model_and_it_predicts_on_the_cpu(name: str, device: str, references, train,
+                                                                        test_data, tmp_path) -> None:
     """A fit with an explicit ``device``: the same seed gives the same model there (bitwise on the CPU, where it is
     the default's fit; to float tolerance on a GPU, whose kernels are not bitwise reproducible without
     deterministic algorithms), close to the CPU's; saved there, it loads and predicts on the CPU as it did."""
@@ -326,7 +326,7 @@ PARTIES_ALONE_IN_PROCESS = {"false-vfl-1", "false-vfl-2", "x-vfl", "fedhssl"}
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
 def test_federated_over_grpc_equals_in_process(name: str, references, deployment, train, test_data,
-                                              tmp_path) -> None:  # noqa: ANN001
+                                              tmp_path) -> None:
     ref = references(name)
     log = MessageLog(keep_payloads=True)
     fed = deployment.federation(log=log)
@@ -350,7 +350,7 @@ def test_federated_over_grpc_equals_in_process(name: str, references, deployment
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
 def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, references, train, test_data,
-                                                              tmp_path) -> None:  # noqa: ANN001
+                                                              tmp_path) -> None:
     ref = references(name)
     for n in crash_steps(ref.positions):
         directory = tmp_path / f"ck-{n}"
@@ -367,7 +367,7 @@ def test_checkpoint_and_resume_equals_uninterrupted_in_process(name: str, refere
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
 def test_checkpoint_and_resume_over_grpc_equals_uninterrupted(name: str, references, deployment, train, test_data,
-                                                             tmp_path) -> None:  # noqa: ANN001
+                                                             tmp_path) -> None:
     """The parties live on: they did the step after the checkpoint, and a resume must roll them back."""
     ref = references(name)
     n = crash_steps(ref.positions)[-1]
@@ -389,7 +389,7 @@ def test_checkpoint_and_resume_over_grpc_equals_uninterrupted(name: str, referen
     np.testing.assert_allclose(proba, ref.proba, rtol=1e-5, atol=1e-6)
 
 
-def test_in_process_checkpoints_are_pruned_to_the_last_two(train, tmp_path) -> None:  # noqa: ANN001
+def test_in_process_checkpoints_are_pruned_to_the_last_two(train, tmp_path) -> None:
     """Every party of the in-process federation answers ``forget``, so pruned checkpoints go entirely."""
     fit(METHODS[0], train, checkpointer=Checkpointer(tmp_path, every=1, keep=2))
     dirs = sorted(p for p in tmp_path.glob("step-*"))

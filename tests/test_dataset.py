@@ -11,7 +11,7 @@ from partialvfl import DataValidationError, Task, VerticalDataset
 from partialvfl.data import Standardizer
 
 
-def make(n: int = 12, dims: tuple[int, ...] = (3, 2), seed: int = 0, **kw) -> VerticalDataset:  # noqa: ANN003
+def make(n: int = 12, dims: tuple[int, ...] = (3, 2), seed: int = 0, **kw) -> VerticalDataset:
     rng = np.random.default_rng(seed)
     blocks = [rng.normal(size=(n, d)) for d in dims]
     obs = kw.pop("observed", np.ones((n, len(dims)), bool))

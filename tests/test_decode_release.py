@@ -131,7 +131,7 @@ def test_a_fit_under_the_default_policy_uses_the_bound_wire_and_predicts() -> No
 
 
 @pytest.mark.slow
-def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(tmp_path) -> None:  # noqa: ANN001
+def test_a_federated_fit_with_parties_on_the_default_policy_runs_the_bound_wire(tmp_path) -> None:
     """Over gRPC: the parties announce their policy in their hello; wire = auto picks the bound wire at the largest
     floor they ask for, and the fit and its predictions go through every party's checks."""
     from helpers import make_data

@@ -57,16 +57,16 @@ def meta_params(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def train():  # noqa: ANN201
+def train():
     return make_data(96, seed=0, prefix="tr")
 
 
 @pytest.fixture(scope="module")
-def test_data():  # noqa: ANN201
+def test_data():
     return make_data(40, seed=1, prefix="te")
 
 
-def fit_on(name: str, data, coordinator: str, parties: str, **params) -> tuple[VFLMethod, LocalFederation]:  # noqa: ANN001
+def fit_on(name: str, data, coordinator: str, parties: str, **params) -> tuple[VFLMethod, LocalFederation]:
     fed = LocalFederation.for_dataset(data, device=parties)
     with warnings.catch_warnings(), strict_devices():  # loading CPU placeholders into meta modules: a no-op
         warnings.simplefilter("ignore", UserWarning)
@@ -111,7 +111,7 @@ def test_resolve_device_forms_and_plain_errors() -> None:
         check_precision("fp16")
 
 
-def test_method_and_load_refuse_a_bad_device_naming_it(train, tmp_path) -> None:  # noqa: ANN001
+def test_method_and_load_refuse_a_bad_device_naming_it(train, tmp_path) -> None:
     with pytest.raises(DeviceError, match="^device 'tpu'"):
         get_method("local")("fast", device="tpu")
     with pytest.raises(DeviceError, match="^precision 'int8'"):
@@ -133,7 +133,7 @@ def test_messages_arrive_floats_on_the_device_indices_on_the_cpu() -> None:
     assert to_numpy(torch.ones(2, dtype=torch.bfloat16)).dtype == np.float32  # numpy has no bfloat16
 
 
-def test_a_party_computes_on_its_device_and_replies_on_the_cpu(train) -> None:  # noqa: ANN001
+def test_a_party_computes_on_its_device_and_replies_on_the_cpu(train) -> None:
     rt = PartyRuntime(0, "bank", device="meta")
     rt.attach("d", train.party(0))
     t = rt.table("d")
@@ -143,7 +143,7 @@ def test_a_party_computes_on_its_device_and_replies_on_the_cpu(train) -> None:  
     assert rt.arrive(Request("k", {"x": torch.ones(2), "rows": torch.arange(2)})).tensors["x"].device == META
 
 
-def test_party_data_moves_to_the_device_once_per_dataset_not_per_step(train, monkeypatch) -> None:  # noqa: ANN001
+def test_party_data_moves_to_the_device_once_per_dataset_not_per_step(train, monkeypatch) -> None:
     calls = []
     real = party_module.table_tensor
     monkeypatch.setattr(party_module, "table_tensor", lambda f, d: calls.append(d) or real(f, d))
@@ -156,8 +156,8 @@ def test_party_data_moves_to_the_device_once_per_dataset_not_per_step(train, mon
 @pytest.mark.parametrize("coordinator,parties", PLACEMENTS)
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
-def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
-                                                             test_data) -> None:  # noqa: ANN001
+def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordinator: str, parties: str, train,
+                                                             test_data) -> None:
     model, fed = fit_on(name, train, coordinator, parties)
     coord, party = parameter_devices(model, fed)
     assert coord == {coordinator} and party == {parties}  # the check ran where it says
@@ -169,8 +169,8 @@ def test_every_method_trains_and_predicts_on_the_meta_device(name: str, coordina
 @pytest.mark.parametrize("coordinator,parties", PLACEMENTS)
 @pytest.mark.parametrize("name", ["laser-vfl", "vanilla-vfl"])
 @pytest.mark.slow
-def test_generative_initialisation_trains_on_the_model_device(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
-                                                             test_data) -> None:  # noqa: ANN001
+def test_generative_initialisation_trains_on_the_model_device(name: str, coordinator: str, parties: str, train,
+                                                             test_data) -> None:
     """``pretrain_kind="false-vfl"`` fits FALSE-VFL's stage 1 inside the fit: on the model's device, and the
     supervised stage's replies still arrive there (the stage-1 fit once left the transport on the CPU: a GPU grid's
     LASER-VFL + FALSE-VFL init fits all failed)."""
@@ -186,7 +186,7 @@ def test_generative_initialisation_trains_on_the_model_device(name: str, coordin
 
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
-def test_meta_check_catches_a_coordinator_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:  # noqa: ANN001
+def test_meta_check_catches_a_coordinator_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:
     """The planted mistake: the coordinator's index and label tensors created on the CPU (``device=`` forgotten)."""
     monkeypatch.setattr(VFLMethod, "_tensor", lambda self, data, dtype=None: torch.as_tensor(data, dtype=dtype))
     with pytest.raises((RuntimeError, NotImplementedError), match="device|meta"):
@@ -195,7 +195,7 @@ def test_meta_check_catches_a_coordinator_tensor_created_without_the_device(name
 
 
 @pytest.mark.parametrize("name", ["false-vfl-1", "vanilla-vfl", "x-vfl", "fedhssl"])  # one per party program
-def test_meta_check_catches_a_party_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:  # noqa: ANN001
+def test_meta_check_catches_a_party_tensor_created_without_the_device(name: str, train, monkeypatch) -> None:
     """The planted mistake: a party's features gathered on the CPU, not from its device table."""
     monkeypatch.setattr(PartyRuntime, "table", lambda self, handle: torch.as_tensor(
         np.asarray(self.data(handle).features), dtype=torch.float32))
@@ -211,8 +211,8 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU visible to tor
 @needs_cuda
 @pytest.mark.parametrize("coordinator,parties", [("cuda", "cpu"), ("cpu", "cuda")])
 @pytest.mark.parametrize("name", METHODS)
-def test_cuda_one_side_on_the_gpu_the_other_on_the_cpu(name: str, coordinator: str, parties: str, train,  # noqa: ANN001
-                                                       test_data) -> None:  # noqa: ANN001
+def test_cuda_one_side_on_the_gpu_the_other_on_the_cpu(name: str, coordinator: str, parties: str, train,
+                                                       test_data) -> None:
     """The messages cross between a GPU and the CPU both ways; the fit lands close to the CPU's."""
     model, fed = fit_on(name, train, coordinator, parties)
     coord, party = parameter_devices(model, fed)
@@ -223,7 +223,7 @@ def test_cuda_one_side_on_the_gpu_the_other_on_the_cpu(name: str, coordinator: s
 
 @needs_cuda
 @pytest.mark.parametrize("name", ["false-vfl-1", "vanilla-vfl", "x-vfl", "fedhssl"])  # one per party program
-def test_cuda_bf16_trains_and_predicts_float32_probabilities(name: str, train, test_data) -> None:  # noqa: ANN001
+def test_cuda_bf16_trains_and_predicts_float32_probabilities(name: str, train, test_data) -> None:
     model = get_method(name)("fast", seed=3, device="cuda", precision="bf16", **TINY[name]).fit(train)
     proba = model.predict_proba(test_data)
     assert proba.dtype == np.float32 or proba.dtype == np.float64
@@ -255,7 +255,7 @@ def test_the_simulated_files_really_claim_a_gpu() -> None:
 
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
-def test_a_model_saved_on_a_gpu_loads_and_predicts_on_the_cpu(name: str, train, test_data, tmp_path) -> None:  # noqa: ANN001
+def test_a_model_saved_on_a_gpu_loads_and_predicts_on_the_cpu(name: str, train, test_data, tmp_path) -> None:
     model = get_method(name)("fast", seed=3, **TINY[name]).fit(train)
     expected = model.predict_proba(test_data)
     with files_claiming("cuda:0"):
@@ -265,7 +265,7 @@ def test_a_model_saved_on_a_gpu_loads_and_predicts_on_the_cpu(name: str, train, 
 
 
 # ---------------------------------------------------------------------- bf16 autocast
-def test_bf16_trains_like_fp32_and_keeps_the_declared_wire_dtypes(train, test_data) -> None:  # noqa: ANN001
+def test_bf16_trains_like_fp32_and_keeps_the_declared_wire_dtypes(train, test_data) -> None:
     """bf16 autocast learns (a stale cast cache would freeze the coordinator's weights: the loss would not move)
     and every reply keeps its declared dtype (the reply checks run on every message)."""
     params = dict(TINY["vanilla-vfl"], epochs=15)
@@ -281,7 +281,7 @@ def test_bf16_trains_like_fp32_and_keeps_the_declared_wire_dtypes(train, test_da
 
 
 @pytest.mark.parametrize("name", ["false-vfl-2", "x-vfl", "fedhssl", "laser-vfl"])
-def test_bf16_runs_every_kind_of_method(name: str, train, test_data) -> None:  # noqa: ANN001
+def test_bf16_runs_every_kind_of_method(name: str, train, test_data) -> None:
     fed = LocalFederation.for_dataset(train, precision="bf16")
     model = get_method(name)("fast", seed=3, precision="bf16", **TINY[name]).fit(train, federation=fed)
     proba = model.predict_proba(test_data)
@@ -290,7 +290,7 @@ def test_bf16_runs_every_kind_of_method(name: str, train, test_data) -> None:  #
 
 
 # ---------------------------------------------------------------------- the command line
-def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path, capsys) -> None:
     from partialvfl.cli import main
 
     base = ["fit", "--dataset", "digits", "--parties", "3", "--labels", "120", "--aligned", "30", "--max-train",
@@ -307,7 +307,7 @@ def test_cli_device_cpu_is_the_default_fit_and_a_missing_gpu_is_refused(tmp_path
         assert "error: --device cuda:1: " in capsys.readouterr().err
 
 
-def test_a_party_picks_its_own_device_in_its_party_file(tmp_path) -> None:  # noqa: ANN001
+def test_a_party_picks_its_own_device_in_its_party_file(tmp_path) -> None:
     from partialvfl.federation.grpc.party_config import load_party_config
 
     def party_file(extra: str) -> object:

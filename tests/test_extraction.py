@@ -38,7 +38,7 @@ def block() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory, block):  # noqa: ANN001, ANN201
+def dep(tmp_path_factory, block):
     n = len(block)
     data = VerticalDataset([block.copy(), block.copy()], np.ones((n, 2), bool), ids=IDS,
                            y=np.arange(n) % 2, task=Task.classification([0, 1]), active_party=0,
@@ -68,7 +68,7 @@ def test_the_issues_attack_recovers_every_row_from_a_party_that_takes_the_coordi
 
 
 @pytest.mark.slow
-def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
+def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:
     torch.set_num_threads(1)
     outcomes = run_attacks(dep.federation_file, 1, block, PLAN, IDS)
     for o in outcomes:
@@ -80,7 +80,7 @@ def test_no_seed_attack_reconstructs_a_deployed_partys_rows(dep, block) -> None:
 
 
 @pytest.mark.slow
-def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep, block) -> None:  # noqa: ANN001
+def test_a_handful_of_known_rows_does_not_reconstruct_a_deployed_partys_rows(dep, block) -> None:
     torch.set_num_threads(1)
     [known] = run_attacks(dep.federation_file, 1, block, [("known-rows", {"width": 2, "n_known": 8})], IDS)
     assert known.accepted.endswith("-> 32, lr 1e-06"), known.row()  # the widest output the policy allows

@@ -198,7 +198,7 @@ def test_methods_that_do_not_sample_report_no_ess(data) -> None:
 
 def test_a_private_partys_plan_charges_one_release_per_estimator_round(fitted) -> None:
     model = copy.deepcopy(fitted)
-    model.dp_options_ = {**getattr(model, "dp_options_", {}), "predictions": 1}
+    model.dp_options = {**getattr(model, "dp_options", {}), "predictions": 1}
     model.params_ = {**model.params_, "predict_estimator": "paper"}
     paper = model._privacy_charges(0, "predict")
     model.params_ = {**model.params_, "predict_estimator": "adaptive", "predict_rounds": 5}
@@ -224,7 +224,7 @@ def test_early_stopping_validates_with_the_models_estimator(data) -> None:
 def example_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = write_example(tmp_path_factory.mktemp("ess-example"), seed=4, n_train=300, n_new=60)
     tiny = [f"--param={k}={json.dumps(v)}" for k, v in TINY.items()]
-    assert main(["fit", *_tables(d, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *_tables(d, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active", "bank",
                  "--method", "false-vfl-1", "--param", "pretrain_epochs=3", "--epochs", "3", *tiny, "--seed", "0",
                  "--out", str(d / "model"), "--quiet"]) == 0
     return d, d / "model"
@@ -257,7 +257,7 @@ def test_predict_writes_the_ess_column_when_asked_and_evaluate_reports_it(exampl
 
 def test_predict_ess_is_refused_for_a_method_that_does_not_sample(tmp_path, capsys: pytest.CaptureFixture) -> None:
     d = write_example(tmp_path, seed=5, n_train=200, n_new=30)
-    assert main(["fit", *_tables(d, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    assert main(["fit", *_tables(d, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active", "bank",
                  "--method", "local", "--epochs", "1", "--out", str(d / "m"), "--quiet"]) == 0
     assert main(["predict", "--model", str(d / "m"), *_tables(d, "new"), "--out", str(d / "p.csv"), "--ess"]) == 2
     assert "local does not predict by importance sampling" in capsys.readouterr().err

@@ -128,7 +128,7 @@ def test_predict_evaluate_and_the_service_agree_on_every_answer(deployment: Loca
                  str(tmp_path / "pred.csv")]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--federation", fed_file, "--model", str(false_vfl), "--table-set", TABLE_SET,
-                 "--truth", str(truth), "--id", "customer_id", "--label", "defaulted", "--json"]) == 0
+                 "--truth", str(truth), "--id-column", "customer_id", "--label", "defaulted", "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
     pred = pd.read_csv(tmp_path / "pred.csv").set_index("customer_id")
     outcome = pd.read_csv(truth).set_index("customer_id")["defaulted"]
@@ -159,7 +159,7 @@ def test_fit_order_of_takes_the_federated_fits_party_order(deployment: LocalDepl
                                                            capsys: pytest.CaptureFixture) -> None:
     keyed = example / "keyed-laser"
     flags = [a for p in ("shop", "bank", "telco") for a in ("--table", f"{p}={example / 'train' / f'{p}.csv'}")]
-    assert main(["fit", *flags, "--id", "customer_id", "--label", "defaulted", "--active", "bank", "--method",
+    assert main(["fit", *flags, "--id-column", "customer_id", "--label", "defaulted", "--active", "bank", "--method",
                  "laser-vfl", "--seed", "0", "--epochs", "2", "--order-of", str(laser), "--alignment-key",
                  str(deployment.alignment_key_file), "--threads", "1", "--out", str(keyed), "--quiet"]) == 0
     assert ("note: parties in the federated fit's order (--order-of): bank, shop, telco (the --table flags named "
@@ -179,7 +179,8 @@ def test_fit_order_of_refuses_other_parties_or_another_label_holder(laser: Path,
                                                                     capsys: pytest.CaptureFixture) -> None:
     def fit(parties: tuple[str, ...], active: str) -> str:
         flags = [a for p in parties for a in ("--table", f"{p}={example / 'train' / f'{p}.csv'}")]
-        assert main(["fit", *flags, "--id", "customer_id", "--label", "defaulted", "--active", active, "--method",
+        assert main(["fit", *flags, "--id-column", "customer_id", "--label", "defaulted", "--active", active,
+                     "--method",
                      "laser-vfl", "--order-of", str(laser), "--alignment-key", str(example / "none.key"), "--out",
                      str(example / "refused"), "--quiet"]) == 2
         return capsys.readouterr().err.strip()
@@ -194,7 +195,7 @@ def test_fit_order_of_refuses_other_parties_or_another_label_holder(laser: Path,
 # ---------------------------------------------------------------------- item 4: one rule for evaluate --truth
 def evaluate(deployment: LocalDeployment, model: Path, truth: Path, *extra: str) -> int:
     return main(["evaluate", "--federation", str(deployment.federation_file), "--model", str(model), "--table-set",
-                 TABLE_SET, "--truth", str(truth), "--id", "customer_id", "--label", "defaulted", *extra])
+                 TABLE_SET, "--truth", str(truth), "--id-column", "customer_id", "--label", "defaulted", *extra])
 
 
 def test_federated_evaluate_refuses_users_without_an_outcome(deployment: LocalDeployment, laser: Path,
@@ -222,7 +223,7 @@ def test_federated_evaluate_refuses_outcomes_of_no_user(deployment: LocalDeploym
         assert capsys.readouterr().err.strip() == (
             f"error: 2 of {len(extra)} IDs of --truth {tmp_path / 'extra.csv'} are not among the users of the "
             f"parties' prediction tables '{TABLE_SET}' (first: ['5', '6']); check that both use the same IDs "
-            "(--id COLUMN)")
+            "(--id-column COLUMN)")
 
 
 def test_federated_evaluate_scores_every_user_of_the_table_set(deployment: LocalDeployment, laser: Path,

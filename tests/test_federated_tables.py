@@ -34,7 +34,7 @@ def train_tables(d: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def deployment(example: Path, tmp_path_factory: pytest.TempPathFactory):
     data = from_tables(train_tables(example), **KW)  # raw features: each party standardises its own
     dep = LocalDeployment(tmp_path_factory.mktemp("fed"), data, deadline=PATIENCE, start_timeout=600.0)
     try:
@@ -89,7 +89,7 @@ def test_predict_federation_writes_the_users_id_column_and_integer_classes(examp
     seen: list[int] = []
     fit_federated = VFLMethod.fit_federated
 
-    def recording(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def recording(self, *a, **kw):
         seen.append(torch.get_num_threads())
         return fit_federated(self, *a, **kw)
 

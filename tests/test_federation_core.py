@@ -42,7 +42,7 @@ class _LinearParty(PartyProgram):
         "backward": MessageSpec(request=[TensorSpec("grad", "float32", ("B", 2))]),
     }
 
-    def __init__(self, runtime, config, seed):  # noqa: ANN001
+    def __init__(self, runtime, config, seed):
         super().__init__(runtime, config, seed)
         g = torch.Generator().manual_seed(seed + runtime.index)
         self.w = torch.randn(config["feature_dim"], 2, generator=g, requires_grad=True)
@@ -63,10 +63,10 @@ class _LinearParty(PartyProgram):
         self._out.backward(req.tensors["grad"])
         return Reply({})
 
-    def state_dict(self):  # noqa: ANN201
+    def state_dict(self):
         return {"w": self.w.detach()}
 
-    def load_state_dict(self, state):  # noqa: ANN001
+    def load_state_dict(self, state):
         self.w = state["w"].clone().requires_grad_()
 
 
@@ -173,7 +173,7 @@ def test_party_sees_only_its_own_block() -> None:
         fed.runtimes[0].attach("x", data.party(1))
 
 
-def test_party_state_save_load_roundtrip(tmp_path) -> None:  # noqa: ANN001
+def test_party_state_save_load_roundtrip(tmp_path) -> None:
     data = _data()
     fed = _setup(data)
     fed.save(tmp_path)

@@ -92,7 +92,7 @@ def test_cross_party_pairs_and_finetuning_rows() -> None:
     m.predict_proba(data)
     kinds = {e.kind for e in log.crossing()}
     assert {"cross_project", "cross_update", "local_ssl", "get_top", "set_top", "embed", "grad_embedding"} <= kinds
-    aligned_labelled = set(np.flatnonzero(data.observed.all(1) & data.labeled).tolist())
+    aligned_labeled = set(np.flatnonzero(data.observed.all(1) & data.labeled).tolist())
     entries = list(zip(log.entries, log.payloads))
     fit_end = max(i for i, (e, _) in enumerate(entries) if e.kind == "grad_embedding")
     ft_rows = set()
@@ -101,7 +101,7 @@ def test_cross_party_pairs_and_finetuning_rows() -> None:
             ft_rows |= set(p["rows"].numpy().tolist())
         if e.kind == "cross_project" and e.direction == "request":
             assert data.observed[p["rows"].numpy()].all()  # cross-party SSL only on aligned samples
-    assert ft_rows == aligned_labelled  # fine-tuning on aligned labelled samples, all of them
+    assert ft_rows == aligned_labeled  # fine-tuning on aligned labelled samples, all of them
     # FedHSSL's "first" mode: a passive party is paired with the active party only, the active one with all
     step = next(e.step for e, _ in entries if e.kind == "cross_update")
     z = {e.sender: p["z"] for e, p in entries
@@ -124,7 +124,7 @@ def test_zero_imputation_equals_feeding_a_zero_block() -> None:
                                atol=1e-7)
 
 
-def test_needs_aligned_labelled_samples() -> None:
+def test_needs_aligned_labeled_samples() -> None:
     data = _data()
     obs = data.observed.copy()
     obs[::2, 2] = False

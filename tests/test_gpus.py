@@ -86,7 +86,7 @@ class _FakeRay:
 
         return wrap
 
-    def wait(self, pending: list, num_returns: int, timeout: float) -> tuple[list, list]:  # noqa: ARG002
+    def wait(self, pending: list, num_returns: int, timeout: float) -> tuple[list, list]:
         return pending[:1], pending[1:]
 
     def get(self, ref: Any) -> Any:

@@ -82,7 +82,7 @@ class ToySplitParty(PartyProgram):
         "weights": MessageSpec(reply=[TensorSpec("w", "float32", ("feature_dim", "hidden"))]),
     }
 
-    def __init__(self, runtime, config, seed):  # noqa: ANN001
+    def __init__(self, runtime, config, seed):
         super().__init__(runtime, config, seed)
         g = torch.Generator().manual_seed(seed * 100 + runtime.index)
         self.w = (0.3 * torch.randn(config["feature_dim"], config["hidden"], generator=g)).requires_grad_()
@@ -143,7 +143,7 @@ def _wait_for(path: Path, limit: float = 600.0) -> None:
         time.sleep(0.01)
 
 
-def toy_configs(dims, **extra) -> list[dict[str, Any]]:  # noqa: ANN001
+def toy_configs(dims, **extra) -> list[dict[str, Any]]:
     return [{"feature_dim": int(d), "hidden": HIDDEN, **extra} for d in dims]
 
 
@@ -217,7 +217,7 @@ def party_weights(fed: Federation) -> dict[int, torch.Tensor]:
     return {k: r.tensors["w"] for k, r in fed.transport.broadcast(range(fed.n_parties), "weights").items()}
 
 
-def mostly_labelled_data(n: int = 48, seed: int = 0) -> VerticalDataset:
+def mostly_labeled_data(n: int = 48, seed: int = 0) -> VerticalDataset:
     """Three parties (widths 3, 4, 2), three classes, each block held with p 0.8, one sample nobody holds, about 90 %
     labelled, party 2 holds the labels (its widths recorded in ``_DIMS[3]``)."""
     rng = np.random.default_rng(seed)
@@ -306,15 +306,15 @@ class ToySplitMethod(VFLMethod):
     def _party_config(self, party: int) -> dict[str, Any]:
         return {"feature_dim": self.index_.feature_dims[party], "hidden": HIDDEN}
 
-    def _fit(self, view, handle, loop) -> None:  # noqa: ANN001
+    def _fit(self, view, handle, loop) -> None:
         _DIMS[view.n_parties] = self.index_.feature_dims
-        labelled = view.labeled & view.observed.any(axis=1)
-        obs = view.observed & labelled[:, None]
+        labeled = view.labeled & view.observed.any(axis=1)
+        obs = view.observed & labeled[:, None]
         y = np.where(view.labeled, view.y, 0)
         self.head_, opt = toy_head(self.seed, self.index_.task.n_classes)
         pool = np.flatnonzero(obs.any(axis=1))
 
-        def items(epoch: int, rng: np.random.Generator):  # noqa: ANN202
+        def items(epoch: int, rng: np.random.Generator):
             for _ in range(self.params_["steps"]):
                 yield np.sort(rng.choice(pool, size=self.params_["batch"], replace=False))
 
@@ -331,7 +331,7 @@ class ToySplitMethod(VFLMethod):
         loop.run(Stage("train", 1, items, step, np.random.default_rng(self.seed),
                        state=lambda: {"opt": opt.state_dict()}, load_state=lambda st: opt.load_state_dict(st["opt"])))
 
-    def _predict(self, view, handle, rows) -> np.ndarray:  # noqa: ANN001
+    def _predict(self, view, handle, rows) -> np.ndarray:
         out = []
         for i in range(0, len(rows), 16):
             r = rows[i:i + 16]
@@ -350,11 +350,11 @@ class ToySplitMethod(VFLMethod):
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def data() -> VerticalDataset:
-    return mostly_labelled_data()
+    return mostly_labeled_data()
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, data):  # noqa: ANN001, ANN201
+def deployment(tmp_path_factory, data):
     # a fresh interpreter per party (the suite forks the others from a preloaded one: conftest.py), its plugin found
     # through PYTHONPATH as an institution's would be
     dep = LocalDeployment(tmp_path_factory.mktemp("grpc"), data, plugins=["test_grpc"], pythonpath=[HERE],
@@ -399,7 +399,7 @@ _WIRE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.int64, torch.
        st.dictionaries(st.text(max_size=5), st.one_of(st.integers(-9, 9), st.text(max_size=5), st.booleans()),
                        max_size=3),
        st.integers(0, 2**40), st.integers(0, 50))
-def test_wire_roundtrip_is_exact_for_any_message(specs, meta, step, rnd) -> None:  # noqa: ANN001
+def test_wire_roundtrip_is_exact_for_any_message(specs, meta, step, rnd) -> None:
     g = torch.Generator().manual_seed(0)
     tensors = {name: (torch.randn(tuple(shape), generator=g) * 100).to(dtype) for name, (dtype, shape) in specs.items()}
     w = decode_request(encode_request(Request("k", tensors, meta), step=step, round=rnd, session="s", seq=1))
@@ -412,7 +412,7 @@ def test_wire_roundtrip_is_exact_for_any_message(specs, meta, step, rnd) -> None
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.sets(st.integers(0, 30), max_size=12), min_size=1, max_size=4))
-def test_observed_matrix_is_exactly_who_holds_what(held) -> None:  # noqa: ANN001
+def test_observed_matrix_is_exactly_who_holds_what(held) -> None:
     key = b"q" * 32
     order, obs = observed_from_hashes([hash_ids(sorted(h), key) for h in held])
     everyone = sorted(set().union(*held))
@@ -434,7 +434,7 @@ def test_alignment_from_hashes_builds_the_observed_matrix() -> None:
         observed_from_hashes([hash_ids(["1", "1"], key)])
 
 
-def test_checkpointer_resumes_a_local_toy_loop_exactly(tmp_path, data) -> None:  # noqa: ANN001
+def test_checkpointer_resumes_a_local_toy_loop_exactly(tmp_path, data) -> None:
     ref = LocalFederation.for_dataset(data)
     ref_head = toy_train(ref, ref.attach(data, "train"), _train_obs(data), _train_y(data), 3, steps=7, seed=1)
     fed = LocalFederation.for_dataset(data)
@@ -461,7 +461,7 @@ def _train_y(data: VerticalDataset) -> np.ndarray:
 
 # ---------------------------------------------------------------------- real processes
 @pytest.mark.slow
-def test_federated_training_matches_in_process_and_leaks_nothing(deployment, data) -> None:  # noqa: ANN001
+def test_federated_training_matches_in_process_and_leaks_nothing(deployment, data) -> None:
     log = MessageLog(keep_payloads=True)
     fed = _fed(deployment, log=log)
     try:
@@ -490,7 +490,7 @@ def test_federated_training_matches_in_process_and_leaks_nothing(deployment, dat
 
 
 @pytest.mark.slow
-def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:  # noqa: ANN001
+def test_align_from_hashed_ids_and_label_table(deployment, data) -> None:
     fed = _fed(deployment)
     try:
         view, handle = fed.align(handle="aligned")
@@ -514,7 +514,7 @@ def _unhex(ids: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_path) -> None:  # noqa: ANN001
+def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_path) -> None:
     cfg = load_federation_config(deployment.federation_file)
     rogue = tmp_path / "rogue"
     init_dev_pki(rogue, ["coordinator"])  # right name, wrong CA
@@ -538,7 +538,7 @@ def test_wrong_certificate_is_rejected_and_server_keeps_serving(deployment, tmp_
 
 
 @pytest.mark.slow
-def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(deployment, data) -> None:  # noqa: ANN001
+def test_bad_messages_are_refused_with_clear_status_and_server_keeps_serving(deployment, data) -> None:
     fed = _fed(deployment)
     fed.attach(data, "train")
     fed.setup("test/grpc-split", toy_configs(data.feature_dims), seed=0)
@@ -596,7 +596,7 @@ def _status(call: Any, payload: bytes) -> grpc.StatusCode:
 
 
 @pytest.fixture
-def typed(deployment, data):  # noqa: ANN001, ANN201
+def typed(deployment, data):
     """The typed-message program at every party, in process and in the party processes."""
     configs = [{"feature_dim": int(d)} for d in data.feature_dims]
     local = LocalFederation.for_dataset(data)
@@ -608,7 +608,7 @@ def typed(deployment, data):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
-def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -> None:  # noqa: ANN001
+def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -> None:
     local, remote = typed
     kind, tensors, meta, says = BAD_REQUESTS[case]
     local.transport.new_step()
@@ -633,7 +633,7 @@ def test_malformed_request_fails_alike_in_process_and_on_the_wire(typed, case) -
 
 
 @pytest.mark.slow
-def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:  # noqa: ANN001
+def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deployment, data) -> None:
     """Transport.call_many is the one admission path: in process (batched or party by party) and over gRPC, a
     kind sent twice to a party in one round is refused before anything is sent, with the same words."""
     feds = [LocalFederation.for_dataset(data, batched=True), LocalFederation.for_dataset(data, batched=False),
@@ -663,7 +663,7 @@ def test_a_repeated_kind_in_one_round_is_refused_alike_by_every_transport(deploy
 
 
 @pytest.mark.parametrize("bug", ["dtype", "rank", "size", "missing", "extra"])
-def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:  # noqa: ANN001
+def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:
     local, remote = typed
     local.transport.new_step()
     with pytest.raises(MessageError) as here:
@@ -678,7 +678,7 @@ def test_malformed_reply_of_a_buggy_program_fails_alike(typed, bug) -> None:  # 
 
 
 @pytest.mark.slow
-def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data, tmp_path) -> None:  # noqa: ANN001
+def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data, tmp_path) -> None:
     """Party 0 blocks in ``forward`` until the test opens its gate, so it is late by construction, not by a margin;
     the short deadline applies to that one call only, and the warmed-up parties 1 and 2 have ample time."""
     gate = tmp_path / "gate"
@@ -710,7 +710,7 @@ def test_slow_party_past_the_deadline_is_missing_for_that_step(deployment, data,
 
 
 @pytest.mark.slow
-def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployment, data, tmp_path) -> None:  # noqa: ANN001
+def test_coordinator_killed_mid_training_resumes_to_the_same_parameters(deployment, data, tmp_path) -> None:
     def coordinator(out: Path, crash_at: int | None) -> int:
         code = ("import sys, test_grpc; sys.exit(test_grpc._coordinator_main(sys.argv[1:]))")
         args = [sys.executable, "-c", code, str(deployment.federation_file), str(tmp_path / "ck"), str(out),
@@ -738,7 +738,7 @@ def _coordinator_main(argv: list[str]) -> int:
     """A coordinator process for the crash test: toy training with checkpoints every 3 steps."""
     torch.set_num_threads(1)
     fed_file, ck_dir, out, crash_at = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3])
-    data = mostly_labelled_data()
+    data = mostly_labeled_data()
     # the session secrets live with the checkpoints: a coordinator that really restarted proves it holds the
     # parties' sessions (the killed one never said bye, so a coordinator without them would be refused)
     fed = GrpcFederation.from_config(fed_file, session_file=ck_dir / "sessions.json")
@@ -755,7 +755,7 @@ def _coordinator_main(argv: list[str]) -> int:
 
 
 @pytest.fixture
-def toy_method():  # noqa: ANN201
+def toy_method():
     space = inferred_space(ToySplitMethod.default_params(), {p: lambda ds: {} for p in ToySplitMethod.presets})
     register_spec(MethodSpec(ToySplitMethod.name, "a toy split network", f"{__name__}:ToySplitMethod", space))
     yield ToySplitMethod
@@ -763,7 +763,7 @@ def toy_method():  # noqa: ANN201
 
 
 @pytest.mark.slow
-def test_old_checkpoints_are_pruned_at_the_coordinator_and_at_every_party(deployment, data, tmp_path) -> None:  # noqa: ANN001
+def test_old_checkpoints_are_pruned_at_the_coordinator_and_at_every_party(deployment, data, tmp_path) -> None:
     """fit --checkpoint-every with FALSE-VFL over gRPC keeps the last two checkpoints, here and on every party's disk.
 
     (A coordinator killed mid-fit resumes to the uninterrupted parameters: tests/test_kill_resume.py, every family.)
@@ -789,7 +789,7 @@ def test_old_checkpoints_are_pruned_at_the_coordinator_and_at_every_party(deploy
 
 
 @pytest.mark.slow
-def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:  # noqa: ANN001
+def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -> None:
     from partialvfl.cli import main
 
     model = tmp_path / "model"
@@ -822,7 +822,7 @@ def test_cli_fit_and_predict_over_grpc(deployment, data, tmp_path, toy_method) -
 
 
 @pytest.mark.slow
-def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -> None:  # noqa: ANN001
+def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -> None:
     fed = _fed(deployment, allow_absent=True)
     try:
         h = fed.attach(data, "train")
@@ -845,7 +845,7 @@ def test_killed_party_during_prediction_is_missing_not_fatal(deployment, data) -
         fed.close()  # the last test of the module: party 1 stays down
 
 
-def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN001
+def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:
     from cryptography import x509
 
     from partialvfl.cli import main
@@ -861,7 +861,7 @@ def test_certs_init_command_writes_a_working_pki(tmp_path) -> None:  # noqa: ANN
     assert (tmp_path / "alignment.key").stat().st_mode & 0o077 == 0
 
 
-def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:  # noqa: ANN001
+def test_party_table_reads_its_own_csv_and_names_bad_input(tmp_path) -> None:
     from partialvfl.federation.grpc.party_config import PartyConfig
     from partialvfl.federation.grpc.party_tables import PartyTable
 

@@ -35,7 +35,7 @@ def _killed_after(kill_after: int, args: list[str], log: str) -> None:
     redirect_output(log)
     save = Checkpointer.maybe_save
 
-    def maybe_save(self, step, state):  # noqa: ANN001, ANN202
+    def maybe_save(self, step, state):
         saved = save(self, step, state)
         if saved and step == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -61,7 +61,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], int, list[tuple[int, str]]]] = {
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):  # noqa: ANN201
+def deployment(tmp_path_factory):
     with running_parties(tmp_path_factory.mktemp("kill"), make_data(48, seed=0, prefix="tr")) as dep:
         yield dep
 
@@ -88,7 +88,7 @@ def killed_run(kill_after: int, args: list[str], log: Path) -> tuple[int | None,
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.slow
 def test_coordinator_killed_mid_fit_resumes_to_the_uninterrupted_parameters(family: str, deployment, tmp_path,
-                                                                            capsys) -> None:  # noqa: ANN001
+                                                                            capsys) -> None:
     method, params, every, kills = FAMILIES[family]
     straight = tmp_path / "uninterrupted"
     assert main([*fit_args(deployment, method, params, straight), "--quiet"]) == 0

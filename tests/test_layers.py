@@ -7,8 +7,8 @@ literal name.  An import names its target module: ``from a.b import c`` is ``a.b
 but those implicit edges are not counted (a package's ``__init__`` re-exporting its submodules would otherwise be a
 cycle with each of them).
 
-Layers, low to high (README.md's Layout table, which :func:`test_the_readme_table_lists_these_layers` keeps in
-step with :data:`LAYERS`): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration``,
+Layers, low to high (docs/architecture.md's Layout table; :func:`test_the_architecture_table_lists_these_layers` keeps
+it in step with :data:`LAYERS`): ``utils`` < ``data``, ``nn`` < ``federation`` < ``methods`` < ``orchestration``,
 ``privacy`` < ``bench``, ``serving`` < ``cli`` (``privacy``: the attacks that measure what crosses a party
 boundary; bench and tests reuse them; ``serving``: the prediction service).
 ``data`` and ``nn`` are on the same level and import neither each other (they do not today: the data model is numpy,
@@ -32,7 +32,7 @@ PACKAGE = "partialvfl"
 # ``serving`` (the prediction service) sits beside ``bench``: both use the library below, neither the other
 LAYERS = {"utils": 0, "data": 1, "nn": 1, "": 2, "federation": 3, "methods": 4, "orchestration": 5, "privacy": 5,
           "bench": 6, "serving": 6, "cli": 7}
-# ``federation``'s sub-packages by job, low to high (README.md's second Layout table): the wire core imports no
+# ``federation``'s sub-packages by job, low to high (docs/architecture.md's second table): the wire core imports no
 # privacy, trust or deployment code; the gRPC deployment sits on everything else
 FEDERATION_LAYERS = {"wire": 0, "dp": 1, "trust": 2, "runtime": 3, "grpc": 4}
 
@@ -284,28 +284,32 @@ def test_the_federation_check_names_an_upward_import() -> None:
     assert not federation_upward_imports([Edge(e.target, e.source, e.file, 4)])
 
 
-def readme_layers() -> dict[str, int]:
-    """README.md's Layout table as ``{layer: level}`` (the package face as ``""``), read from its level and package
-    columns."""
-    text = (ROOT / "README.md").read_text()
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def architecture_layers() -> dict[str, int]:
+    """docs/architecture.md's Layout table as ``{layer: level}`` (the package face as ``""``), read from its level and
+    package columns."""
+    text = ARCHITECTURE.read_text()
     table = text[text.index("## Layout"):].split("\n\n")[1]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     out = {}
     for level, _name, package, *_ in rows:
         module = package.strip("`")
         layer = module.removeprefix(PACKAGE).removeprefix(".")
-        assert layer not in out, f"README's layer table lists {module} twice"
+        assert layer not in out, f"the layer table lists {module} twice"
         out[layer] = int(level)
     return out
 
 
-def test_the_readme_table_lists_these_layers() -> None:
-    assert readme_layers() == LAYERS, "README.md's Layout table and LAYERS above disagree: update one to the other"
+def test_the_architecture_table_lists_these_layers() -> None:
+    assert architecture_layers() == LAYERS, ("docs/architecture.md's Layout table and LAYERS above disagree: update "
+                                             "one to the other")
 
 
-def test_the_readme_lists_federations_sub_packages() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_architecture_page_lists_federations_sub_packages() -> None:
+    text = ARCHITECTURE.read_text()
     table = text[text.index("### federation's sub-packages"):].split("\n\n")[1]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     listed = {package.strip("`").removeprefix(f"{PACKAGE}.federation."): int(level) for level, package, *_ in rows}
-    assert listed == FEDERATION_LAYERS, "README.md's federation table and FEDERATION_LAYERS disagree"
+    assert listed == FEDERATION_LAYERS, "docs/architecture.md's federation table and FEDERATION_LAYERS disagree"

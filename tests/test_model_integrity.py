@@ -104,7 +104,7 @@ def test_a_class_never_seen_in_training_counts_as_an_error(model: VFLMethod) -> 
      r"position 1; the data has 'noise:n_one' there\)"),
     (lambda t: t["noise"].assign(n3=1.0), r"party 'noise': column 'noise:n3' \(position 3\) is not one the model"),
 ])
-def test_data_whose_features_disagree_is_refused_naming_the_column(model: VFLMethod, change, message) -> None:  # noqa: ANN001
+def test_data_whose_features_disagree_is_refused_naming_the_column(model: VFLMethod, change, message) -> None:
     t = tables([0, 1, 2] * 5, seed=5)
     t["noise"] = change(t)
     with pytest.raises(DataValidationError, match=message):

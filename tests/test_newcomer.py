@@ -172,7 +172,7 @@ def test_coinciding_lines_stay_visible_in_the_figures() -> None:
 
     def agg(method: str, label: str, test: str) -> Aggregate:
         return Aggregate(dataset="digits", train="mcar2", test=test, label=label, method=method, metric="accuracy",
-                         mean=50.0, std=float("nan"), n=1, labelled_only=False, seeds=(0,))
+                         mean=50.0, std=float("nan"), n=1, labeled_only=False, seeds=(0,))
 
     same = [agg(m, label, t) for m, label in (("false-vfl-1", "FALSE-VFL-I"), ("false-vfl-2", "FALSE-VFL-II"))
             for t in ("mcar0", "mcar5")]  # the two FALSE-VFL lines have exactly the same values

@@ -137,9 +137,9 @@ def test_fit_param_label_dp_prior_no_is_false(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- the README's output promises
 def test_fit_to_a_log_prints_what_the_readme_promises(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "nothing per epoch but one line\nsumming the epochs up" in readme
-    assert "`fit METHOD in S s ...; saved to DIR`" in readme
+    cli_page = (ROOT / "docs" / "cli.md").read_text()
+    assert "nothing per epoch but one line\nsumming the epochs up" in cli_page
+    assert "`fit METHOD in S s ...; saved to DIR`" in cli_page
     assert main(["fit", "--dataset", "digits", "--parties", "2", "--labels", "100", "--aligned", "30",
                  "--method", "laser-vfl", "--epochs", "1", "--seed", "0", "--max-train", "200", "--max-test", "60",
                  "--out", str(tmp_path / "m")]) == 0

@@ -147,12 +147,12 @@ def test_run_predict_in_process_names_the_parties_each_row_used(data: VerticalDa
 
 # ---------------------------------------------------------------------- across party processes
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
+def dep(tmp_path_factory, data):
     yield from started_deployment(tmp_path_factory.mktemp("orchestration"), data)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(dep, tmp_path_factory) -> Path:  # noqa: ANN001
+def uninterrupted(dep, tmp_path_factory) -> Path:
     """A saved model of an uninterrupted federated fit."""
     out = tmp_path_factory.mktemp("uninterrupted") / "model"
     fed = dep.federation(connect=False)
@@ -175,7 +175,7 @@ def _running(dep: LocalDeployment, k: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, uninterrupted, tmp_path) -> None:  # noqa: ANN001
+def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, uninterrupted, tmp_path) -> None:
     """Party 2 is killed at the end of epoch 2 (after the checkpoint of step 10); the fit notices, waits, and the
     party process is started again while it waits; the fit ends with the uninterrupted fit's parameters."""
     killed, lines, restarts = [], [], []
@@ -211,7 +211,7 @@ def test_a_federated_fit_survives_a_party_killed_and_restarted_mid_fit(dep, unin
 
 
 @pytest.mark.slow
-def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None:  # noqa: ANN001
+def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None:
     def on_epoch(stage: str, epoch: int, metrics: dict[str, float]) -> None:
         if epoch == 1:
             dep.kill(1, signal.SIGKILL)
@@ -228,7 +228,7 @@ def test_without_party_timeout_a_lost_party_stops_the_fit(dep, tmp_path) -> None
 
 @pytest.mark.slow
 def test_run_predict_drops_a_party_lost_mid_prediction_from_the_rows_after_it(dep, data, uninterrupted
-                                                                               ) -> None:  # noqa: ANN001
+                                                                               ) -> None:
     """Party 1 is killed while the second chunk of 20 rows is predicted: that chunk is predicted again without it,
     the first chunk keeps it, and the prediction says so row by row."""
     fed = dep.federation(allow_absent=True)

@@ -67,8 +67,8 @@ def test_label_dp_and_party_dp_options_are_declared_typed_parameters() -> None:
     model = get_method("laser-vfl")("fast", label_dp="2", label_dp_seed="5", dp_clip="0.5", dp_grad_clip=2,
                                     dp_predictions="1")
     assert (model.label_dp, model.label_dp_seed) == (2.0, 5)
-    assert model.dp_options_ == {"clip": 0.5, "grad_clip": 2.0, "predictions": 1}
-    assert isinstance(model.dp_options_["predictions"], int)
+    assert model.dp_options == {"clip": 0.5, "grad_clip": 2.0, "predictions": 1}
+    assert isinstance(model.dp_options["predictions"], int)
     for bad, name in [({"label_dp": 0}, "label_dp"), ({"dp_clip": -1}, "dp_clip"), ({"dp_predictions": 0},
                                                                                     "dp_predictions"),
                       ({"dp_grad_clip": "lots"}, "dp_grad_clip"), ({"label_dp_seed": 1.5}, "label_dp_seed")]:
@@ -91,7 +91,7 @@ def test_methods_lists_the_privacy_parameters(capsys: pytest.CaptureFixture) -> 
 def test_strings_from_the_command_line_parse_by_the_declared_type(text: str, expected: bool) -> None:
     model = method_from_args(_fit_args(f"label_dp_prior={text}", "dp_predictions=1", "dp-clip=0.5"))
     assert model.label_dp_prior is expected
-    assert model.dp_options_["predictions"] == 1 and model.dp_options_["clip"] == 0.5
+    assert model.dp_options["predictions"] == 1 and model.dp_options["clip"] == 0.5
 
 
 # ---------------------------------------------------------------------- scikit-learn: every knob
@@ -107,9 +107,9 @@ def test_get_params_holds_every_knob_and_clone_round_trips_it(name: str) -> None
     assert copy.get_params() == model.get_params()
     assert copy.run_options == model.run_options and copy.seed == 7
     assert (copy.label_dp, copy.label_dp_seed, copy.label_dp_prior) == (1.5, 3, False)
-    assert copy.dp_options_ == model.dp_options_ == {"clip": 0.25, "grad_clip": 3.0, "predictions": 4}
+    assert copy.dp_options == model.dp_options == {"clip": 0.25, "grad_clip": 3.0, "predictions": 4}
     copy.set_params(dp_predictions=1, device="cpu", label_dp=None)
-    assert copy.dp_options_["predictions"] == 1 and copy.label_dp is None and model.dp_options_["predictions"] == 4
+    assert copy.dp_options["predictions"] == 1 and copy.label_dp is None and model.dp_options["predictions"] == 4
 
 
 @settings(max_examples=25, deadline=None)
@@ -119,7 +119,7 @@ def test_clone_keeps_any_privacy_setting(clip: float, predictions: int, prior: b
     model = get_method("vanilla-vfl")("fast", dp_clip=clip, dp_predictions=predictions, label_dp_prior=prior,
                                       label_dp=eps)
     copy = clone(model)
-    assert (copy.dp_options_, copy.label_dp_prior, copy.label_dp) == (model.dp_options_, prior, eps)
+    assert (copy.dp_options, copy.label_dp_prior, copy.label_dp) == (model.dp_options, prior, eps)
 
 
 # ---------------------------------------------------------------------- each value checked once

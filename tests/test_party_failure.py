@@ -66,7 +66,7 @@ def started_deployment(directory: Path, data: VerticalDataset) -> Iterator[Local
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory, data):  # noqa: ANN001, ANN201
+def dep(tmp_path_factory, data):
     yield from started_deployment(tmp_path_factory.mktemp("faults"), data)
 
 
@@ -101,14 +101,14 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(dep, tmp_path_factory) -> dict[str, Any]:  # noqa: ANN001
+def reference(dep, tmp_path_factory) -> dict[str, Any]:
     """An uninterrupted fit's final state."""
     out = tmp_path_factory.mktemp("ref") / "model"
     assert main(fit_argv(dep, out)) == 0
     return model_state(dep, out)
 
 
-def kill_after_checkpoint(monkeypatch, dep: LocalDeployment, party: int, step: int) -> list[int]:  # noqa: ANN001
+def kill_after_checkpoint(monkeypatch, dep: LocalDeployment, party: int, step: int) -> list[int]:
     """SIGKILL party ``party`` right after the checkpoint of ``step`` is complete (once)."""
     killed: list[int] = []
     original = Checkpointer.save
@@ -124,7 +124,7 @@ def kill_after_checkpoint(monkeypatch, dep: LocalDeployment, party: int, step: i
     return killed
 
 
-def record_restores(monkeypatch) -> list[int | None]:  # noqa: ANN001
+def record_restores(monkeypatch) -> list[int | None]:
     """The steps of the checkpoints fits restored (a fit without a checkpoint to resume restores none)."""
     restored: list[int | None] = []
     original = Checkpointer.restore
@@ -140,7 +140,7 @@ def record_restores(monkeypatch) -> list[int | None]:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninterrupted_fit_ends(
-        dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
+        dep, reference, tmp_path, monkeypatch, capsys) -> None:
     out = tmp_path / "model"
     killed = kill_after_checkpoint(monkeypatch, dep, party=1, step=5)
     try:
@@ -165,7 +165,7 @@ def test_killed_party_stops_the_fit_and_the_printed_resume_ends_where_an_uninter
 
 @pytest.mark.slow
 def test_with_party_timeout_the_fit_waits_for_the_restarted_party_and_ends_as_uninterrupted(
-        dep, reference, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
+        dep, reference, tmp_path, monkeypatch, capsys) -> None:
     out = tmp_path / "model"
     killed = kill_after_checkpoint(monkeypatch, dep, party=2, step=10)
     waited: list[int] = []
@@ -253,7 +253,7 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_sigterm_to_a_federated_fit_checkpoints_says_how_to_resume_and_exits_143(dep, reference, tmp_path,
-                                                                                 monkeypatch) -> None:  # noqa: ANN001
+                                                                                 monkeypatch) -> None:
     out = tmp_path / "model"
     env = {**dep.env(), "STOP_AT": "7"}
     done = subprocess.run([sys.executable, "-c", SIGNAL_WRAPPER, *fit_argv(dep, out)], env=env, capture_output=True,
@@ -296,7 +296,7 @@ def test_sigint_to_an_in_process_fit_checkpoints_and_exits_130(tmp_path, monkeyp
 @pytest.mark.parametrize(("chunk", "kept"), [(None, 0), (20, 20)])
 @pytest.mark.slow
 def test_rows_predicted_after_a_party_was_lost_name_the_parties_actually_used(dep, data, tmp_path, monkeypatch,
-                                                                             chunk, kept) -> None:  # noqa: ANN001
+                                                                             chunk, kept) -> None:
     """Party 1 crashes while rows are predicted: the whole request (default) or the chunk being predicted (chunks of
     20 rows) is predicted again without it; no row predicted after the loss claims it."""
     out = tmp_path / "model"

@@ -39,7 +39,7 @@ class LeakyParty(PartyProgram):
     program_name = "test/leaky"
     messages = {"weights": MessageSpec(reply=[TensorSpec("w", "float32", (4, 3))])}
 
-    def __init__(self, runtime, config, seed):  # noqa: ANN001
+    def __init__(self, runtime, config, seed):
         super().__init__(runtime, config, seed)
         self.layer = torch.nn.Linear(4, 3)
 
@@ -72,7 +72,7 @@ def new_users() -> VerticalDataset:
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory, data, new_users):  # noqa: ANN001, ANN201
+def dep(tmp_path_factory, data, new_users):
     policy = {"seed": 5, "programs": ["builtin", "test/leaky"], "unchecked_programs": ["test/leaky"],
               "max_handles": 4}
     d = LocalDeployment(tmp_path_factory.mktemp("hardening"), data, plugins=["test_party_hardening"],
@@ -126,7 +126,7 @@ class RawCoordinator:
 
 
 @pytest.mark.slow
-def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep) -> None:  # noqa: ANN001
+def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep) -> None:
     live, other = RawCoordinator(dep, "live"), RawCoordinator(dep, "other")
     try:
         assert live.send("hello")[0] == grpc.StatusCode.OK
@@ -158,7 +158,7 @@ def test_a_hello_while_a_session_is_live_is_refused_and_leaves_it_as_it_was(dep)
 
 
 @pytest.mark.slow
-def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> None:  # noqa: ANN001
+def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> None:
     with LocalDeployment(tmp_path, two_party_data(12), deadline=PATIENCE, start_timeout=600.0, policy="default",
                          session_idle_seconds=1.0) as d:
         d.start([0])
@@ -174,7 +174,7 @@ def test_a_silent_session_can_be_taken_over_after_the_idle_timeout(tmp_path) -> 
 
 
 @pytest.mark.slow
-def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(dep, tmp_path) -> None:  # noqa: ANN001
+def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(dep, tmp_path) -> None:
     text = dep.party_config_file(0).read_text()
     port = dep.ports[0]
     text = text.replace('address = "127.0.0.1:0"', f'address = "127.0.0.1:{port}"')  # as the running party
@@ -193,7 +193,7 @@ def test_a_second_party_on_an_address_in_use_fails_at_start_with_a_clear_error(d
     fed.close()
 
 
-def test_a_peer_not_on_the_allowlist_is_refused_before_its_body_is_read(dep, tmp_path) -> None:  # noqa: ANN001
+def test_a_peer_not_on_the_allowlist_is_refused_before_its_body_is_read(dep, tmp_path) -> None:
     issue_certificate(tmp_path / "intruder", "intruder", ca_cert=dep.certs / "ca.pem", ca_key=dep.certs / "ca.key")
     intruder = RawCoordinator(dep, "x", cert=str(tmp_path / "intruder"))
     try:
@@ -209,7 +209,7 @@ def test_a_peer_not_on_the_allowlist_is_refused_before_its_body_is_read(dep, tmp
         ok.close()
 
 
-def test_the_policy_holds_over_the_wire(dep, data) -> None:  # noqa: ANN001
+def test_the_policy_holds_over_the_wire(dep, data) -> None:
     fed = dep.federation()
     try:
         cfg = {"feature_dim": 3, "feature_shape": [3], "models": ["f"], "latent_dim": 3, "encoder": "mlp",
@@ -238,7 +238,7 @@ def test_the_policy_holds_over_the_wire(dep, data) -> None:  # noqa: ANN001
         fed.close()
 
 
-def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> None:  # noqa: ANN001
+def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> None:
     log_file = dep.dir / "state" / "bank" / "access.log"
     before = len(read_access_log(log_file)) if log_file.exists() else 0
     fed = dep.federation()
@@ -268,7 +268,7 @@ def test_every_request_answered_or_refused_is_in_the_access_log(dep, data) -> No
 
 
 def test_new_users_are_predicted_from_their_own_table_and_never_trained_on(dep, data, new_users,
-                                                                           tmp_path) -> None:  # noqa: ANN001
+                                                                           tmp_path) -> None:
     model = tmp_path / "model"
     fit = ["fit", "--federation", str(dep.federation_file), "--method", "vanilla-vfl", "--seed", "1", "--out",
            str(model), "--quiet", "--param", "latent_dim=4", "--param", "encoder_hidden=[8]", "--param", "epochs=2"]
@@ -295,7 +295,7 @@ def test_new_users_are_predicted_from_their_own_table_and_never_trained_on(dep, 
     np.testing.assert_allclose(pred[["p_0", "p_1"]].sum(axis=1), 1.0, rtol=1e-6)
 
 
-def test_rows_of_a_prediction_table_only_answer_inference_messages(dep, data, new_users) -> None:  # noqa: ANN001
+def test_rows_of_a_prediction_table_only_answer_inference_messages(dep, data, new_users) -> None:
     fed = dep.federation()
     try:
         fed.attach(data, "train")
@@ -333,7 +333,7 @@ def test_rows_of_a_prediction_table_only_answer_inference_messages(dep, data, ne
 
 
 @pytest.mark.slow
-def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:  # noqa: ANN001
+def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:
     f = tmp_path / "p.toml"
     f.write_text('[party]\nname = "a"\nindex = 0\nhmac_key_file = "k"\n[data]\npath = "t.csv"\nid_column = "id"\n'
                  '[tls]\nca = "a"\ncert = "b"\nkey = "c"\n[policy]\nmin_lr = "low"\n')
@@ -344,7 +344,7 @@ def test_a_bad_party_file_fails_in_one_line(tmp_path) -> None:  # noqa: ANN001
                                                     "got 'low'")
 
 
-def test_hello_tells_the_coordinator_which_prediction_tables_a_party_serves(dep) -> None:  # noqa: ANN001
+def test_hello_tells_the_coordinator_which_prediction_tables_a_party_serves(dep) -> None:
     fed = dep.federation()
     try:
         assert fed.party_info[0]["tables"] == {"new-users": int(two_party_data(12, seed=9).observed[:, 0].sum())}
@@ -354,7 +354,7 @@ def test_hello_tells_the_coordinator_which_prediction_tables_a_party_serves(dep)
         fed.close()
 
 
-def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps_serving(dep) -> None:  # noqa: ANN001
+def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps_serving(dep) -> None:
     """Issue 35: a setup whose config nests 20,000 deep (40 KB) was answered INTERNAL with a RecursionError traceback
     in the party's log; now it is a one-line INVALID_ARGUMENT, logged as a refusal."""
     raw = encode_request(Request("setup", {}, {"program": "splitnn/party", "seed": 1, "config": {"a": 1}}), step=1,
@@ -380,7 +380,7 @@ def test_a_deeply_nested_setup_config_is_refused_in_one_line_and_the_party_keeps
     assert entry["outcome"] == "refused" and entry["status"] == "INVALID_ARGUMENT"
 
 
-def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, data) -> None:  # noqa: ANN001
+def test_a_party_process_refuses_a_malformed_setup_config_naming_the_key(dep, data) -> None:
     """Issue 37: a party server reads a setup config by its program's declaration, on arrival: a value of the wrong
     type or an unknown key is refused in one line naming the party, the program, the key and the value, and the
     parties then take a good config; a program message's metadata is read by its declaration too."""

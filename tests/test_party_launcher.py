@@ -12,7 +12,7 @@ from partialvfl.federation.grpc.launcher import LAUNCHER_ENV, default_launcher
 from partialvfl.federation.grpc.local import LocalDeployment
 
 
-def test_the_launcher_comes_from_the_environment_and_an_unknown_one_is_refused(monkeypatch):  # noqa: ANN001
+def test_the_launcher_comes_from_the_environment_and_an_unknown_one_is_refused(monkeypatch):
     monkeypatch.setenv(LAUNCHER_ENV, "exec")
     assert default_launcher() == "exec"
     monkeypatch.delenv(LAUNCHER_ENV)
@@ -27,7 +27,7 @@ def test_the_launcher_comes_from_the_environment_and_an_unknown_one_is_refused(m
 @pytest.mark.slow  # real party processes, as the fast tier leaves out
 @pytest.mark.parametrize("launcher", ["exec", "fork"])
 def test_a_party_is_its_own_process_that_stops_on_sigterm_dies_on_sigkill_and_restarts_on_its_port(
-        tmp_path, launcher):  # noqa: ANN001
+        tmp_path, launcher):
     with LocalDeployment(tmp_path, tiny_train(), extra=(tiny_test(),), deadline=PATIENCE, start_timeout=600.0,
                          launcher=launcher) as dep:
         ports = dep.start()

@@ -96,7 +96,7 @@ def test_in_process_every_refusing_party_is_named_at_once_and_nothing_is_trained
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def deployment(tmp_path_factory: pytest.TempPathFactory):
     dep = LocalDeployment(tmp_path_factory.mktemp("refusals"), fully_observed_data(), deadline=PATIENCE,
                           start_timeout=600.0, policy="default")
     dep.policy[0] = {"max_width_ratio": 16}  # the bank agreed to wide outputs in its party.toml

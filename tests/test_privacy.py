@@ -84,7 +84,7 @@ def test_randomized_response_has_exactly_its_epsilon() -> None:
 
 
 # ---------------------------------------------------------------------- label DP
-def test_randomized_labels_flip_at_the_rate_of_epsilon_and_leave_unlabelled_rows_alone() -> None:
+def test_randomized_labels_flip_at_the_rate_of_epsilon_and_leave_unlabeled_rows_alone() -> None:
     n, k = 20_000, 4
     y = np.arange(n) % k
     labeled = np.arange(n) % 5 != 0
@@ -139,7 +139,7 @@ def tiny(n: int = 60, task: Task | None = None, seed: int = 0) -> VerticalDatase
                            labeled=np.arange(n) % 2 == 0, task=task, active_party=0)
 
 
-def test_a_ledger_refuses_once_a_row_would_exceed_the_budget_and_charges_nothing_then(tmp_path) -> None:  # noqa: ANN001
+def test_a_ledger_refuses_once_a_row_would_exceed_the_budget_and_charges_nothing_then(tmp_path) -> None:
     budget = DPBudget(1.0, 1e-5)
     ledger = PrivacyLedger(budget, tmp_path / "ledger.npz")
     per = budget.mu ** 2 / 4
@@ -185,7 +185,7 @@ def test_a_released_row_is_clipped_jointly_and_noised_with_the_calibrated_scale(
 
 
 def test_a_party_with_a_budget_refuses_a_setup_without_a_plan_and_a_program_without_dp() -> None:
-    import partialvfl.methods.splitnn.party  # noqa: F401 - registers the programs it sets up (also when run alone)
+    import partialvfl.methods.splitnn.party  # registers the programs it sets up (also when run alone)
     import partialvfl.methods.x_vfl.party  # noqa: F401
 
     data = tiny()
@@ -287,7 +287,7 @@ def test_rr_with_prior_fits_in_two_stages_each_label_randomized_once() -> None:
     assert model.label_dp_rr_rows_.sum() == data.labeled.sum() // 2 + data.labeled.sum() % 2
 
 
-def test_a_saved_model_predicts_within_the_partys_budget_after_loading(tmp_path) -> None:  # noqa: ANN001
+def test_a_saved_model_predicts_within_the_partys_budget_after_loading(tmp_path) -> None:
     from partialvfl.methods import VFLMethod
 
     data = tiny(n=60)

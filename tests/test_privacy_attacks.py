@@ -29,7 +29,7 @@ from partialvfl.privacy import (
     gradient_observations,
     known_row_attack,
     label_attack,
-    labelled_rows_attack,
+    labeled_rows_attack,
     relative_rmse,
     released_per_row,
     ridge,
@@ -40,12 +40,12 @@ BUDGET = {"shop": (8.0, 1e-5), "telco": (8.0, 1e-5)}
 
 
 @pytest.fixture(scope="module")
-def train(tmp_path_factory):  # noqa: ANN001, ANN201
+def train(tmp_path_factory):
     d = write_example(tmp_path_factory.mktemp("own-data"), seed=0, n_train=1500, n_new=10)
     return from_tables(table_paths(d), id_column="customer_id", label_column="defaulted", active_party="bank")
 
 
-def recorded_fit(train, method: str, **kw):  # noqa: ANN001, ANN201
+def recorded_fit(train, method: str, **kw):
     torch.set_num_threads(1)
     fed = LocalFederation.for_dataset(train, party_dp=kw.pop("party_dp", None))
     rec = Recorder(fed, parties=[1, 2])
@@ -55,7 +55,7 @@ def recorded_fit(train, method: str, **kw):  # noqa: ANN001, ANN201
 
 @pytest.mark.parametrize("method", ["laser-vfl", "vanilla-vfl"])
 @pytest.mark.slow
-def test_label_dp_bounds_what_a_passive_party_infers_from_its_gradients(train, method: str) -> None:  # noqa: ANN001
+def test_label_dp_bounds_what_a_passive_party_infers_from_its_gradients(train, method: str) -> None:
     _, rec = recorded_fit(train, method)
     clear = label_attack(gradient_observations(rec, 1), train.y, train.labeled, 2)
     assert clear["direction_accuracy_fit"] >= 0.99 and min(clear["direction_accuracy"]) >= 0.95, clear
@@ -70,20 +70,20 @@ def test_label_dp_bounds_what_a_passive_party_infers_from_its_gradients(train, m
     assert dp["norm_auc_fit"] <= 0.6 and dp["norm_auc"][0] <= 0.6, dp
 
 
-def test_which_rows_are_labelled_is_not_protected_by_label_dp(train) -> None:  # noqa: ANN001
+def test_which_rows_are_labeled_is_not_protected_by_label_dp(train) -> None:
     for kw in ({}, {"label_dp": 1.0}):
         _, rec = recorded_fit(train, "laser-vfl", epochs=3, **kw)
-        found = labelled_rows_attack(row_counts(rec, 1, train.n_samples), train.observed[:, 1], train.labeled)
+        found = labeled_rows_attack(row_counts(rec, 1, train.n_samples), train.observed[:, 1], train.labeled)
         assert found["auc"] == 1.0 and found["accuracy"] == 1.0, found
 
 
-def _rows(train, k: int) -> dict[int, np.ndarray]:  # noqa: ANN001
+def _rows(train, k: int) -> dict[int, np.ndarray]:
     view = train.party(k)
     return {int(r): view.features[i] for i, r in enumerate(view.rows)}
 
 
 @pytest.mark.slow
-def test_a_partys_budget_bounds_known_row_regression_on_its_representations(train) -> None:  # noqa: ANN001
+def test_a_partys_budget_bounds_known_row_regression_on_its_representations(train) -> None:
     _, rec = recorded_fit(train, "laser-vfl")
     for k in (1, 2):
         clear = known_row_attack(released_per_row(rec, k, ["emb:f"]), _rows(train, k), 25, window=1)
@@ -98,7 +98,7 @@ def test_a_partys_budget_bounds_known_row_regression_on_its_representations(trai
 
 
 @pytest.mark.parametrize(("budget", "estimator"), [(None, "paper"), ((8.0, 1e-5), "paper"), ((8.0, 1e-5), "adaptive")])
-def test_a_partys_budget_bounds_the_decode_oracle(train, budget, estimator: str) -> None:  # noqa: ANN001
+def test_a_partys_budget_bounds_the_decode_oracle(train, budget, estimator: str) -> None:
     """The coordinator sends every row the same latents (issue 23's attack) and spends the party's whole budget on
     it: its plan asks for nothing but predictions, 2 mechanisms per prediction with the paper's estimator (an encode,
     a decode), 7 with the adaptive one (6 decodes); each call of the attack is 2."""
@@ -125,7 +125,7 @@ def test_a_partys_budget_bounds_the_decode_oracle(train, budget, estimator: str)
 
 @pytest.mark.parametrize("method", ["x-vfl", "fedhssl"])
 @pytest.mark.slow
-def test_the_label_attack_covers_every_method_that_sends_gradients(train, method: str) -> None:  # noqa: ANN001
+def test_the_label_attack_covers_every_method_that_sends_gradients(train, method: str) -> None:
     """X-VFL and FedHSSL send a passive party label-dependent gradients too (and refuse label DP)."""
     _, rec = recorded_fit(train, method)
     clear = label_attack(gradient_observations(rec, 1), train.y, train.labeled, 2)

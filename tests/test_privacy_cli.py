@@ -23,7 +23,7 @@ def tables(d: Path, folder: str) -> list[str]:
 
 
 def fit_args(d: Path, *extra: str, method: str = "laser-vfl") -> list[str]:
-    return ["fit", *tables(d, "train"), "--id", "customer_id", "--label", "defaulted", "--active", "bank",
+    return ["fit", *tables(d, "train"), "--id-column", "customer_id", "--label", "defaulted", "--active", "bank",
             "--method", method, "--epochs", "1", "--seed", "0", "--quiet", "--out", str(d / "model"), *extra]
 
 

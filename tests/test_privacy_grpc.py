@@ -22,7 +22,7 @@ from partialvfl.methods import get_method
 BUDGET = {"preset": "research", "dp_epsilon": 4.0, "dp_delta": 1e-5}
 
 
-def two_party_half_labelled_data(n: int = 120) -> VerticalDataset:
+def two_party_half_labeled_data(n: int = 120) -> VerticalDataset:
     """Two fully observed float32 parties (widths 3, 4), a linear binary label, every second row labelled."""
     rng = np.random.default_rng(0)
     blocks = [rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 4)).astype(np.float32)]
@@ -33,8 +33,8 @@ def two_party_half_labelled_data(n: int = 120) -> VerticalDataset:
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory):  # noqa: ANN201, ANN001
-    d = LocalDeployment(tmp_path_factory.mktemp("dp"), two_party_half_labelled_data(), deadline=600.0,
+def dep(tmp_path_factory):
+    d = LocalDeployment(tmp_path_factory.mktemp("dp"), two_party_half_labeled_data(), deadline=600.0,
                         start_timeout=600.0)
     d.policy[1] = dict(BUDGET)
     try:
@@ -45,7 +45,7 @@ def dep(tmp_path_factory):  # noqa: ANN201, ANN001
 
 
 @pytest.mark.slow
-def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:  # noqa: ANN001
+def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys, tmp_path) -> None:
     torch.set_num_threads(1)
     fed = dep.federation()
     try:
@@ -85,9 +85,9 @@ def test_a_deployed_partys_budget_is_kept_logged_and_refused_beyond(dep, capsys,
 
 
 @pytest.mark.slow
-def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_fit_federation_prints_what_each_mechanism_spent(tmp_path, capsys) -> None:
     torch.set_num_threads(1)
-    with LocalDeployment(tmp_path / "dep", two_party_half_labelled_data(), deadline=600.0, start_timeout=600.0) as d:
+    with LocalDeployment(tmp_path / "dep", two_party_half_labeled_data(), deadline=600.0, start_timeout=600.0) as d:
         d.policy[1] = dict(BUDGET)
         d.start()
         text = Path(d.federation_file).read_text()

@@ -82,7 +82,7 @@ def test_epochs_are_raised_to_min_steps() -> None:
     assert check_interval(1000) == 20 and check_interval(30) == 1
 
 
-def test_a_fit_runs_min_steps_and_records_its_schedule(train, tmp_path) -> None:  # noqa: ANN001
+def test_a_fit_runs_min_steps_and_records_its_schedule(train, tmp_path) -> None:
     for name, stage in (("false-vfl-1", "train"), ("laser-vfl", "train"), ("fedhssl", "finetune"), ("x-vfl", "train")):
         params = {**tiny(name), "min_steps": 25, "early_stopping": "off"}
         counter = StepCounter(tmp_path)
@@ -142,7 +142,7 @@ def test_schedule_rows_say_what_the_defaults_do() -> None:
 
 # ---------------------------------------------------------------------- early stopping
 @pytest.mark.parametrize("name", METHODS)
-def test_early_stopping_restores_the_best_checked_state(name: str, train) -> None:  # noqa: ANN001
+def test_early_stopping_restores_the_best_checked_state(name: str, train) -> None:
     model = stopping_fit(name, train)
     plan, result = model.schedule_, model.schedule_.result
     checks = val_rows(model)
@@ -160,12 +160,12 @@ def test_early_stopping_restores_the_best_checked_state(name: str, train) -> Non
     assert -neg_loss == pytest.approx(checks[best]["val_loss"], rel=1e-5, abs=1e-6)
 
 
-def test_held_out_labels_never_reach_training(train, monkeypatch) -> None:  # noqa: ANN001
+def test_held_out_labels_never_reach_training(train, monkeypatch) -> None:
     cls = get_method("vanilla-vfl")
     seen = {}
     original = cls._fit
 
-    def spy(self, view, handle, loop):  # noqa: ANN001, ANN202
+    def spy(self, view, handle, loop):
         seen["labeled"] = view.labeled.copy()
         return original(self, view, handle, loop)
 
@@ -185,7 +185,7 @@ def crash_points(positions: dict[int, tuple[str, int, int]], stage: str) -> list
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.slow
 def test_a_resumed_fit_with_early_stopping_equals_an_uninterrupted_one(name: str, train, test_data,
-                                                                      tmp_path) -> None:  # noqa: ANN001
+                                                                      tmp_path) -> None:
     counter = StepCounter(tmp_path / "count")
     ref = stopping_fit(name, train, checkpointer=counter)
     proba = ref.predict_proba(test_data)
@@ -206,14 +206,14 @@ GRPC_METHODS = ("laser-vfl", "false-vfl-1")  # parties trained in the stage (the
 
 
 @pytest.fixture(scope="module")
-def deployment(tiny_deployment):  # noqa: ANN001, ANN201
+def deployment(tiny_deployment):
     return tiny_deployment  # test_contract's parties (conftest.py): the same tiny tables
 
 
 @pytest.mark.parametrize("name", GRPC_METHODS)
 @pytest.mark.slow
 def test_early_stopping_over_grpc_equals_in_process_and_resumes(name: str, deployment, train, test_data,
-                                                                tmp_path) -> None:  # noqa: ANN001
+                                                                tmp_path) -> None:
     counter = StepCounter(tmp_path / "count")
     ref = stopping_fit(name, train, checkpointer=counter)
     proba = ref.predict_proba(test_data)
@@ -254,7 +254,7 @@ def generative_fit(name: str, data: VerticalDataset, **kw: Any) -> Any:
 
 @pytest.mark.parametrize("name", ["laser-vfl", "vanilla-vfl"])
 @pytest.mark.float_sensitive
-def test_each_party_starts_from_its_own_stage1_encoder_mean(name: str, train) -> None:  # noqa: ANN001
+def test_each_party_starts_from_its_own_stage1_encoder_mean(name: str, train) -> None:
     import torch
 
     model = generative_fit(name, train, params={"epochs": 0})  # no supervised step: the initialised encoders
@@ -292,7 +292,7 @@ def test_a_generative_encoder_of_another_shape_is_refused() -> None:
 
 @pytest.mark.slow
 def test_generative_init_resumes_and_runs_over_grpc_as_in_process(deployment, train, test_data,
-                                                                 tmp_path) -> None:  # noqa: ANN001
+                                                                 tmp_path) -> None:
     from partialvfl.federation import MessageLog, find_raw_feature_leaks
 
     counter = StepCounter(tmp_path / "count")

@@ -23,9 +23,9 @@ from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import predict_reporting_parties
 
 pytest.importorskip("fastapi")
-from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402
-from partialvfl.serving.federated import FederationPredictor  # noqa: E402
-from test_serving import Service  # noqa: E402
+from partialvfl.serving.app import ServiceConfig, create_app
+from partialvfl.serving.federated import FederationPredictor
+from test_serving import Service
 
 KW = {"id_column": "customer_id", "label_column": "defaulted", "active_party": "bank"}
 DELAY = 6.0  # seconds the slow party's requests are held back

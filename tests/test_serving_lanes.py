@@ -32,10 +32,10 @@ from partialvfl.methods import get_method
 from partialvfl.orchestration.predict import run_predict
 
 pytest.importorskip("fastapi")
-from partialvfl.serving.app import ServiceConfig, create_app  # noqa: E402
-from partialvfl.serving.federated import FederationPredictor  # noqa: E402
-from test_serving import Service  # noqa: E402
-from test_serving_federated import fit_across  # noqa: E402
+from partialvfl.serving.app import ServiceConfig, create_app
+from partialvfl.serving.federated import FederationPredictor
+from test_serving import Service
+from test_serving_federated import fit_across
 
 pytestmark = pytest.mark.slow  # real party processes per module: the whole suite runs them, the fast tier not
 

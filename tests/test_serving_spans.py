@@ -20,16 +20,16 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from partialvfl.federation.grpc.transport import CallSpan  # noqa: E402
-from partialvfl.serving.app import create_app  # noqa: E402
-from partialvfl.serving.predictors import OK, BatchOutcome  # noqa: E402
-from partialvfl.serving.spans import BatchTiming  # noqa: E402
-from test_serving import Service  # noqa: E402
+from partialvfl.federation.grpc.transport import CallSpan
+from partialvfl.serving.app import create_app
+from partialvfl.serving.predictors import OK, BatchOutcome
+from partialvfl.serving.spans import BatchTiming
+from test_serving import Service
 
 
 class _Model:
-    class index_:  # noqa: N801 - the fitted model's attribute
-        class task:  # noqa: N801
+    class index_:  # the fitted model's attribute
+        class task:
             is_classification, classes = True, [0, 1]
 
 

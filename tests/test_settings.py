@@ -215,10 +215,10 @@ def test_a_plugin_that_lists_only_defaults_keeps_working() -> None:
         def _party_config(self, party: int) -> dict[str, Any]:
             return {}
 
-        def _fit(self, view, handle, loop) -> None:  # noqa: ANN001
+        def _fit(self, view, handle, loop) -> None:
             pass
 
-        def _predict(self, view, handle, rows) -> np.ndarray:  # noqa: ANN001
+        def _predict(self, view, handle, rows) -> np.ndarray:
             return np.zeros(len(rows))
 
     m = Plugin("fast", steps="4")

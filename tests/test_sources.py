@@ -250,7 +250,7 @@ def record_call() -> None:
 class Sneaky:
     """Pickles as a call to ``record_call``: a loader that resolved it would run code from the file."""
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (record_call, ())
 
 
@@ -312,11 +312,11 @@ def write_legacy_hapt_pickle(path: Path, recordings: dict[int, list[dict[str, np
         def __init__(self, state: dict) -> None:
             self._state = state
 
-        def __reduce_ex__(self, protocol: int):  # noqa: ANN204
+        def __reduce_ex__(self, protocol: int):
             return (copyreg._reconstructor, (DataFrame, object, None), self._state)
 
     class BlockManager(DataFrame):
-        def __reduce_ex__(self, protocol: int):  # noqa: ANN204
+        def __reduce_ex__(self, protocol: int):
             return (copyreg._reconstructor, (BlockManager, object, None), self._state)
 
     class Index:
@@ -329,10 +329,10 @@ def write_legacy_hapt_pickle(path: Path, recordings: dict[int, list[dict[str, np
         def __init__(self, cls: type, d: dict) -> None:
             self.cls, self.d = cls, d
 
-        def __reduce__(self):  # noqa: ANN204
+        def __reduce__(self):
             return (_new_Index, (self.cls, self.d))
 
-    def _new_Index(cls, d):  # noqa: ANN001, ANN202, N802
+    def _new_Index(cls, d):
         raise AssertionError("never called while writing")
 
     for mod, name, obj in ((frame_mod, "DataFrame", DataFrame), (mgr_mod, "BlockManager", BlockManager),

@@ -82,7 +82,7 @@ def test_step_estimates_put_the_cpu_grid_above_and_small_models_below_the_thresh
     assert step_flops_of(object, {}, [(3,)]) is None  # a method without an estimate
 
 
-def test_cli_fit_uses_and_reports_the_threads_it_was_given(tmp_path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+def test_cli_fit_uses_and_reports_the_threads_it_was_given(tmp_path, capsys: pytest.CaptureFixture) -> None:
     from partialvfl.cli import main
 
     args = ["fit", "--dataset", "digits", "--labels", "200", "--aligned", "50", "--method", "vanilla-vfl",

@@ -72,7 +72,7 @@ class Peer:
 
 # ---------------------------------------------------------------------- peers pinned, not named
 @pytest.fixture(scope="module")
-def pinned(tmp_path_factory):  # noqa: ANN201
+def pinned(tmp_path_factory):
     """Three party processes whose CA bundle also holds another institution's CA; parties pin the coordinator's
     key, the coordinator pins each party's certificate."""
     d = tmp_path_factory.mktemp("pinned")
@@ -84,7 +84,7 @@ def pinned(tmp_path_factory):  # noqa: ANN201
 
 
 @pytest.mark.slow
-def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinned) -> None:  # noqa: ANN001
+def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinned) -> None:
     dep, acme = pinned
     fed = dep.federation()  # the pinned coordinator is served
     assert fed.party_info[0]["name"] == "bank"
@@ -106,7 +106,7 @@ def test_a_coordinator_certificate_from_another_ca_in_the_bundle_is_refused(pinn
 
 @pytest.mark.slow
 def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the_bundle_has_several_cas(
-        pinned, tmp_path) -> None:  # noqa: ANN001
+        pinned, tmp_path) -> None:
     dep, _ = pinned
     text = dep.party_config_file(0).read_text()
     start = text.index("[peers.coordinator]")
@@ -127,7 +127,7 @@ def test_a_party_file_that_names_its_peer_without_pinning_it_is_refused_when_the
 
 @pytest.mark.slow
 def test_the_coordinator_refuses_a_server_that_presents_another_cas_certificate_for_a_party(
-        pinned, tmp_path) -> None:  # noqa: ANN001
+        pinned, tmp_path) -> None:
     dep, acme = pinned
     text = dep.party_config_file(0).read_text()  # an impostor 'bank' with acme's certificate, on another port
     text = text.replace(str(dep.certs / "bank.pem"), str(acme / "bank.pem"))
@@ -149,7 +149,7 @@ def test_the_coordinator_refuses_a_server_that_presents_another_cas_certificate_
         handler.close()
 
 
-def test_certs_init_writes_templates_with_the_pins(tmp_path) -> None:  # noqa: ANN001
+def test_certs_init_writes_templates_with_the_pins(tmp_path) -> None:
     assert main(["certs", "init", str(tmp_path), "--parties", "bank", "shop"]) == 0
     (tmp_path / "bank.csv").write_text("id,a\n1,2\n")
     cfg = load_party_config(tmp_path / "bank.party.toml")
@@ -165,7 +165,7 @@ def test_certs_init_writes_templates_with_the_pins(tmp_path) -> None:  # noqa: A
 
 # ---------------------------------------------------------------------- a hello cannot end a fit
 @pytest.fixture(scope="module")
-def research(tmp_path_factory):  # noqa: ANN201
+def research(tmp_path_factory):
     """Party processes with the research policy (the coordinator's seed: two fits can be compared exactly)."""
     with LocalDeployment(tmp_path_factory.mktemp("hello"), make_data(48, seed=0, prefix="tr"), deadline=PATIENCE,
                          start_timeout=600.0) as dep:
@@ -259,7 +259,7 @@ def _burst(dep: LocalDeployment, payload: bytes, n: int, chunked: bool) -> tuple
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a party's RSS from /proc")
 @pytest.mark.slow
 def test_sixteen_parallel_60_mb_requests_from_an_allowlisted_peer_raise_a_partys_memory_by_less_than_100_mb(
-        tmp_path) -> None:  # noqa: ANN001
+        tmp_path) -> None:
     # a fresh interpreter, as deployed: a party forked from the suite's preloaded one also counts the pages of that
     # interpreter its work copies on write (measured 101 MB here once)
     with LocalDeployment(tmp_path, make_data(12, seed=0, prefix="m"), deadline=PATIENCE, start_timeout=600.0,

@@ -63,7 +63,7 @@ def _bare(n_classes: int = 3, K: int = 3, **params: object) -> XVFL:
     return m
 
 
-def _hand_batch(seed: int = 0):  # noqa: ANN202
+def _hand_batch(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     D = 4
     comp = np.array([[1, 1, 1], [1, 0, 1], [0, 1, 0]], bool)  # aligned; party 1 missing; only party 1 complete
@@ -291,7 +291,7 @@ def test_collaborative_inference_works_with_any_subset_of_parties() -> None:
     assert not np.allclose(avail, m.predict_proba(data.with_observed(obs)))
 
 
-def test_save_load_keeps_local_predictions_and_missing_inside_blocks(tmp_path) -> None:  # noqa: ANN001
+def test_save_load_keeps_local_predictions_and_missing_inside_blocks(tmp_path) -> None:
     data = _data()
     part = with_within_block_missing(data, data.observed & (np.arange(data.n_samples) % 3 == 0)[:, None], 0.5)
     m = _method().fit(part)
@@ -342,7 +342,7 @@ def test_within_block_mask_is_exact_and_seeded_per_id() -> None:
 @settings(max_examples=40, deadline=None)
 @given(ids=st.lists(st.integers(0, 10**6), min_size=1, max_size=8, unique=True), d=st.integers(1, 12),
        rate=st.floats(0, 1), party=st.integers(0, 5), seed=st.integers(0, 2**31))
-def test_within_block_mask_loses_exactly_the_rate_and_depends_only_on_the_id(ids, d, rate, party, seed) -> None:  # noqa: ANN001
+def test_within_block_mask_loses_exactly_the_rate_and_depends_only_on_the_id(ids, d, rate, party, seed) -> None:
     mask = within_block_mask(np.array(ids), party, d, rate, seed)
     assert (mask.shape == (len(ids), d)) and ((~mask).sum(1) == int(round(rate * d))).all()
     rev = within_block_mask(np.array(ids[::-1]), party, d, rate, seed)

@@ -87,7 +87,7 @@ def _run_child(request: dict, fds: list[int]) -> None:
         code = main(request["argv"])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported as the interpreter would, then status 1
+    except BaseException:  # reported as the interpreter would, then status 1
         import traceback
 
         traceback.print_exc()

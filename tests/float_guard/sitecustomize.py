@@ -44,8 +44,8 @@ def _install() -> None:
     def _shape(t: object) -> object:
         return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
-    def _wrap(fn):  # noqa: ANN001, ANN202 - a torch function and its guarded twin
-        def guarded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def _wrap(fn):  # a torch function and its guarded twin
+        def guarded(*args, **kwargs):
             out = fn(*args, **kwargs)
             if not isinstance(out, torch.Tensor):
                 return out
@@ -66,14 +66,14 @@ def _install() -> None:
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
     """Runs :func:`_install` right after ``import torch`` completes, whoever imports it first."""
 
-    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201 - the finder protocol
+    def find_spec(self, name, path, target=None):  # the finder protocol
         if name != "torch":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec("torch")
         run = spec.loader.exec_module
 
-        def exec_module(module):  # noqa: ANN001, ANN202
+        def exec_module(module):
             run(module)
             _install()
 

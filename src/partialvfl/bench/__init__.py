@@ -18,7 +18,7 @@ from partialvfl.bench.store import ResultStore
 __all__ = ["Grid", "ResultStore", "load_grid", "run_grid", "write_report"]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy: keep `import partialvfl.bench` light
+def __getattr__(name: str):  # lazy: keep `import partialvfl.bench` light
     if name == "run_grid":
         from partialvfl.bench.runner import run_grid
 

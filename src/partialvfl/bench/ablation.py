@@ -52,6 +52,7 @@ class Axis:
         return sorted(self.values, key=lambda d: sign * self.values[d])
 
     def show(self, dataset: str) -> str:
+        """The axis value of ``dataset`` as a report prints it (``inf`` for infinity)."""
         v = self.values[dataset]
         return "inf" if math.isinf(v) else f"{v:g}"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from partialvfl.bench.grid import stable_hash
-from partialvfl.bench.naming import LABELLED_ONLY, dataset_key, is_false_vfl, mech_key, method_key, method_title
+from partialvfl.bench.naming import LABELED_ONLY, dataset_key, is_false_vfl, mech_key, method_key, method_title
 
 __all__ = ["Aggregate", "GapSummary", "aggregate", "best", "entry_key", "gap_summary", "is_validation",
            "mean_std", "robustness_ratios", "select", "validation_scores"]
@@ -28,7 +28,7 @@ __all__ = ["Aggregate", "GapSummary", "aggregate", "best", "entry_key", "gap_sum
 class Aggregate:
     """One table entry: a method (label) on one (dataset, training, test mechanism), over its seeds.
 
-    ``mean``/``std`` are in report units (accuracy %, or RMSE); ``labelled_only`` says the variant shown did not
+    ``mean``/``std`` are in report units (accuracy %, or RMSE); ``labeled_only`` says the variant shown did not
     use unlabelled data; ``variants`` is how many grid entries competed for this label (the table's ``*`` needs
     both: a labelled-only variant that won over another); ``validation`` is the entry's validation score (report
     units, ``nan`` without one) and ``selected_on`` what chose it among the variants: ``validation``, ``test`` (a
@@ -44,7 +44,7 @@ class Aggregate:
     mean: float
     std: float
     n: int
-    labelled_only: bool
+    labeled_only: bool
     variants: int = 1
     seeds: tuple[int, ...] = ()
     validation: float = math.nan
@@ -53,15 +53,17 @@ class Aggregate:
 
     @property
     def title(self) -> str:
+        """The method's name as reports print it."""
         return method_title(self.label, self.method)
 
     @property
     def starred(self) -> bool:
         """The paper's ``*``: a labelled-only variant shown because it beat the variant that used unlabelled data."""
-        return self.labelled_only and self.variants > 1
+        return self.labeled_only and self.variants > 1
 
     @property
     def higher_is_better(self) -> bool:
+        """Whether a higher mean is better (accuracy; RMSE is lower-is-better)."""
         return self.metric == "accuracy"
 
 
@@ -79,6 +81,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def is_validation(row: dict[str, Any]) -> bool:
+    """Whether a results row is a validation cell (used to choose variants), not a test cell."""
     return row.get("role") == "validation" or row.get("test_mechanism") == "validation"
 
 
@@ -110,22 +113,22 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[Aggregate]:
             continue
         key = (r["dataset"], r["train_mechanism"], r["test_mechanism"], r.get("label") or r["method"], entry_key(r))
         per_entry[key].append((int(r["seed"]), v))
-        info[key] = (r["method"], r.get("metric") or "accuracy", r.get("variant") == LABELLED_ONLY)
+        info[key] = (r["method"], r.get("metric") or "accuracy", r.get("variant") == LABELED_ONLY)
     candidates: dict[tuple, list[Aggregate]] = defaultdict(list)
     for key, seeded in per_entry.items():
         dataset, train, test, label, entry = key
-        method, metric, labelled_only = info[key]
+        method, metric, labeled_only = info[key]
         seeded.sort()
         mean, std = mean_std([v for _, v in seeded])
         candidates[(dataset, train, test, label)].append(Aggregate(
-            dataset, train, test, label, method, metric, mean, std, len(seeded), labelled_only,
+            dataset, train, test, label, method, metric, mean, std, len(seeded), labeled_only,
             seeds=tuple(s for s, _ in seeded), validation=val.get((dataset, train, label, entry), math.nan),
             entry=entry,
         ))
     out = []
     for group in candidates.values():
         # the variant shown for a label; those that used the unlabelled data (no *) come first, so they win a tie
-        chosen = select(sorted(group, key=lambda a: a.labelled_only))
+        chosen = select(sorted(group, key=lambda a: a.labeled_only))
         assert chosen is not None
         how = "only" if len(group) == 1 else "validation" if _validated(group) else "test"
         out.append(replace(chosen, variants=len(group), selected_on=how))
@@ -151,6 +154,7 @@ def select(values: Iterable[Aggregate]) -> Aggregate | None:
 
 
 def best(values: Iterable[Aggregate]) -> Aggregate | None:
+    """The aggregate with the best mean (highest or lowest, as its metric says); ``None`` for none."""
     vals = list(values)
     if not vals:
         return None
@@ -166,10 +170,12 @@ class GapSummary:
 
     @property
     def wins(self) -> int:
+        """How many configurations FALSE-VFL wins."""
         return sum(1 for c in self.configs if c["gap"] > 0)
 
     @property
     def total(self) -> int:
+        """How many configurations are compared."""
         return len(self.configs)
 
     @property
@@ -183,11 +189,16 @@ class GapSummary:
         return "validation" if all(c["selected_on"] == "validation" for c in self.configs) else "test"
 
     def mean_gap(self, *, wins_only: bool = False, key: str = "gap", **where: str) -> float:
+        """The mean of ``key`` over the configurations matching ``where`` (with ``wins_only``, the wins only).
+
+        NaN when no configuration matches.
+        """
         vals = [c[key] for c in self.configs
                 if all(c[k] == v for k, v in where.items()) and (c[key] > 0 or not wins_only)]
         return statistics.fmean(vals) if vals else math.nan
 
     def by(self, axis: str) -> dict[str, float]:
+        """The mean gap per value of ``axis`` (a key of the configurations, such as ``dataset``), in report order."""
         keys = sorted({c[axis] for c in self.configs}, key=mech_key if axis != "dataset" else dataset_key)
         return {k: self.mean_gap(**{axis: k}) for k in keys}
 

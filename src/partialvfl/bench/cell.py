@@ -60,6 +60,7 @@ _IMPORTED: set[str] = set()
 
 
 def import_modules(modules: Sequence[str]) -> None:
+    """Import each module once per process (a grid's plugin modules that register methods or datasets)."""
     for m in modules:
         if m not in _IMPORTED:
             importlib.import_module(m)
@@ -140,7 +141,7 @@ def run_description(model: Any) -> str:
     """How a fit ran, for the store's ``device`` column: ``cpu``, ``cuda:0 (NVIDIA H100 80GB HBM3) bf16 compiled``."""
     from partialvfl.utils.devices import describe
 
-    parts = [describe(model.device_)]
+    parts = [describe(model.torch_device)]
     if model.precision != "fp32":
         parts.append(model.precision)
     if model.compile:
@@ -204,7 +205,7 @@ def run_cell(cell: Cell, grid_name: str, version: str, imports: Sequence[str] = 
         rows = _fit_and_evaluate(cell, grid_name, version, notify, threads, run)
         check_source()  # an edit during the fit: its lazily imported modules may be the new code
         error = None
-    except Exception as e:  # noqa: BLE001 - a failed fit is a result, recorded with its error
+    except Exception as e:  # a failed fit is a result, recorded with its error
         error = "".join(traceback.format_exception(e))[-4000:]
         rows = failed_rows(cell, grid_name, version, error, started)
     return CellResult(cell.key, cell.describe(), rows, error, time.perf_counter() - t0)

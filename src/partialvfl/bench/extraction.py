@@ -57,9 +57,11 @@ class AttackOutcome:
 
     @property
     def median(self) -> float:
+        """The median RMSE / standard deviation over the attacked columns."""
         return float(np.median(self.rmse_std))
 
     def row(self) -> dict[str, Any]:
+        """The outcome as one row of the attack report."""
         return {"attack": self.attack, "metric": self.metric, "median_rmse_std": self.median,
                 "min_rmse_std": float(self.rmse_std.min()), "accepted": self.accepted,
                 "refused": "; ".join(self.refusals)}
@@ -72,6 +74,7 @@ def _config(d: int, hidden: Sequence[int], latent: int, lr: float) -> dict[str, 
 
 
 def describe_config(cfg: dict[str, Any]) -> str:
+    """A short description of an attack configuration's encoder and learning rate."""
     return (f"mlp hidden {cfg['encoder_hidden']} -> {cfg['latent_dim']}, lr {cfg['optimizer']['lr']:g}")
 
 
@@ -94,6 +97,7 @@ class Extractor:
                    handle="probe", n_samples=self.n)
 
     def close(self) -> None:
+        """Close the attacker's connection to the federation."""
         self.fed.close()
 
     def _call(self, kind: str, tensors: dict[str, torch.Tensor] | None = None, **meta: Any) -> Any:
@@ -117,6 +121,7 @@ class Extractor:
         return dict(self.fed.party_info[self.party].get("policy") or {})
 
     def embed(self, train: bool = False) -> np.ndarray:
+        """The party's embeddings of all its rows, as the attacking coordinator receives them."""
         reply = self._call("embed", {f"rows:{MODEL}": torch.arange(self.n)}, data="probe", train=train)
         return reply.tensors[f"emb:{MODEL}"].detach().double().numpy()
 

@@ -77,6 +77,10 @@ def _decode(ex: Extractor, tensors: dict[str, torch.Tensor], **meta: Any) -> np.
 
 def attack_decode(ex: Extractor, x: np.ndarray, *, wire: str = "lean", n_known: int = 25, latents: int = 64,
                   seed: int = 1234, **opts: Any) -> AttackOutcome:
+    """Reconstruct a party's rows from FALSE-VFL's ``decode`` replies to the same latents for every row.
+
+    Falls back to :func:`attack_decode_bound` when the party refuses the set-up.
+    """
     name = f"decode, {wire} wire: the same {latents} latents for every row, {_rows_known(n_known)}"
     try:
         ex._call("setup", program=PROGRAM, config=false_vfl_config(ex.d, wire), seed=seed)

@@ -73,6 +73,7 @@ class DatasetSpec:
 
     @property
     def display(self) -> str:
+        """The dataset's name in reports (its label if it has one)."""
         return self.label or self.name
 
     def key(self) -> dict[str, Any]:
@@ -108,6 +109,7 @@ class MethodSpec:
 
     @property
     def display(self) -> str:
+        """The entry's name in reports (its label if it has one)."""
         return self.label or self.name
 
     def overrides_for(self, dataset: str, label: str | None = None) -> dict[str, Any]:
@@ -135,6 +137,7 @@ class Cell:
 
     @property
     def overrides(self) -> dict[str, Any]:
+        """The method parameters this cell sets for its dataset."""
         return self.method.overrides_for(self.dataset.name, self.dataset.label)
 
     def fit_config(self) -> dict[str, Any]:
@@ -153,6 +156,7 @@ class Cell:
 
     @property
     def key(self) -> str:
+        """The cell's stable hash: what the results store keys its rows by."""
         return stable_hash(self.fit_config())
 
     def row_key(self, test_mechanism: str) -> str:
@@ -160,6 +164,7 @@ class Cell:
         return stable_hash({**self.fit_config(), "test_mechanism": test_mechanism})
 
     def describe(self) -> str:
+        """A short human-readable name: dataset/method/training mechanism/seed (and role)."""
         role = "" if self.role == "test" else f"/{self.role}"
         return f"{self.dataset.display}/{self.method.display}/{self.train_mechanism}/seed{self.seed}{role}"
 
@@ -188,9 +193,11 @@ class Grid:
 
     @property
     def n_rows(self) -> int:
+        """How many result rows the grid produces (one per cell and test mechanism)."""
         return sum(len(c.test_mechanisms) for c in self.cells())
 
     def seeds_of(self, dataset: DatasetSpec) -> tuple[int, ...]:
+        """The seeds run on ``dataset`` (its own, else the grid's)."""
         return dataset.seeds or self.seeds
 
 

@@ -8,13 +8,13 @@ from partialvfl.bench.paper_results import PAPER_DATASETS, PAPER_METHODS
 from partialvfl.data.mechanisms import PAPER_TEST_MECHANISMS
 from partialvfl.methods.registry import UNORDERED, get_spec
 
-__all__ = ["LABELLED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "dataset_key", "is_false_vfl", "mech_key",
+__all__ = ["LABELED_ONLY", "PAPER_DATASET_NAME", "PAPER_NAME", "dataset_key", "is_false_vfl", "mech_key",
            "mechanism_title", "method_key", "method_title"]
 
 PAPER_NAME = {v: k for k, v in PAPER_METHODS.items()}
 PAPER_DATASET_NAME = {v: k for k, v in PAPER_DATASETS.items()}
 _MECH_ORDER = list(PAPER_TEST_MECHANISMS)
-LABELLED_ONLY = "labelled-only"
+LABELED_ONLY = "labelled-only"
 
 
 def mechanism_title(name: str) -> str:
@@ -45,6 +45,7 @@ def dataset_key(name: str) -> tuple[tuple[int, float, str], ...]:
 
 
 def mech_key(name: str) -> tuple[int, str]:
+    """Sort key of a test mechanism: the paper's order, unknown names after it by name."""
     return (_MECH_ORDER.index(name) if name in _MECH_ORDER else len(_MECH_ORDER), name)
 
 

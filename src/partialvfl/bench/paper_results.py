@@ -44,7 +44,7 @@ class PaperCell:
 
     mean: float
     std: float
-    labelled_only: bool = False
+    labeled_only: bool = False
 
 
 _TABLES = """

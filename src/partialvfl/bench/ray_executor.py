@@ -46,7 +46,7 @@ def run_on_ray(
     *,
     address: str | None = None,
     threads: int = 1,
-    status: Callable[[str, str], None] | None = None,  # noqa: ARG001 - Ray tasks report no epochs back
+    status: Callable[[str, str], None] | None = None,  # Ray tasks report no epochs back
     shutdown: bool | None = None,
     run: dict[str, Any] | None = None,
     resources: dict[str, float] | None = None,
@@ -75,7 +75,7 @@ def run_on_ray(
                 cell = refs[ref]
                 try:
                     yield ray.get(ref)
-                except Exception as e:  # noqa: BLE001 - a lost task is a failed cell
+                except Exception as e:  # a lost task is a failed cell
                     yield CellResult(cell.key, cell.describe(), [], f"ray task failed: {e}")
             if not ready:
                 time.sleep(0.05)

@@ -135,7 +135,9 @@ def _tables(w: _Writer, aggs: Sequence[Aggregate], figures: bool, note: str = ""
     for a in aggs:
         columns[(a.dataset, a.train, a.test)].append(a)
     top = {k: best(v) for k, v in columns.items()}
-    w.csv("tables.csv", [{**a.__dict__, "best": a is top[(a.dataset, a.train, a.test)], "starred": a.starred,
+    # the column keeps its published name (labelled_only) whatever the attribute's spelling
+    w.csv("tables.csv", [{**a.__dict__, "labelled_only": a.labeled_only,
+                          "best": a is top[(a.dataset, a.train, a.test)], "starred": a.starred,
                           "seeds": " ".join(map(str, a.seeds))} for a in aggs],
           ["train", "dataset", "label", "method", "test", "metric", "mean", "std", "n", "labelled_only", "variants",
            "starred", "best", "seeds", "validation", "selected_on"])

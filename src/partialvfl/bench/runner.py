@@ -54,9 +54,11 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
+        """Whether every fit succeeded and the run was not interrupted."""
         return not self.failed and not self.interrupted
 
     def text(self) -> str:
+        """The summary in words, as ``partialvfl bench`` prints it."""
         lines = [
             f"grid {self.grid!r}: {self.total} fits; {len(self.done)} done, {len(self.failed)} failed, "
             f"{len(self.skipped)} skipped (already done); wall time {self.wall_seconds:.1f} s"
@@ -160,7 +162,7 @@ def _run_pool(cells: Sequence[Cell], grid: Grid, version: str, workers: int, sta
                 proc.terminate()
 
 
-def _run_options(device: str, fits_per_gpu: int | None, precision: str, compile: bool,  # noqa: A002
+def _run_options(device: str, fits_per_gpu: int | None, precision: str, compile: bool,
                  executor: str) -> dict[str, Any]:
     """``device``/``precision``/``compile`` checked before any fit (a device this machine lacks, for the local
     executor; Ray's nodes have their own)."""
@@ -221,7 +223,7 @@ def run_grid(
     device: str = "cpu",
     fits_per_gpu: int | None = None,
     precision: str = "fp32",
-    compile: bool = False,  # noqa: A002 - torch's word
+    compile: bool = False,  # torch's word
 ) -> RunSummary:
     """Run every unfinished cell of ``grid`` and write its rows to the store in ``store`` (a directory).
 

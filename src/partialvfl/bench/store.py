@@ -73,6 +73,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def now_utc() -> str:
+    """The current UTC time in ISO 8601, to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -148,6 +149,7 @@ class ResultStore:
             )
 
     def close(self) -> None:
+        """Close the store's database connection."""
         self._conn.close()
 
     def __enter__(self) -> ResultStore:
@@ -205,14 +207,6 @@ class ResultStore:
             out["finished_at"] = now_utc()
         return out
 
-    def delete_cells(self, cell_hashes: Iterable[str]) -> int:
-        hashes = list(cell_hashes)
-        with self.transaction() as conn:
-            n = 0
-            for h in hashes:
-                n += conn.execute("DELETE FROM results WHERE cell_hash = ?", (h,)).rowcount
-        return n
-
     # ------------------------------------------------------------------ reading
     def done_keys(self) -> set[str]:
         """Config hashes of the rows finished successfully."""
@@ -232,10 +226,12 @@ class ResultStore:
         return out
 
     def count(self, status: str | None = None) -> int:
+        """How many rows the store holds (with ``status``: those rows only)."""
         sql = "SELECT COUNT(*) FROM results" + (" WHERE status = ?" if status else "")
         return int(self._conn.execute(sql, (status,) if status else ()).fetchone()[0])
 
-    def dataframe(self, *, status: str | None = "done"):  # noqa: ANN201 - pandas.DataFrame
+    def dataframe(self, *, status: str | None = "done"):  # pandas.DataFrame
+        """The rows (of ``status``; ``None``: all) as a pandas DataFrame."""
         import pandas as pd
 
         rows = self.rows(status=status)

@@ -43,16 +43,19 @@ def _digits(metric: str) -> int:
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table of ``header`` and ``rows`` (cells already formatted)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def tests_of(aggs: Sequence[Aggregate]) -> list[str]:
+    """The test mechanisms of ``aggs``, in the paper's order."""
     return sorted({a.test for a in aggs}, key=mech_key)
 
 
 def rows_by_label(aggs: Sequence[Aggregate]) -> list[tuple[str, str, dict[str, Aggregate]]]:
+    """One table row per method label, in the paper's order: ``(label, method, {test: aggregate})``."""
     by: dict[str, dict[str, Aggregate]] = defaultdict(dict)
     methods: dict[str, str] = {}
     for a in aggs:
@@ -129,6 +132,7 @@ def headline(g: GapSummary, n_fits: int) -> str:
 
 
 def gaps_markdown(g: GapSummary) -> str:
+    """The gap summary in words and a table: how often and by how much FALSE-VFL beats each method."""
     if not g.configs:
         return "No configuration has both a FALSE-VFL method and another method: no gap summary."
     how = ("both chosen on validation data (each entry fitted on 80 % of the labels, scored on the other 20 %)"
@@ -155,6 +159,7 @@ def gaps_markdown(g: GapSummary) -> str:
 
 
 def ratios_markdown(ratios: Sequence[dict[str, Any]]) -> str:
+    """The robustness ratios (MCAR 5 over MCAR 2 training) as Markdown tables, one per dataset."""
     if not ratios:
         return "No method was run under both MCAR 2 and MCAR 5 training: no robustness ratios."
     tests = sorted({r["test"] for r in ratios}, key=mech_key)
@@ -192,7 +197,7 @@ def paper_comparison(aggs: Sequence[Aggregate], ratios: Sequence[dict[str, Any]]
         out.append({"table": "accuracy", "dataset": a.dataset, "train": a.train, "method": a.title, "test": a.test,
                     "ours": a.mean, "ours_std": a.std, "paper": p.mean, "paper_std": p.std,
                     "diff": a.mean - p.mean, "ours_labelled_only": a.starred,
-                    "paper_labelled_only": p.labelled_only})
+                    "paper_labelled_only": p.labeled_only})
     for r in ratios:
         if r["dataset"] not in PAPER_DATASET_NAME or r["method"] not in PAPER_NAME:
             continue
@@ -206,6 +211,7 @@ def paper_comparison(aggs: Sequence[Aggregate], ratios: Sequence[dict[str, Any]]
 
 
 def comparison_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """Our accuracy beside the paper's Tables 12-17, as Markdown."""
     acc = [r for r in rows if r["table"] == "accuracy"]
     if not acc:
         return "None of the store's datasets and methods appear in the paper's tables: nothing to compare."
@@ -261,6 +267,7 @@ def cost_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def cost_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """What the grid cost: fit time per method, the hosts and the wall-clock span, as Markdown."""
     costs = cost_rows(rows)
     starts = sorted(str(r["started_at"]) for r in rows if r.get("started_at"))
     ends = sorted(str(r["finished_at"]) for r in rows if r.get("finished_at"))

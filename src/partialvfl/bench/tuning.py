@@ -45,6 +45,7 @@ class Tuning:
 
     @property
     def size(self) -> int:
+        """How many candidate settings the search tries."""
         return len(self.lr) * len(self.min_steps)
 
     @property
@@ -58,9 +59,11 @@ class Tuning:
         return self.values.index((1.0, None)) if (1.0, None) in self.values else None
 
     def tunes(self, mechanism: str) -> bool:
+        """Whether the search runs under training mechanism ``mechanism``."""
         return self.tune_on is None or mechanism in self.tune_on
 
     def to_dict(self) -> dict[str, Any]:
+        """The search as plain values (what a grid file and the store record)."""
         return {"lr": list(self.lr), "min_steps": list(self.min_steps),
                 "tune_on": None if self.tune_on is None else list(self.tune_on)}
 

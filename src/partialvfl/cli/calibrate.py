@@ -73,14 +73,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model.calibration_ = None  # fitted on the model's own probabilities
     if args.table:
         from partialvfl.cli.tables import _label_column, _model_tables
-        from partialvfl.cli.truth import labelled_view, read_truth
+        from partialvfl.cli.truth import labeled_view, read_truth
 
         data, _, id_column = _model_tables(args, model, labels=not args.truth)
         with model.attached(data) as (conformed, handle):
             view = conformed.coordinator_view()
             if args.truth:
                 truth = read_truth(args.truth, id_column, _label_column(args, model))
-                view = labelled_view(model, view, truth.aligned(data.ids, "the --table files"), truth)
+                view = labeled_view(model, view, truth.aligned(data.ids, "the --table files"), truth)
             output = model.predict_output_federated(view, handle)
         about = {"data": "tables " + ", ".join(args.table) + (f", outcomes {args.truth}" if args.truth else "")}
     else:
@@ -116,7 +116,7 @@ def _protocol_validation(args: argparse.Namespace, model: Any) -> tuple[Any, dic
 
 def _calibrate_across(args: argparse.Namespace) -> int:
     from partialvfl.cli.explain import rows_across
-    from partialvfl.cli.truth import labelled_view, read_truth
+    from partialvfl.cli.truth import labeled_view, read_truth
     from partialvfl.methods.model_files import read_model_meta
 
     if not args.truth and not args.remove:
@@ -126,7 +126,8 @@ def _calibrate_across(args: argparse.Namespace) -> int:
     if args.remove:
         ids = None
     elif not id_column or not label:
-        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: "
+                         "--id-column COLUMN --label COLUMN")
     else:
         truth = read_truth(args.truth, id_column, label)
         ids = np.array(truth.ids, dtype=object)
@@ -152,8 +153,8 @@ def _calibrate_across(args: argparse.Namespace) -> int:
         _refuse_regression(model)
         model.calibration_ = None
         output = model.predict_output_federated(view, handle)
-        labelled = labelled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
-        return _fit_and_save(args, model, output, labelled, {"data": f"the parties' {tables}, outcomes "
+        labeled = labeled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        return _fit_and_save(args, model, output, labeled, {"data": f"the parties' {tables}, outcomes "
                                                                      f"{args.truth}"})
 
     return rows_across(args, ids, then, check)

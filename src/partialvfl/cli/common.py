@@ -1,5 +1,5 @@
 """What several commands share: the protocol options (dataset, parties, labels, missingness), the own-tables options
-(``--table PARTY=FILE``, ``--id``, ``--label``, ``--active``) and output.
+(``--table PARTY=FILE``, ``--id-column``, ``--label``, ``--active``) and output.
 
 The splitter and mechanism forms listed in ``--help`` are written here (importing the data layer would slow down
 ``--help``); ``tests/test_cli_tables.py`` checks them against :func:`~partialvfl.data.splitters.parse_splitter` and
@@ -13,17 +13,22 @@ import json
 import re
 from typing import Any
 
-__all__ = ["DEFAULT_METHOD", "DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PROTOCOL_DEFAULTS", "SPLITTERS",
-           "SPLITTER_FORMS", "THREADS_HELP", "add_device_options", "add_protocol_options", "add_table_options",
-           "add_threads_option", "device_form", "device_options", "emit", "non_negative", "parse_tables",
-           "protocol_config", "refuse_protocol_options", "seed_form", "threads_for"]
+from partialvfl.methods.registry import DEFAULT_METHOD
+
+__all__ = ["DEFAULT_METHOD", "DEFAULT_PRESET", "MECHANISMS", "MECHANISM_FORMS", "PRESET_HELP", "PROTOCOL_DEFAULTS",
+           "SPLITTERS", "SPLITTER_FORMS", "THREADS_HELP", "add_device_options", "add_protocol_options",
+           "add_table_options", "add_threads_option", "device_form", "device_options", "emit", "non_negative",
+           "parse_tables", "preset_help", "protocol_config", "refuse_protocol_options", "seed_form", "threads_for"]
 
 PROTOCOL_DEFAULTS = {"dataset": "digits", "parties": 4, "labels": 500, "aligned": 100}
 #: the preset ``fit`` uses without ``--preset`` (also a grid entry's default); ``methods`` marks it
 DEFAULT_PRESET = "fast"
-#: the method ``fit`` runs without ``--method``: the command's promise to its users (README), so a constant of the
-#: command, not a flag a method's declaration (or a plugin's) could take over
-DEFAULT_METHOD = "false-vfl-1"
+#: ``fit --preset``'s help: :func:`preset_help` writes it from the method declarations and
+#: ``tests/test_cli_vocabulary.py`` keeps the two equal (written out here: reading the declarations imports torch,
+#: and ``--help`` stays light)
+PRESET_HELP = ("the method's preset: fast (every method); paper (every method); laser-paper (combinatorial, ensemble, "
+               "laser-vfl, local, plug-vfl, vanilla-vfl); default: fast (`partialvfl methods` lists each preset's "
+               "values)")
 #: every splitter form (see docs/data.md)
 SPLITTERS = ("contiguous", "grid", "grid:RxC", "grid:near", "grid:near:RxC", "importance:alpha=A", "views",
              "columns:G1;G2;...")
@@ -33,6 +38,20 @@ MECHANISMS = ("none", "mcar:P", "mcar0", "mcar2", "mcar5", "mar1", "mar1:thresho
               "absent:K1,K2")
 SPLITTER_FORMS = " | ".join(SPLITTERS) + " (e.g. columns:0-76;77,80)"
 MECHANISM_FORMS = " | ".join(MECHANISMS)
+
+
+def preset_help() -> str:
+    """``fit --preset``'s help, from the method declarations: each preset and the methods the package ships with it."""
+    from partialvfl.methods.registry import load_specs, package_methods
+
+    specs, methods = load_specs(), package_methods()
+    by_preset: dict[str, list[str]] = {}
+    for name in methods:
+        for preset in specs[name].params.preset_names:
+            by_preset.setdefault(preset, []).append(name)
+    presets = [f"{p} ({'every method' if len(ms) == len(methods) else ', '.join(ms)})" for p, ms in by_preset.items()]
+    return ("the method's preset: " + "; ".join(presets) + f"; default: {DEFAULT_PRESET} "
+            "(`partialvfl methods` lists each preset's values)")
 
 
 def add_protocol_options(p: argparse.ArgumentParser, *, test: bool, train: bool = True) -> None:
@@ -160,14 +179,20 @@ def protocol_config(args: argparse.Namespace, test_missing: str | None = None) -
     )
 
 
-def add_table_options(p: argparse.ArgumentParser, *, fit: bool) -> None:
-    """``--table PARTY=FILE`` (repeatable), ``--id``, ``--label`` (and for ``fit`` ``--active``, ``--hmac-key``)."""
+def add_table_options(p: argparse.ArgumentParser, *, fit: bool, ids: bool = False) -> None:
+    """``--table PARTY=FILE`` (repeatable), ``--id-column``, ``--label`` (and for ``fit`` ``--active``,
+    ``--hmac-key``); ``ids``: the command also reads ``--ids FILE`` across a federation, whose ID column
+    ``--id-column`` names too.  ``--id`` is the old spelling of ``--id-column`` (it warns)."""
+    from partialvfl.cli.vocabulary import add_old_spelling
+
     g = p.add_argument_group("your own tables (one per party, joined on an ID column; docs/own-data.md)")
     g.add_argument("--table", action="append", default=[], metavar="PARTY=FILE",
                    help="one party's table (CSV or Parquet), repeatable: one per party"
                         + ("" if fit else "; default columns: the model's"))
-    g.add_argument("--id", dest="id_column", default=None, metavar="COLUMN",
-                   help="the ID column of every table" + ("" if fit else " (default: the one the model was fitted on)"))
+    g.add_argument("--id-column", dest="id_column", default=None, metavar="COLUMN",
+                   help="the ID column of every table" + ("" if fit else " (default: the one the model was fitted on)")
+                        + ("; with --federation, the ID column of --ids (default: its first column)" if ids else ""))
+    add_old_spelling(g, "--id", dest="id_column", new="--id-column COLUMN")
     g.add_argument("--label", dest="label_column", default=None, metavar="COLUMN",
                    help="the label column, in the active party's table" + (
                        "" if fit else " (default: the model's; tables of new users need none)"))

@@ -11,9 +11,14 @@ __all__ = ["add_commands", "run_certs_init", "run_party_serve"]
 
 def add_commands(sub: Any) -> None:
     """Add ``party serve`` and ``certs init`` to the ``partialvfl`` sub-parsers."""
-    party = sub.add_parser("party", help="run a party of a federation")
+    from partialvfl.cli.vocabulary import add_old_spelling
+
+    party = sub.add_parser("party", help="run one institution's party: `party serve`, its gRPC server (mutual TLS)")
     psub = party.add_subparsers(dest="party_command", required=True)
-    serve = psub.add_parser("serve", help="serve this party over gRPC with mutual TLS until stopped")
+    serve = psub.add_parser("serve", help="serve this party over gRPC with mutual TLS until stopped",
+                            description="Serve this institution's party over gRPC with mutual TLS until stopped "
+                                        "(SIGTERM/SIGINT). The label holder's HTTP prediction service is another "
+                                        "command: `partialvfl serve`.")
     serve.add_argument("--config", required=True, help="the party's TOML configuration file")
     serve.set_defaults(func=run_party_serve)
 
@@ -30,13 +35,15 @@ def add_commands(sub: Any) -> None:
     init.add_argument("--coordinator", default="coordinator", help="the coordinator's identity (default: %(default)s)")
     init.add_argument("--hosts", nargs="*", default=["localhost", "127.0.0.1"],
                       help="extra DNS names / IPs in every certificate (default: %(default)s)")
-    init.add_argument("--hmac-key", action="store_true",
+    init.add_argument("--write-hmac-key", dest="hmac_key", action="store_true",
                       help="also write hmac.key, for alignment = 'hmac' (one trust domain only: whoever holds it can "
                            "test IDs against every party's hashes)")
+    add_old_spelling(init, "--hmac-key", dest="hmac_key", new="--write-hmac-key", flag=True)
     init.add_argument("--local", action="store_true",
                       help="templates for a trial on this machine: parties listen on 127.0.0.1 at free ports "
                            "(named in federation.toml), write a port_file and carry a [policy] table")
-    init.add_argument("--no-hmac-key", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
+    add_old_spelling(init, "--no-hmac-key", dest="hmac_key", flag=True, const=False,  # the old default's opt-out
+                     new="nothing (without --write-hmac-key no hmac.key is written)")
     init.set_defaults(func=run_certs_init)
 
 
@@ -66,6 +73,7 @@ def run_party_serve(args: argparse.Namespace) -> int:
 
 
 def run_certs_init(args: argparse.Namespace) -> int:
+    """``certs init``: development certificates, alignment keys and config templates for a local federation."""
     from partialvfl.federation.grpc.certs import init_dev_pki
     from partialvfl.federation.grpc.templates import free_loopback_ports, write_templates
     from partialvfl.federation.trust.alignment import write_key

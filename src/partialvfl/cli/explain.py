@@ -29,12 +29,11 @@ def _say(text: str) -> None:
 
 
 def _add_sources(p: argparse.ArgumentParser, *, ids: bool) -> None:
-    add_table_options(p, fit=False)
+    add_table_options(p, fit=False, ids=ids)
     g = p.add_argument_group("across a federation")
     g.add_argument("--federation", metavar="FILE", help="the coordinator's federation file: across party processes")
     if ids:
         g.add_argument("--ids", metavar="FILE", help="with --federation: the IDs to explain (as predict --ids)")
-        g.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
     g.add_argument("--table-set", default=None, metavar="NAME",
                    help="with --federation: the parties' prediction tables of this name ([[data.predict]])")
     g = p.add_argument_group("a model fitted under the benchmark protocol (--dataset): its test set")
@@ -252,20 +251,20 @@ def cmd_value(args: argparse.Namespace) -> int:
             raise ValueError("value --truth needs the users' features: --table PARTY=FILE ... or --federation FILE")
         data = protocol_data(args, model)
         where = f"on the protocol's test set under {args.test_missing}"
-    from partialvfl.cli.truth import labelled_view
+    from partialvfl.cli.truth import labeled_view
     from partialvfl.methods.party_value import value_attached
 
     with model.attached(data) as (conformed, handle):
         view = conformed.coordinator_view()
         if outcomes is not None:
-            view = labelled_view(model, view, *outcomes)
+            view = labeled_view(model, view, *outcomes)
         values = value_attached(model, view, handle, **options)
     _report_value(args, values, where)
     return 0
 
 
 def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from partialvfl.cli.truth import labelled_view, read_truth
+    from partialvfl.cli.truth import labeled_view, read_truth
     from partialvfl.methods.model_files import read_model_meta
     from partialvfl.orchestration.explain import value_across
 
@@ -274,7 +273,8 @@ def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
     info = read_model_meta(Path(args.model)).get("data_info", {})
     id_column, label = args.id_column or info.get("id_column"), args.label_column or info.get("label_column")
     if not id_column or not label:
-        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: "
+                         "--id-column COLUMN --label COLUMN")
     truth = read_truth(args.truth, id_column, label)
     ids = np.array(truth.ids, dtype=object)
     tables = f"prediction tables {args.table_set!r}" if args.table_set else "training tables"
@@ -284,8 +284,8 @@ def _value_across(args: argparse.Namespace, options: dict[str, Any]) -> int:
                                f"the parties' {tables}")
 
     def then(model: Any, view: Any, handle: str) -> Any:
-        labelled = labelled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
-        return value_across(model, labelled, handle, **options)
+        labeled = labeled_view(model, view, truth.aligned(ids, f"--truth {args.truth}"), truth)
+        return value_across(model, labeled, handle, **options)
 
     _report_value(args, rows_across(args, ids, then, check), f"across the federation (the {tables})")
     return 0

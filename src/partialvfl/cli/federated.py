@@ -26,6 +26,7 @@ __all__ = ["cmd_predict", "federated", "read_id_list", "run_federated_evaluate",
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    """``predict --federation``: predict a list of IDs across the federation's parties."""
     if not args.federation:
         raise ValueError("predict here needs --federation FILE")
     return federated(run_federated_predict, args)
@@ -163,7 +164,8 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
     id_column = args.id_column or info.get("id_column")
     label = args.label_column or info.get("label_column")
     if not id_column or not label:
-        raise ValueError("say which columns of --truth hold the IDs and the outcomes: --id COLUMN --label COLUMN")
+        raise ValueError("say which columns of --truth hold the IDs and the outcomes: "
+                         "--id-column COLUMN --label COLUMN")
     truth = read_truth(args.truth, id_column, label)
     ids = np.array(truth.ids, dtype=object)
 
@@ -179,12 +181,12 @@ def run_federated_evaluate(args: argparse.Namespace) -> int:
 
     def score(model: Any, out: np.ndarray, used: np.ndarray, view: Any, diagnostics: dict[str, np.ndarray]) -> None:
         from partialvfl.cli.reliability import write_reliability
-        from partialvfl.cli.truth import labelled_view
+        from partialvfl.cli.truth import labeled_view
 
         values = truth.aligned(ids, f"--truth {args.truth}")
         res = score_against_truth(model, out, view, values, truth)
         add_diagnostics(res, model, diagnostics)
-        write_reliability(getattr(args, "reliability", None), model, out, labelled_view(model, view, values, truth),
+        write_reliability(getattr(args, "reliability", None), model, out, labeled_view(model, view, values, truth),
                           f"{model.name} across the federation ({where})")
         res.update({"method": model.name, "federation": str(args.federation), "table_set": args.table_set})
         emit(res, args.json, "\n".join(metric_lines(f"{model.name} across the federation ({where}), scored "

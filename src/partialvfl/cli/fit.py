@@ -16,6 +16,7 @@ from typing import Any
 from partialvfl.cli.common import (
     DEFAULT_METHOD,
     DEFAULT_PRESET,
+    PRESET_HELP,
     add_device_options,
     add_protocol_options,
     add_table_options,
@@ -36,15 +37,16 @@ __all__ = ["add_commands", "add_predict_command", "cmd_evaluate", "cmd_fit"]
 # ---------------------------------------------------------------------- parsers
 def add_commands(sub: Any) -> None:
     """Add ``fit`` (in process, or with ``--federation``) and ``evaluate`` to the ``partialvfl`` sub-parsers."""
-    p = sub.add_parser("fit", help="fit a method (protocol dataset, your own tables, or a federation) and save it",
+    p = sub.add_parser("fit",
+                       help="fit a method (protocol dataset, your own tables, or a federation) and save it",
                        description="Fit a method and save it: under the paper's protocol on a dataset (--dataset), "
-                                   "on your own tables in this process (--table PARTY=FILE ... --id --label --active) "
-                                   "or across a federation's party processes (--federation FILE).")
+                                   "on your own tables in this process (--table PARTY=FILE ... --id-column "
+                                   "--label --active) or across a federation's party processes (--federation FILE).")
     add_protocol_options(p, test=False)
     add_table_options(p, fit=True)
     p.add_argument("--method", default=DEFAULT_METHOD, help="method name (see `partialvfl methods`); default: "
                    "%(default)s")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help="fast (CPU) or paper; default: %(default)s")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=PRESET_HELP)
     p.add_argument("--epochs", type=int, default=None,
                    help="set every epoch count of the method (pretraining included)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
@@ -77,7 +79,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--model", required=True, help="directory of a saved model")
     add_table_options(p, fit=False)
     p.add_argument("--truth", metavar="FILE",
-                   help="outcomes keyed by ID (CSV/Parquet, from any source): its --id column (default: the model's "
+                   help="outcomes keyed by ID (CSV/Parquet, from any source): its --id-column column "
+                        "(default: the model's "
                         "ID column) and --label column (default: the model's label column); with --table its IDs "
                         "must be the tables' users, with --federation they are the users predicted")
     p.add_argument("--federation", metavar="FILE",
@@ -93,7 +96,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--data-dir", default=None, help="where the dataset's files are, if not where they were")
     p.add_argument("--mode", choices=("collaborative", "local"), default="collaborative",
                    help="collaborative (any observed parties) or local (one party alone, methods that support it)")
-    p.add_argument("--party", type=int, default=None, help="the party predicting alone in --mode local")
+    p.add_argument("--party", default=None, metavar="NAME",
+                   help="the party predicting alone in --mode local, by name (a party's index still works, with a "
+                        "warning)")
     p.add_argument("--json", action="store_true", help="one JSON object (with at least `accuracy` or `rmse`)")
     p.add_argument("--reliability", metavar="FILE", default=None,
                    help="write a reliability diagram (accuracy against confidence; .png or .svg) of the predictions")
@@ -112,12 +117,11 @@ def add_predict_command(sub: Any) -> None:
                                    "--federation FILE --ids FILE.")
     p.add_argument("--model", required=True, help="a saved model directory")
     p.add_argument("--out", required=True, help="CSV of predictions")
-    add_table_options(p, fit=False)
+    add_table_options(p, fit=False, ids=True)
     p.add_argument("--federation", help="the coordinator's federation file: predict across party processes")
     p.add_argument("--ids", help="with --federation: the IDs to predict, a .csv (.csv.gz, ...) or .parquet/.pq table, "
                    "or any other file as UTF-8 text with one ID per line (.tsv, .json, .xlsx and the like, "
                    "and lines holding a tab or comma, are refused)")
-    p.add_argument("--id-column", default=None, help="ID column of --ids (default: its first column)")
     p.add_argument("--table-set", default=None, metavar="NAME",
                    help="predict from the parties' prediction tables of this name ([[data.predict]] in party.toml: "
                         "new users, never trained on) instead of their training tables")
@@ -180,7 +184,21 @@ def test_set_title(mechanism: str) -> str:
     return f"test set under test mechanism {mechanism}"
 
 
+def party_index(party: str, names: list[str]) -> int:
+    """The index of ``--party``'s party among the model's ``names``: a name, or (the old spelling, with a warning)
+    an index."""
+    from partialvfl.cli.vocabulary import warn_old_spelling
+
+    if party in names:
+        return names.index(party)
+    if party.isdigit() and int(party) < len(names):
+        warn_old_spelling(f"--party {party} (an index)", f"--party {names[int(party)]} (the party's name)")
+        return int(party)
+    raise ValueError(f"--party {party!r} is none of the model's parties: {', '.join(names)}")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``evaluate``: score a saved model under a test mechanism of its protocol, or on labeled tables."""
     from partialvfl.cli.reliability import write_reliability
     from partialvfl.cli.truth import calibration_lines
     from partialvfl.data.protocol import ProtocolConfig, make_protocol
@@ -224,14 +242,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         cfg["data_dir"] = args.data_dir
     _, test = make_protocol(ProtocolConfig(**cfg))
     if args.mode == "local" and args.party is None:
-        raise ValueError("--mode local needs --party K")
+        raise ValueError("--mode local needs --party NAME")
+    party = None if args.party is None else party_index(args.party, model.index_.party_names)
     if args.mode == "local" and not hasattr(model, "predict_output_local"):
         raise ValueError(f"method {model.name!r} has no locally independent inference")
     t0 = time.perf_counter()
     diagnostics: dict = {}
     with use_threads(threads_for(args, model, test)):
         if args.mode == "local":
-            output = model.predict_output_local(test, args.party)
+            output = model.predict_output_local(test, party)
         else:
             output, diagnostics = predict_with_diagnostics(model, test)
     task = model.index_.task
@@ -239,12 +258,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                    used=model.parties_used(test), party_names=model.index_.party_names)
     add_diagnostics(res, model, diagnostics)
     res.update({
-        "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": args.party,
+        "method": model.name, "test_missing": args.test_missing, "mode": args.mode, "party": party,
+        "party_name": None if party is None else model.index_.party_names[party],
         "predict_seconds": time.perf_counter() - t0, "params": model.params_,
         "pretrained": model.params_.get("pretrain"),
     })
     metric = "accuracy" if "accuracy" in res else "rmse"
-    alone = f", party {args.party} predicting alone" if args.mode == "local" else ""
+    alone = f", party {res['party_name']} predicting alone" if args.mode == "local" else ""
     lines = [f"{model.name} on {cfg.get('dataset')} under test mechanism {args.test_missing}{alone}: "
              f"{metric} {res[metric]:.4f} over {res['n_samples']} samples"]
     if res["pretrained"] is not None:

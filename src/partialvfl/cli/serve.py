@@ -17,16 +17,22 @@ __all__ = ["add_commands", "run_serve", "uvicorn_tls"]
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``serve`` to the ``partialvfl`` sub-parsers."""
-    p = sub.add_parser("serve", help="serve predictions over HTTP (JSON) from the parties that answer in time",
+    """Add ``serve`` (also ``serve-http``) to the ``partialvfl`` sub-parsers."""
+    from partialvfl.cli.vocabulary import add_old_spelling
+
+    p = sub.add_parser("serve", aliases=["serve-http"],
+                       help="the label holder's HTTP prediction service, from the parties that answer in time "
+                            "(a party's gRPC server is `party serve`)",
                        description="Serve a saved model over HTTP: POST /v1/predict, /healthz, /readyz, /metrics, "
                                    "/docs (OpenAPI). In process over every party's table (--table PARTY=FILE ...) "
-                                   "or across a federation's party servers (--federation FILE).")
+                                   "or across a federation's party servers (--federation FILE). This is the label "
+                                   "holder's HTTP service; each party's gRPC server is `partialvfl party serve`.")
     p.add_argument("--model", required=True, help="the saved model directory")
     p.add_argument("--table", action="append", default=[], metavar="PARTY=FILE",
                    help="a party's table (in process); one per party of the model")
-    p.add_argument("--id", dest="id_column", default=None, metavar="COLUMN",
+    p.add_argument("--id-column", dest="id_column", default=None, metavar="COLUMN",
                    help="with --table: the tables' ID column (default: the one the model was fitted on)")
+    add_old_spelling(p, "--id", dest="id_column", new="--id-column COLUMN")
     p.add_argument("--federation", default=None, metavar="FILE", help="the coordinator's federation file")
     p.add_argument("--table-set", action="append", default=None, metavar="NAME",
                    help="with --federation: serve the users of the parties' prediction tables of this name "
@@ -40,16 +46,19 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (0: any free one; default: %(default)s)")
     p.add_argument("--port-file", default=None, metavar="FILE",
                    help="write the port here once the service accepts requests")
-    p.add_argument("--deadline-ms", type=float, default=None,
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="default per-request deadline: parties not answering within it are missing blocks for the "
                         "request (default: the federation file's deadline_seconds); a request's deadline_ms wins")
-    p.add_argument("--min-round-ms", type=float, default=20.0,
+    p.add_argument("--min-round", type=float, default=0.02, metavar="SECONDS",
                    help="once a request's deadline has passed, each further round of it still gives the parties "
                         "that are on time this long (default: %(default)s)")
-    p.add_argument("--batch-window-ms", type=float, default=None,
-                   help="wait this long after a request for others to batch with it (default: in process 2 ms once "
-                        "requests arrive together, none while they come one at a time; across a federation none: "
-                        "batch what queued while the previous batch ran)")
+    p.add_argument("--batch-window", type=float, default=None, metavar="SECONDS",
+                   help="wait this long after a request for others to batch with it (default: in process 0.002 s "
+                        "once requests arrive together, none while they come one at a time; across a federation "
+                        "none: batch what queued while the previous batch ran)")
+    for unit in ("deadline", "min-round", "batch-window"):  # the old spellings, in milliseconds
+        add_old_spelling(p, f"--{unit}-ms", dest=unit.replace("-", "_"), new=f"--{unit} SECONDS", type=float,
+                         convert=lambda ms: ms / 1000)
     p.add_argument("--otel-traces", default=None, metavar="otlp|console|FILE",
                    help="export each batch's spans (queue, coordinator, each party's compute and wire) as "
                         "OpenTelemetry traces: to an OTLP collector (OTEL_* environment variables), to stderr, or "
@@ -82,7 +91,7 @@ def _predictor(args: argparse.Namespace) -> Any:
     from partialvfl.serving.federated import FederationPredictor
 
     lanes = 2 if args.batches_in_flight is None else args.batches_in_flight
-    return FederationPredictor(args.model, args.federation, min_timeout=args.min_round_ms / 1000,
+    return FederationPredictor(args.model, args.federation, min_timeout=args.min_round,
                                table_sets=args.table_set, lanes=lanes)
 
 
@@ -92,10 +101,10 @@ def _config(args: argparse.Namespace) -> Any:
     for flag, v in (("--max-ids", args.max_ids), ("--max-body-bytes", args.max_body_bytes)):
         if v < 1:
             raise ValueError(f"{flag} must be at least 1, got {v}")
-    if args.batch_window_ms is not None and args.batch_window_ms < 0:
-        raise ValueError(f"--batch-window-ms must be at least 0, got {args.batch_window_ms:g}")
-    if args.deadline_ms is not None and args.deadline_ms <= 0:
-        raise ValueError(f"--deadline-ms must be positive, got {args.deadline_ms:g}")
+    if args.batch_window is not None and args.batch_window < 0:
+        raise ValueError(f"--batch-window must be at least 0 seconds, got {args.batch_window:g}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise ValueError(f"--deadline must be a positive number of seconds, got {args.deadline:g}")
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         raise ValueError("HTTPS needs --tls-cert and --tls-key together (and --tls-client-ca only with them)")
     token = None
@@ -107,8 +116,7 @@ def _config(args: argparse.Namespace) -> Any:
         if len(token) < 16:
             raise ValueError(f"--token-file: {f} holds {len(token)} characters; use at least 16 random ones")
     return ServiceConfig(token=token, max_ids=args.max_ids, max_body_bytes=args.max_body_bytes,
-                         deadline=None if args.deadline_ms is None else args.deadline_ms / 1000,
-                         batch_window=None if args.batch_window_ms is None else args.batch_window_ms / 1000,
+                         deadline=args.deadline, batch_window=args.batch_window,
                          otel_traces=args.otel_traces)
 
 

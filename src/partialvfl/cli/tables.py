@@ -83,7 +83,7 @@ def fit_tables(args: argparse.Namespace, model: Any) -> int:
     from partialvfl.data.tables import MissingLabelColumn
 
     if not args.id_column or not args.label_column or not args.active:
-        raise ValueError("fit --table needs --id COLUMN, --label COLUMN and --active PARTY")
+        raise ValueError("fit --table needs --id-column COLUMN, --label COLUMN and --active PARTY")
     tables = parse_tables(args.table)
     if args.active not in tables:
         raise ValueError(f"--active {args.active!r} is not one of the --table parties {list(tables)}")
@@ -131,7 +131,7 @@ def _model_tables(args: argparse.Namespace, model: Any, *, labels: bool) -> tupl
             "users)" if lacking else "", f"{unknown} are not parties of the model" if unknown else ""])))
     id_column = args.id_column or info.get("id_column")
     if not id_column:
-        raise ValueError("say which column holds the IDs: --id COLUMN")
+        raise ValueError("say which column holds the IDs: --id-column COLUMN")
     label = (args.label_column or info.get("label_column")) if labels else None
     if labels and not label:
         raise ValueError("say which column holds the labels: --label COLUMN")
@@ -169,8 +169,11 @@ def refuse_prior_only(observed: np.ndarray, ids: np.ndarray, allow: bool) -> Non
 
 
 def used_parties(model: Any, view: Any) -> np.ndarray:
-    """Which parties each row's prediction used, as the method reports it (:meth:`~partialvfl.methods.base.VFLMethod.
-    parties_used`); says on stderr how many rows some party holds were nevertheless predicted without any."""
+    """Which parties each row's prediction used, as the method reports it.
+
+    From :meth:`~partialvfl.methods.base.VFLMethod.parties_used`; says on stderr how many rows some party holds
+    were nevertheless predicted without any.
+    """
     used = np.asarray(model.parties_used(view), dtype=bool)
     fell = np.asarray(view.observed, dtype=bool).any(axis=1) & ~used.any(axis=1)
     if fell.any():
@@ -219,6 +222,7 @@ def add_ess_column(df: Any, model: Any, diagnostics: dict[str, np.ndarray], orde
 
 
 def write_predictions(df: Any, out: str | Path) -> None:
+    """Write the prediction frame as CSV to ``out`` (its folder created) and say so on stderr."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
@@ -250,7 +254,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
     """Score a saved model on ``--table`` files that carry the label (matched by value), or, with ``--truth FILE``,
     on tables without it against outcomes keyed by ID."""
     from partialvfl.cli.reliability import write_reliability
-    from partialvfl.cli.truth import labelled_view, metric_lines, read_truth, score_against_truth
+    from partialvfl.cli.truth import labeled_view, metric_lines, read_truth, score_against_truth
     from partialvfl.data.tables import MissingLabelColumn
     from partialvfl.methods.evaluation import add_diagnostics, evaluate, predict_with_diagnostics
     from partialvfl.utils.threads import use_threads
@@ -265,7 +269,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
         res = score_against_truth(model, output, data.coordinator_view(), values, truth)
         add_diagnostics(res, model, diagnostics)
         title = f"{model.name} on the given tables, scored against --truth {args.truth}"
-        scored = labelled_view(model, model.conform(data).coordinator_view(), values, truth)
+        scored = labeled_view(model, model.conform(data).coordinator_view(), values, truth)
     else:
         try:
             data, tables, _ = _model_tables(args, model, labels=True)
@@ -273,7 +277,7 @@ def evaluate_tables(args: argparse.Namespace) -> int:
             raise ValueError(f"active party {e.party!r}: its --table has no label column {e.column!r} ({e.hint}); "
                              "evaluate scores tables that carry the outcomes (name the column with --label COLUMN), "
                              "or tables without them against outcomes in a separate file: --truth FILE "
-                             "(IDs in --id COLUMN)") from None
+                             "(IDs in --id-column COLUMN)") from None
         with use_threads(threads_for(args, model, data)):
             res = evaluate(model, data, calibration=True)
             output = model.predict_output(data) if getattr(args, "reliability", None) else None  # the same floats

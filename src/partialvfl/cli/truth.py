@@ -23,7 +23,7 @@ import numpy as np
 
 from partialvfl.methods.evaluation import ESS, ess_line
 
-__all__ = ["Truth", "calibration_lines", "labelled_view", "metric_lines", "read_truth", "score_against_truth"]
+__all__ = ["Truth", "calibration_lines", "labeled_view", "metric_lines", "read_truth", "score_against_truth"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Truth:
         extra = [k for k in self.ids if k not in held]
         if extra:
             raise ValueError(f"{len(extra)} of {len(self.ids)} IDs of --truth {self.path} are not among the users of "
-                             f"{what} (first: {extra[:3]}); check that both use the same IDs (--id COLUMN)")
+                             f"{what} (first: {extra[:3]}); check that both use the same IDs (--id-column COLUMN)")
         return self.values[[index[k] for k in keys]]
 
     def check_federation(self, held: np.ndarray, unlisted: dict[str, Any], party_names: Sequence[str],
@@ -66,7 +66,7 @@ class Truth:
         if none.any() and not absent:
             first = [self.ids[i] for i in np.flatnonzero(none)[:3]]
             raise ValueError(f"{int(none.sum())} of {len(self.ids)} IDs of --truth {self.path} are not among the "
-                             f"users of {what} (first: {first}); check that both use the same IDs (--id COLUMN)")
+                             f"users of {what} (first: {first}); check that both use the same IDs (--id-column COLUMN)")
         users = int(unlisted.get("users", 0))
         if users:
             per_party = ", ".join(f"{party_names[k]!r} holds {n}" for k, n in sorted(unlisted["parties"].items()) if n)
@@ -90,7 +90,7 @@ def read_truth(path: str | Path, id_column: str, label_column: str) -> Truth:
     return Truth(str(path), ids, df[label_column].to_numpy(dtype=object), label_column)
 
 
-def labelled_view(model: Any, view: Any, values: np.ndarray, truth: Truth) -> Any:
+def labeled_view(model: Any, view: Any, values: np.ndarray, truth: Truth) -> Any:
     """``view`` (a coordinator's view or a dataset's) labelled with ``values``, the outcomes of its rows: classes by
     value (an outcome the model never saw in training is a class of its own, an error when scored); an empty outcome
     is no label."""
@@ -119,7 +119,7 @@ def score_against_truth(model: Any, output: np.ndarray, view: Any, values: np.nd
     from partialvfl.methods.evaluation import metrics_from_predictions
 
     task = model.index_.task
-    scored = labelled_view(model, view, values, truth)
+    scored = labeled_view(model, view, values, truth)
     res = metrics_from_predictions(output, scored, task.classes if task.is_classification else None,
                                    used=model.parties_used(view), party_names=model.index_.party_names)
     res["unscored_empty_outcomes"] = int((~scored.labeled).sum())

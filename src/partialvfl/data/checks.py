@@ -24,6 +24,7 @@ def show_id(v: Any) -> str:
 
 
 def check_unique_ids(ids: np.ndarray) -> None:
+    """Refuse duplicate sample IDs, naming the first duplicate and its rows."""
     uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
     if len(uniq) != len(ids):
         dup = uniq[counts > 1][0]
@@ -34,6 +35,7 @@ def check_unique_ids(ids: np.ndarray) -> None:
 def check_block_values(
     block: np.ndarray, obs: np.ndarray, j: int, pname: str, fnames: Sequence[str], ids: np.ndarray
 ) -> None:
+    """Refuse a non-finite observed value of party ``j``'s block, naming the party, feature and ID."""
     seen = block[obs]
     if seen.size and not np.all(np.isfinite(seen)):
         bad = ~np.isfinite(seen)
@@ -57,6 +59,7 @@ def check_block_values(
 def check_labels(
     task: Any, y: Any, labeled: Any, n: int, ids: np.ndarray
 ) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Validate the labels against the task and the label mask: ``(task, labels, label mask)``."""
     if y is None:  # unlabelled data (e.g. new users to predict): the task is optional
         if labeled is not None and np.any(labeled):
             raise DataValidationError("a label mask marks samples labelled, but no labels `y` were given")

@@ -67,25 +67,31 @@ class Task:
 
     @classmethod
     def classification(cls, classes: Sequence[Any]) -> Task:
+        """A classification task over ``classes`` (the label values, in the order of the output columns)."""
         return cls("classification", tuple(classes))
 
     @classmethod
     def regression(cls) -> Task:
+        """A regression task (one real-valued output)."""
         return cls("regression", ())
 
     @property
     def is_classification(self) -> bool:
+        """Whether the task is classification."""
         return self.kind == "classification"
 
     @property
     def n_classes(self) -> int:
+        """The number of classes (0 for regression)."""
         return len(self.classes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The task as JSON-ready values (for model files)."""
         return {"kind": self.kind, "classes": [_jsonable(c) for c in self.classes]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
+        """The task written by :meth:`to_dict`."""
         return cls(d["kind"], tuple(d.get("classes", ())))
 
 
@@ -117,10 +123,12 @@ class PartyView:
 
     @property
     def n_features(self) -> int:
+        """The number of the party's feature columns."""
         return int(self.features.shape[1])
 
     @property
     def n_observed(self) -> int:
+        """The number of rows the party observes."""
         return int(self.rows.shape[0])
 
     def position_of_rows(self, rows: np.ndarray) -> np.ndarray:
@@ -158,10 +166,12 @@ class CoordinatorView:
 
     @property
     def n_samples(self) -> int:
+        """The number of samples (rows of ``observed``)."""
         return int(self.observed.shape[0])
 
     @property
     def n_parties(self) -> int:
+        """The number of parties (columns of ``observed``)."""
         return int(self.observed.shape[1])
 
 
@@ -285,18 +295,22 @@ class VerticalDataset:
     # ------------------------------------------------------------------ shape
     @property
     def n_samples(self) -> int:
+        """The number of samples."""
         return int(self.observed.shape[0])
 
     @property
     def n_parties(self) -> int:
+        """The number of parties."""
         return int(self.observed.shape[1])
 
     @property
     def feature_dims(self) -> tuple[int, ...]:
+        """Each party's number of feature columns, in party order."""
         return tuple(int(b.shape[1]) for b in self.blocks)
 
     @property
     def n_labeled(self) -> int:
+        """The number of labeled samples."""
         return int(self.labeled.sum())
 
     # ------------------------------------------------------------------ views

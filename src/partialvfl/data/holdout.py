@@ -20,12 +20,12 @@ def hold_out_labels(data: VerticalDataset, fraction: float, seed: int, *, stream
     fraction = float(fraction)
     if not 0.0 < fraction < 1.0:
         raise DataValidationError(f"the validation fraction must lie in (0, 1), got {fraction}")
-    labelled = np.flatnonzero(data.labeled)
-    n_val = int(round(fraction * len(labelled)))
-    if not 1 <= n_val < len(labelled):
-        raise DataValidationError(f"holding out {fraction} of {len(labelled)} labelled samples leaves no "
+    labeled = np.flatnonzero(data.labeled)
+    n_val = int(round(fraction * len(labeled)))
+    if not 1 <= n_val < len(labeled):
+        raise DataValidationError(f"holding out {fraction} of {len(labeled)} labelled samples leaves no "
                                   "validation or no training label")
-    val_rows = np.sort(numpy_rng(seed, stream).choice(labelled, size=n_val, replace=False))
+    val_rows = np.sort(numpy_rng(seed, stream).choice(labeled, size=n_val, replace=False))
     keep = data.labeled.copy()
     keep[val_rows] = False
     return data.with_labels(keep), data.subset(val_rows)

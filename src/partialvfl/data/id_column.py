@@ -42,6 +42,7 @@ class IdColumn(Sequence[str]):
             yield from chunk.to_pylist()
 
     def tolist(self) -> list[str]:
+        """The IDs as a list of strings."""
         return self.data.to_pylist()
 
     def take(self, positions: Any) -> IdColumn:

@@ -83,10 +83,12 @@ class ImportanceSplitter:
 
     @property
     def name(self) -> str:
+        """The canonical form, as :func:`~partialvfl.data.splitters.parse_splitter` reads it back."""
         return f"importance:alpha={'inf' if math.isinf(self.alpha) else f'{self.alpha:g}'}"
 
     @classmethod
     def parse(cls, text: str) -> ImportanceSplitter:
+        """The splitter of ``importance:alpha=A`` (``A`` a number or ``inf``)."""
         m = re.fullmatch(r"importance:alpha=(inf|[0-9]*\.?[0-9]+(?:e-?[0-9]+)?)", text.strip().lower())
         if not m:
             raise SplitterError(f"importance split must look like 'importance:alpha=0.1' or 'importance:alpha=inf', "
@@ -95,6 +97,7 @@ class ImportanceSplitter:
 
     def groups(self, sample_shape: Sequence[int], n_parties: int,
                feature_names: Sequence[str] | None = None) -> list[ColumnGroup]:
+        """Refused: an importance split depends on the training data (the protocol fits it)."""
         raise SplitterError(f"{self.name} depends on the training data: the protocol fits it (fitted(X, y, ...))")
 
     def fitted(self, X: np.ndarray, y: np.ndarray, n_parties: int, seed: int,
@@ -121,6 +124,7 @@ class FittedImportanceSplit:
 
     def groups(self, sample_shape: Sequence[int], n_parties: int,
                feature_names: Sequence[str] | None = None) -> list[ColumnGroup]:
+        """The fitted columns of each party, checked against ``sample_shape`` and ``n_parties``."""
         d = int(np.prod(sample_shape))
         if d != len(self.owner) or n_parties != len(self.target_shares):
             raise SplitterError(f"this importance split was fitted for {len(self.owner)} features and "

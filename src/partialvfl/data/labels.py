@@ -25,6 +25,7 @@ __all__ = ["encode_labels", "is_missing_label", "plain_labels"]
 
 
 def is_missing_label(v: Any) -> bool:
+    """Whether a label cell is missing (NaN, None, or blank text)."""
     if isinstance(v, str):
         return v.strip() == ""
     try:

@@ -72,9 +72,11 @@ class Mechanism(Protocol):
     """Anything with a canonical ``name`` and ``sample(blocks, rng) -> (N, K) bool observed matrix``."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
 
-    def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray: ...
+    def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
 
 
 # ---------------------------------------------------------------------- block statistics
@@ -140,9 +142,11 @@ class Complete:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return "none"
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         arrs, n = _check_blocks(blocks)
         return np.ones((n, len(arrs)), dtype=bool)
 
@@ -161,9 +165,11 @@ class MCAR:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return f"mcar{_PAPER_P[self.p]}" if self.p in (0.0, 0.2, 0.5) else f"mcar:{_fmt(self.p)}"
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         arrs, n = _check_blocks(blocks)
         return rng.random((n, len(arrs))) >= self.p
 
@@ -179,9 +185,11 @@ class MNAR:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return f"mnar{_PAPER_P[self.p]}" if self.p in (0.7, 0.9) else f"mnar:{_fmt(self.p)}"
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         means = block_means(blocks)
         drop_prob = np.where(means < 0, self.p, 1.0 - self.p)
         return rng.random(means.shape) >= drop_prob
@@ -200,6 +208,7 @@ class MAR1:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return _param_name("mar1", self, MAR1())
 
     def thresholds(self, n_parties: int) -> np.ndarray:
@@ -213,6 +222,7 @@ class MAR1:
         return _visited(stop, order)
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         v = block_variances(blocks)
         return self.observe_in_order(v, random_visit_order(*v.shape, rng))
 
@@ -232,6 +242,7 @@ class MAR2:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return _param_name("mar2", self, MAR2())
 
     def thresholds(self, n_parties: int) -> np.ndarray:
@@ -246,6 +257,7 @@ class MAR2:
         return _visited(remaining <= 0, order)
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         v = block_variances(blocks)
         return self.observe_in_order(v, random_visit_order(*v.shape, rng))
 
@@ -266,9 +278,11 @@ class BetaMCAR:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return _param_name("beta", self, BetaMCAR())
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         arrs, n = _check_blocks(blocks)
         p_missing = rng.beta(self.a, self.b, size=len(arrs))
         return rng.random((n, len(arrs))) >= p_missing
@@ -290,9 +304,11 @@ class AbsentParties:
 
     @property
     def name(self) -> str:
+        """The canonical name, as :func:`parse_mechanism` reads it back."""
         return "absent:" + ",".join(str(p) for p in self.parties)
 
     def sample(self, blocks: Sequence[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """Draw the ``(N, K)`` boolean observed matrix of the party ``blocks`` from ``rng``."""
         arrs, n = _check_blocks(blocks)
         k = len(arrs)
         if self.parties[-1] >= k:

@@ -47,6 +47,7 @@ class ColumnScaler:
 
     @property
     def n_features(self) -> int:
+        """The number of columns scaled."""
         return int(self.mean.shape[0])
 
     def transform(self, features: np.ndarray, where: str = "this party") -> np.ndarray:
@@ -64,6 +65,7 @@ class ColumnScaler:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ColumnScaler:
+        """The scaler stored by :meth:`state_dict`."""
         mean = np.asarray(state["mean"], dtype=np.float64)
         scale = np.asarray(state["scale"], dtype=np.float64)
         if mean.ndim != 1 or mean.shape != scale.shape or not (np.all(np.isfinite(mean)) and np.all(scale > 0)):
@@ -84,6 +86,7 @@ class Standardizer:
 
     @classmethod
     def fit(cls, data: VerticalDataset) -> Standardizer:
+        """Each party's column means and standard deviations, on the rows it observes."""
         means, scales = [], []
         for k in range(data.n_parties):
             view = data.party(k)  # each party fits on what it holds, nothing else
@@ -93,6 +96,7 @@ class Standardizer:
         return cls(tuple(means), tuple(scales))
 
     def transform(self, data: VerticalDataset) -> VerticalDataset:
+        """``data`` with every party's block standardised (the parties must be the fitted ones)."""
         if data.n_parties != len(self.means):
             raise DataValidationError(
                 f"standardizer was fitted on {len(self.means)} parties, data has {data.n_parties}"

@@ -119,6 +119,7 @@ class ProtocolConfig:
             object.__setattr__(self, "data_dir", str(self.data_dir))
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as a plain dictionary (what a model file records)."""
         return asdict(self)
 
 

@@ -32,14 +32,17 @@ class Splitter(Protocol):
     """Maps a sample shape and a party count to one :class:`ColumnGroup` per party."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The canonical form, as :func:`parse_splitter` reads it back."""
 
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
-    ) -> list[ColumnGroup]: ...
+    ) -> list[ColumnGroup]:
+        """One column group per party for samples of ``sample_shape``; an impossible cut is a ``SplitterError``."""
 
 
 def check_parties(n_parties: int, n_features: int) -> None:
+    """Refuse a party count that is not a positive integer or exceeds the number of features."""
     if not isinstance(n_parties, (int, np.integer)) or n_parties < 1:
         raise SplitterError(f"the number of parties must be a positive integer, got {n_parties!r}")
     if n_parties > n_features:

@@ -58,11 +58,13 @@ class ContiguousSplitter:
 
     @property
     def name(self) -> str:
+        """The canonical form, as :func:`parse_splitter` reads it back."""
         return "contiguous"
 
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
+        """One column group per party for samples of ``sample_shape``; an impossible cut is a ``SplitterError``."""
         d = int(np.prod(sample_shape))
         check_parties(n_parties, d)
         width = d // n_parties
@@ -90,6 +92,7 @@ class GridSplitter:
 
     @property
     def name(self) -> str:
+        """The canonical form, as :func:`parse_splitter` reads it back."""
         base = "grid:near" if self.near else "grid"
         return base if self.rows is None else f"{base}:{self.rows}x{self.cols}"
 
@@ -113,6 +116,7 @@ class GridSplitter:
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
+        """One column group per party for samples of ``sample_shape``; an impossible cut is a ``SplitterError``."""
         shape = tuple(int(s) for s in sample_shape)
         if len(shape) not in (2, 3):
             raise SplitterError(
@@ -157,11 +161,13 @@ class ViewsSplitter:
 
     @property
     def name(self) -> str:
+        """The canonical form, as :func:`parse_splitter` reads it back."""
         return "views"
 
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
+        """One column group per party for samples of ``sample_shape``; an impossible cut is a ``SplitterError``."""
         shape = tuple(int(s) for s in sample_shape)
         if len(shape) < 2:
             raise SplitterError(f"a views split needs samples of shape (views, ...), got sample shape {shape}")
@@ -192,11 +198,13 @@ class ColumnsSplitter:
 
     @property
     def name(self) -> str:
+        """The canonical form, as :func:`parse_splitter` reads it back."""
         return "columns:" + ";".join(_format_group(g) for g in self.column_groups)
 
     def groups(
         self, sample_shape: Sequence[int], n_parties: int, feature_names: Sequence[str] | None = None
     ) -> list[ColumnGroup]:
+        """One column group per party for samples of ``sample_shape``; an impossible cut is a ``SplitterError``."""
         d = int(np.prod(sample_shape))
         check_parties(n_parties, d)
         if len(self.column_groups) != n_parties:

@@ -76,7 +76,7 @@ def read_table(where: str, table: TableLike, id_column: str, fmt: str | None = N
     check_table_file(where, path, kind)
     try:
         df = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path, dtype={id_column: str})
-    except Exception as e:  # noqa: BLE001 - whatever the reader says, the message names the file
+    except Exception as e:  # whatever the reader says, the message names the file
         detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataValidationError(f"{where}: cannot read {path} as {kind.upper() if kind == 'csv' else 'Parquet'} "
                                   f"({type(e).__name__}: {detail[:200]})") from None
@@ -151,7 +151,7 @@ def check_table_file(where: str, path: Path, kind: str) -> None:
             total = _decompressed(path, limit)
         except DataValidationError as e:
             raise DataValidationError(f"{where}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a broken archive: name it
+        except Exception as e:  # a broken archive: name it
             raise DataValidationError(f"{where}: cannot decompress {path} ({type(e).__name__}: {e})") from None
         if total > limit:
             raise DataValidationError(f"{where}: {path} decompresses to more than {limit / 2**20:.0f} MB "

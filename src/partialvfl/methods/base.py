@@ -48,6 +48,7 @@ from partialvfl.data.dataset import UNLABELED, CoordinatorView, VerticalDataset
 from partialvfl.federation.runtime.coordinator import Federation
 from partialvfl.federation.wire.messages import MessageLog
 from partialvfl.methods import lifecycle
+from partialvfl.methods.estimator_params import EstimatorParams
 from partialvfl.methods.model_files import (
     ModelFileError,
     load_model,
@@ -55,7 +56,7 @@ from partialvfl.methods.model_files import (
     read_model_meta,
     write_model_dir,
 )
-from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, check_seed, inferred_space, with_common
+from partialvfl.methods.params import PRIVACY_PARAMS, ParamSpace, check_seed
 from partialvfl.methods.private_fit import (
     DP_OPTIONS,
     PrivacyHooks,
@@ -64,7 +65,6 @@ from partialvfl.methods.private_fit import (
 from partialvfl.methods.registry import METHODS, get_method, load_all, method_names
 from partialvfl.methods.row_seeds import RowSeeds
 from partialvfl.methods.run_options import RunOptions
-from partialvfl.methods.schedule import resolve_min_steps
 from partialvfl.methods.settings import TypedParams
 from partialvfl.methods.training import EpochCallback, TrainingLoop, check_finite_output
 from partialvfl.utils.devices import DeviceError
@@ -74,11 +74,18 @@ if TYPE_CHECKING:
 
     from partialvfl.federation.runtime.checkpoint import Checkpointer
 
-__all__ = ["METHODS", "ModelFileError", "VFLMethod", "get_method", "load_all", "method_names"]
+__all__ = ["METHODS", "ModelFileError", "NotFittedError", "VFLMethod", "get_method", "load_all", "method_names"]
 
 
+class NotFittedError(RuntimeError, AttributeError):
+    """A model used before ``fit`` or ``load``.
 
-class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
+    An ``AttributeError`` too, as scikit-learn's own: a fitted attribute (``classes_``) read before ``fit`` is absent
+    (``hasattr`` is false), not an error of another kind.
+    """
+
+
+class VFLMethod(EstimatorParams, PrivacyHooks, TypedParams, RowSeeds, ABC):
     """Base class of every method: parameters, presets, the estimator API, save/load."""
 
     name: ClassVar[str] = ""
@@ -97,8 +104,6 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
     parallel_inference: ClassVar[bool] = False
     #: why the method cannot predict from a subset of its parties (``None``: it can, so it explains its predictions)
     subset_refusal: ClassVar[str | None] = None
-    #: the opt-in post-hoc calibration applied to every prediction (:mod:`partialvfl.methods.calibration`)
-    calibration_: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -106,7 +111,7 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
             cls.presets = cls.params.preset_names
 
     def __init__(self, preset: str = "fast", *, seed: int = 0, progress: bool | str = False, device: Any = "cpu",
-                 precision: str = "fp32", compile: bool = False,  # noqa: A002 - torch's word
+                 precision: str = "fp32", compile: bool = False,  # torch's word
                  **params: Any) -> None:
         """``progress``, ``device``, ``precision``, ``compile``: how the fit runs (:class:`~partialvfl.methods.
         run_options.RunOptions`); ``params``: declared parameters by name, the method's (:meth:`param_space`) and
@@ -133,104 +138,13 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
             dp[k] for k in ("label_dp", "label_dp_seed", "label_dp_prior", "label_dp_mechanism"))
         # a label mechanism's own declared parameters (label_dp_mechanism's; checked against it at fit)
         self.label_dp_params = {k: v for k, v in checked.items() if k in private and k not in PRIVACY_PARAMS.names}
-        self.dp_options_ = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
-        self.history_: list[dict[str, Any]] = []
+        self.dp_options = {k: dp[f"dp_{k}"] for k in DP_OPTIONS}
 
     progress = property(lambda self: self.run_options.progress, doc="RunOptions.progress")
     device = property(lambda self: self.run_options.device, doc="RunOptions.device, as given")
-    device_ = property(lambda self: self.run_options.torch_device, doc="the torch device the coordinator computes on")
+    torch_device = property(lambda self: self.run_options.torch_device, doc="the torch device the coordinator uses")
     precision = property(lambda self: self.run_options.precision, doc="RunOptions.precision")
     compile = property(lambda self: self.run_options.compile, doc="RunOptions.compile")
-
-    # ------------------------------------------------------------------ parameters
-    @classmethod
-    def param_space(cls) -> ParamSpace:
-        """The declared parameters (or, for a method without a declaration, its defaults with names checked)."""
-        if cls.params is not None:
-            return with_common(cls.params)
-        legacy = cls.preset_params.__func__ is not VFLMethod.preset_params.__func__  # type: ignore[attr-defined]
-        return with_common(inferred_space(cls.default_params(), {
-            p: (lambda ds, p=p: cls.preset_params(p, ds or None)) if legacy else (lambda ds: {}) for p in cls.presets}))
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        """Every tunable of the method with its default."""
-        if cls.params is None:
-            raise NotImplementedError(f"{cls.__name__} declares no parameters (params) and lists no defaults")
-        return with_common(cls.params).defaults()
-
-    @classmethod
-    def preset_params(cls, preset: str, dataset: str | None) -> dict[str, Any]:
-        """Overrides the preset applies on top of the defaults (may depend on the dataset)."""
-        return cls.param_space().preset(preset, dataset, owner=cls.name) if cls.params is not None else {}
-
-    @classmethod
-    def epoch_param_names(cls) -> list[str]:
-        """The parameters that count training epochs (what the CLI's ``--epochs N`` sets, all of them)."""
-        if cls.params is not None:
-            return cls.params.epoch_names()
-        return [k for k in cls.default_params() if k in ("epochs", "pretrain_epochs") or k.startswith("epochs_")]
-
-    def resolve_params(self, dataset: str | None) -> dict[str, Any]:
-        """Defaults, then the preset's values for ``dataset``, then this instance's overrides (checked when given); a
-        schedule's ``min_steps = null`` resolved (:func:`~partialvfl.methods.schedule.resolve_min_steps`)."""
-        resolved = self.param_space().resolve(self.preset, dataset, self.overrides, owner=self.name, checked=True)
-        return resolve_min_steps(resolved, self.overrides)
-
-    #: the keywords of ``__init__`` that are not declared parameters: the preset, the seed and the run options
-    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("preset", "seed", *RunOptions.names())
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """scikit-learn's ``get_params``: the preset, the seed, every run option (``RUN_OPTIONS``), every privacy
-        parameter (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`) and every declared parameter this model
-        was given, as given (``type(self)(**model.get_params())`` is the same unfitted model, so
-        ``sklearn.base.clone`` works).  A method's declared parameter not given is absent: it follows the preset,
-        which is resolved per dataset at ``fit`` (``param_space().names`` lists every name ``set_params`` accepts).
-        ``deep`` is accepted for scikit-learn; a method holds no nested estimator."""
-        return {**self._run_given, **PRIVACY_PARAMS.defaults(), **self._given_params}
-
-    def set_params(self, **params: Any) -> Self:
-        """scikit-learn's ``set_params``: change run options and declared parameters (by name or alias), validated
-        as ``__init__`` validates them (nothing is changed if one is refused); returns ``self``.  A fitted model
-        keeps what it learnt; the new values apply to the next ``fit``."""
-        options = {k: v for k, v in params.items() if k in self.RUN_OPTIONS}
-        declared = {k: v for k, v in params.items() if k not in self.RUN_OPTIONS}
-        given = dict(self._given_params)
-        space = self._given_space()
-        for name in declared:  # a new value for a parameter given under another name (an alias) replaces it
-            canonical = space.canonical(name, owner=self.name)
-            given = {k: v for k, v in given.items() if space.canonical(k, owner=self.name) != canonical}
-        fresh = type(self)(**{**self._run_given, **options}, **given, **declared)  # validated, or raises
-        vars(self).update({k: v for k, v in vars(fresh).items() if k != "history_"})  # fitted state kept
-        return self
-
-    def set_prediction_params(self, **params: Any) -> Self:
-        """Change how a fitted model predicts, without refitting: its declared ``predict_*`` parameters (FALSE-VFL's
-        estimator, rounds and samples, the prediction batch size, ...), validated by their declared types; returns
-        ``self``.  Any other parameter is refused, naming it: it would change what the model learnt (refit with it)."""
-        self._check_fitted()
-        space = self.param_space()
-        canonical = {}
-        for name, value in params.items():
-            key = space.canonical(name, owner=self.name)  # an unknown name is refused here, naming the known ones
-            if not key.startswith("predict_"):
-                raise ValueError(f"{self.name}: {name!r} is not a prediction parameter (predict_*): it changes what "
-                                 "the model learnt; refit with it")
-            canonical[key] = value
-        self.params_ = {**self.params_, **canonical}
-        return self
-
-    @classmethod
-    def _given_space(cls) -> ParamSpace:
-        """Every declared parameter ``__init__`` takes: the method's and the privacy parameters (with every declared
-        label mechanism's own; one that a method's parameter shadows is an error naming both)."""
-        space = cls.param_space()
-        private = privacy_space()
-        clash = sorted(set(space.names) & (set(private.names) - set(PRIVACY_PARAMS.names)))
-        if clash:
-            raise ValueError(f"{cls.name}: its parameter(s) {clash} have the name of a label mechanism's parameter "
-                             "(partialvfl mechanisms); rename the mechanism's")
-        return space.extend(*private.params)
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
@@ -249,18 +163,18 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
         """The active party's modules by name (their ``state_dict`` is saved under that name)."""
         return {}
 
-    def _plan(self, federation: Federation) -> None:  # noqa: B027 - optional
+    def _plan(self, federation: Federation) -> None:  # optional
         """Fix the parameters a method derives from what the parties announce (``federation.announced_policies()``;
         e.g. a wire protocol within their policies), in ``params_``, before anything is set up."""
 
-    def _build_coordinator(self) -> None:  # noqa: B027 - optional
+    def _build_coordinator(self) -> None:  # optional
         """Make the coordinator's modules (seeded) for a model being loaded; weights are read afterwards."""
 
     def _coordinator_extra_state(self) -> dict[str, Any]:
         """What the active party holds besides its modules' weights (plain values and tensors)."""
         return {}
 
-    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
+    def _load_coordinator_extra_state(self, state: dict[str, Any]) -> None:  # optional
         """Restore :meth:`_coordinator_extra_state`."""
 
 
@@ -286,7 +200,8 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
 
     # ------------------------------------------------------------------ helpers for subclasses
     @property
-    def transport(self):  # noqa: ANN201 - Transport
+    def transport(self):  # Transport
+        """The transport of the federation the model was fitted on or loaded with."""
         return self.federation_.transport
 
     def _tensor(self, data: Any, dtype: Any = None) -> Any:
@@ -295,17 +210,17 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
 
         from partialvfl.utils.devices import to_device
 
-        return to_device(torch.as_tensor(data, dtype=dtype), self.device_)  # on a GPU: queued, the host goes on
+        return to_device(torch.as_tensor(data, dtype=dtype), self.torch_device)  # on a GPU: queued, the host goes on
 
     def _on_device(self, module: nn.Module) -> nn.Module:
         """``module`` (built seeded on the CPU: the same initial weights on every device) on the coordinator's."""
-        return module.to(self.device_)
+        return module.to(self.torch_device)
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """The context the coordinator computes in (bf16 autocast with ``precision='bf16'``)."""
         from partialvfl.utils.devices import autocast
 
-        return autocast(self.device_, self.precision)
+        return autocast(self.torch_device, self.precision)
 
     # ------------------------------------------------------------------ estimator API
     def fit(self, train: VerticalDataset, *, federation: Federation | None = None, log: MessageLog | None = None,
@@ -341,7 +256,7 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "federation_"):
-            raise RuntimeError(f"{self.name}: call fit (or load) before predicting")
+            raise NotFittedError(f"{self.name}: call fit (or load) before predicting")
 
     @property
     def classes_(self) -> np.ndarray:
@@ -402,8 +317,9 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
             # float32 here (heads, softmax); bf16 at the parties
             out[rows] = self._predict(view, handle, rows, diagnostics=part) if wanted else self._predict(
                 view, handle, rows)
-            if self.calibration_ is not None:
-                out[rows] = self.calibration_.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
+            calibration = getattr(self, "calibration_", None)  # the opt-in post-hoc calibration (fit or load)
+            if calibration is not None:
+                out[rows] = calibration.apply(out[rows], np.asarray(self.parties_used(view), bool)[rows])
             self.predict_seconds_ = time.perf_counter() - t0
         if wanted:
             for name in self.prediction_diagnostics:
@@ -455,12 +371,26 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
         return self.classes_[out.argmax(axis=1)] if self.index_.task.is_classification else out
 
     def score(self, data: VerticalDataset) -> float:
-        """Accuracy (classification; labels matched by value, a class unseen in training counts as an error) or
-        RMSE (regression) over the labelled samples of ``data``."""
-        from partialvfl.methods.evaluation import evaluate
+        """The score scikit-learn's scorers expect, higher is better, over the labelled samples of ``data``.
 
-        res = evaluate(self, data)
-        return res["accuracy"] if self.index_.task.is_classification else res["rmse"]
+        Args:
+            data: samples with labels (unlabelled samples are not scored).
+
+        Returns:
+            Accuracy (classification; labels matched by value, a class unseen in training counts as an error) or
+            the coefficient of determination R^2 (regression; the RMSE is in :func:`~partialvfl.methods.evaluation.
+            evaluate` and ``partialvfl evaluate``).
+
+        Raises:
+            NotFittedError: the model is neither fitted nor loaded.
+            DataValidationError: ``data`` carries no labels, or labels of the other kind of task.
+        """
+        from partialvfl.methods.evaluation import evaluate, r2_score
+
+        self._check_fitted()
+        if self.index_.task.is_classification:
+            return evaluate(self, data)["accuracy"]
+        return r2_score(self, data)
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
@@ -474,7 +404,7 @@ class VFLMethod(PrivacyHooks, TypedParams, RowSeeds, ABC):
     @classmethod
     def load(cls, directory: str | Path, *, federation: Federation | None = None,
              log: MessageLog | None = None, device: Any = "cpu", precision: str = "fp32",
-             compile: bool = False) -> VFLMethod:  # noqa: A002 - torch's word
+             compile: bool = False) -> VFLMethod:  # torch's word
         """Restore a saved model (any method when called on ``VFLMethod``) with its parties' states.
 
         The model runs on ``device`` whatever device it was fitted on (states are read to the CPU, then moved);

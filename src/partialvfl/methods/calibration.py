@@ -215,12 +215,14 @@ class Calibration:
         return cls(overall, by, tuple(party_names), fitted_on, by_count)
 
     def to_dict(self) -> dict[str, Any]:
+        """The calibration as plain values (what the model directory stores)."""
         return {"method": "temperature", "temperature": self.temperature, "by_pattern": dict(self.by_pattern),
                 "by_count": {str(c): t for c, t in self.by_count.items()},
                 "party_names": list(self.party_names), "fitted_on": self.fitted_on}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        """The calibration stored by :meth:`to_dict`."""
         if d.get("method") != "temperature":
             raise ValueError(f"unknown calibration {d.get('method')!r} (this version knows 'temperature')")
         return cls(float(d["temperature"]), {str(k): float(v) for k, v in d.get("by_pattern", {}).items()},

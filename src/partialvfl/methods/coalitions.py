@@ -56,7 +56,7 @@ def _registered_refusal(name: str) -> str | None:
 
     try:
         return getattr(get_method(name), "subset_refusal", None)
-    except Exception:  # noqa: BLE001 - a plug-in that fails to load is not listed
+    except Exception:  # a plug-in that fails to load is not listed
         return "unavailable"
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from partialvfl.data.dataset import CoordinatorView, DataValidationError, VerticalDataset
 
 __all__ = ["ESS", "add_diagnostics", "ess_line", "ess_summary", "evaluate", "metrics_from_predictions",
-           "predict_with_diagnostics", "samples_per_row", "true_in_model_classes"]
+           "predict_with_diagnostics", "r2_score", "samples_per_row", "true_in_model_classes"]
 
 #: the per-row diagnostic of an importance-sampling prediction: the effective sample size of its weights
 ESS = "importance_ess"
@@ -126,6 +126,26 @@ def evaluate(method: Any, data: VerticalDataset, *, calibration: bool = False) -
     res["predict_seconds"] = time.perf_counter() - t0
     add_diagnostics(res, method, diagnostics)
     return res
+
+
+def r2_score(method: Any, data: VerticalDataset) -> float:
+    """The coefficient of determination R^2 of a fitted regression ``method`` over the labelled samples of ``data``
+    (1 - residual sum of squares / total sum of squares about their mean; 1 is perfect, 0 predicts the mean).
+
+    Raises:
+        DataValidationError: ``data`` has no labels, labels of classes, or fewer than two labelled samples.
+    """
+    if data.task is None or data.task.is_classification:
+        raise DataValidationError("R^2 scores a regression: the data carries no values to score (give the label "
+                                  "column)" if data.task is None else "R^2 scores a regression, the data holds classes")
+    lab = np.asarray(data.labeled, dtype=bool)
+    if lab.sum() < 2:
+        raise DataValidationError(f"R^2 needs at least two labelled samples, the data has {int(lab.sum())}")
+    out = method.predict_output(data)
+    true = np.asarray(data.y, dtype=np.float64)[lab]
+    residual = float(((true - out[lab]) ** 2).sum())
+    total = float(((true - true.mean()) ** 2).sum())
+    return 1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0)
 
 
 def add_diagnostics(res: dict[str, Any], method: Any, diagnostics: dict[str, np.ndarray]) -> None:

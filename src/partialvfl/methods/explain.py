@@ -85,6 +85,7 @@ class Explanation:
 
     @property
     def n_rows(self) -> int:
+        """The number of rows explained."""
         return len(self.ids)
 
     def efficiency_gap(self) -> float:

@@ -73,7 +73,7 @@ def fit_federated(method: VFLMethod, federation: Federation, view: CoordinatorVi
     if not view.labeled.any():
         raise ValueError(f"{method.name}: the training data has no labelled sample")
     method.federation_ = federation
-    federation.transport.device = method.device_  # replies arrive on the coordinator's device
+    federation.transport.device = method.torch_device  # replies arrive on the coordinator's device
     method.calibration_ = None  # a calibration belongs to the model it was fitted on, not to the next fit
     method.index_ = IndexInfo.of(view)
     resolved = method.resolve_params(dataset)  # checked: the defaults, presets and overrides each were

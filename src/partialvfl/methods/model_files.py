@@ -63,6 +63,7 @@ class IndexInfo:
 
     @property
     def n_parties(self) -> int:
+        """The number of parties the model was fitted on."""
         return len(self.party_names)
 
     @classmethod
@@ -74,12 +75,14 @@ class IndexInfo:
                    tuple(tuple(s) for s in view.feature_shapes), view.active_party, names)
 
     def to_dict(self) -> dict[str, Any]:
+        """The index as plain values (what ``model.json`` stores)."""
         d = asdict(self)
         d["task"] = self.task.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IndexInfo:
+        """The index stored by :meth:`to_dict`."""
         names = d.get("feature_names")
         return cls(Task.from_dict(d["task"]), tuple(d["party_names"]), tuple(d["feature_dims"]),
                    tuple(tuple(s) for s in d["feature_shapes"]), int(d["active_party"]),
@@ -138,7 +141,7 @@ def _swap(tmp: Path, target: Path, tag: str, forget_parties: Callable[[Path], No
     if (old / "model.json").exists():
         try:  # the parties' halves of the replaced model (over gRPC they live on the parties' disks)
             forget_parties(old)
-        except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps a stale file, no more
+        except Exception as e:  # a party that cannot delete keeps a stale file, no more
             log.warning("parties could not delete their state of the replaced model: %s", e)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -172,7 +175,7 @@ def read_coordinator_state(directory: Path, meta: dict[str, Any]) -> dict[str, A
                              "from another model")
     try:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)  # any device it was saved on
-    except Exception as e:  # noqa: BLE001 - whatever torch says, the file is unusable
+    except Exception as e:  # whatever torch says, the file is unusable
         raise ModelFileError(f"{path} is not a readable coordinator state (corrupted, truncated or foreign: "
                              f"{type(e).__name__})") from None
     if not isinstance(state, dict):
@@ -204,7 +207,7 @@ def model_meta(method: Any) -> dict[str, Any]:
         "fit_seconds": getattr(method, "fit_seconds_", None),
         "schedule": schedule.to_dict() if schedule is not None else None,
         "history": method.history_,
-        **({"privacy": {**privacy, "dp_options": method.dp_options_}} if privacy else {}),
+        **({"privacy": {**privacy, "dp_options": method.dp_options}} if privacy else {}),
         **({"calibration": calibration.to_dict()} if calibration is not None else {}),
     }
 
@@ -237,6 +240,7 @@ def method_from_meta(cls: Any, meta: dict[str, Any], d: Path, run: RunOptions | 
     obj.history_ = meta.get("history", [])
     obj.fit_seconds_ = meta.get("fit_seconds")
     obj.schedule_ = SchedulePlan.from_dict(meta["schedule"]) if meta.get("schedule") else None
+    obj.calibration_ = None
     if meta.get("calibration"):
         from partialvfl.methods.calibration import Calibration
 

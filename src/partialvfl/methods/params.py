@@ -192,19 +192,23 @@ class ParamSpace:
     # ------------------------------------------------------------------ lookups
     @property
     def names(self) -> list[str]:
+        """The declared parameters' names, in declaration order."""
         return [p.name for p in self.params]
 
     @property
     def preset_names(self) -> tuple[str, ...]:
+        """The presets' names."""
         return tuple(self.presets)
 
     def param(self, name: str) -> Param:
+        """The declaration of parameter ``name`` (``KeyError`` for an undeclared name)."""
         for p in self.params:
             if p.name == name:
                 return p
         raise KeyError(name)
 
     def defaults(self) -> dict[str, Any]:
+        """Every declared parameter's default (copies: safe to change)."""
         return {p.name: _copy(p.default) for p in self.params}
 
     def epoch_names(self) -> list[str]:

@@ -47,7 +47,7 @@ __all__ = ["DP_OPTIONS", "PrivacyHooks", "check_dp_options", "describe_privacy",
            "label_prior", "plans_for", "privacy_report", "privacy_space", "private_methods_text", "private_parties",
            "restore_privacy"]
 
-#: Options of the plans a method sends (``dp_options_``, as ``model.json`` keeps them): a factor on the method's clip
+#: Options of the plans a method sends (``dp_options``, as ``model.json`` keeps them): a factor on the method's clip
 #: norms of released values, the per-row gradient clip of the parties' DP-SGD, and how many predictions per row to
 #: keep budget for after a fit; set by the declared parameters ``dp_clip``, ``dp_grad_clip``, ``dp_predictions``
 #: (:data:`~partialvfl.methods.params.PRIVACY_PARAMS`).
@@ -138,7 +138,7 @@ def restore_privacy(method: VFLMethod, meta: Mapping[str, Any]) -> None:
     method.privacy_ = {k: v for k, v in privacy.items() if k != "dp_options"} or None
     labels = privacy.get("labels", {})
     method.label_dp = labels.get("epsilon")
-    method.dp_options_ = check_dp_options(privacy.get("dp_options"))
+    method.dp_options = check_dp_options(privacy.get("dp_options"))
     if method.label_dp is None:
         return
     # what get_params shows: the label DP the model was fitted with (a file without a mechanism's name: by its title)
@@ -217,7 +217,7 @@ def label_dp_view(method: VFLMethod, view: CoordinatorView, federation: Federati
     if federation is not None and handle is not None:
         def prior_fit(y: np.ndarray, labeled: np.ndarray) -> np.ndarray:
             run = method.run_options
-            dp = {f"dp_{k}": v for k, v in method.dp_options_.items()}
+            dp = {f"dp_{k}": v for k, v in method.dp_options.items()}
             prior_model = type(method)(method.preset, seed=method.seed, device=run.device, precision=run.precision,
                                        compile=run.compile, **dp, **method.overrides)
             prior_model.fit_federated(federation, dataclasses.replace(view, y=y, labeled=labeled), handle,
@@ -258,7 +258,7 @@ def plans_for(method: VFLMethod, parties: Mapping[int, Any], purpose: str) -> di
     """The plan for each party with a budget (``purpose``: ``fit`` or ``predict``), ``None`` if there is none."""
     if not parties:
         return None
-    opts = method.dp_options_
+    opts = method.dp_options
     plans = {}
     for k in parties:
         clips = {name: float(c) * float(opts["clip"]) for name, c in method._privacy_clips(k).items()}

@@ -27,12 +27,17 @@ from partialvfl.utils.plugins import import_entry_points
 #: a method class (a :class:`~partialvfl.methods.base.VFLMethod` subclass; not imported here, which would be a cycle)
 VFLMethod = Any
 
-__all__ = ["ENTRY_POINT_GROUP", "METHODS", "SPECS", "MethodSpec", "get_method", "get_spec", "load_all",
-           "load_specs", "method_names", "package_methods", "private_methods", "register_spec", "unregister"]
+__all__ = ["DEFAULT_METHOD", "ENTRY_POINT_GROUP", "METHODS", "SPECS", "MethodSpec", "get_method", "get_spec",
+           "load_all", "load_specs", "method_names", "package_methods", "private_methods", "register_spec",
+           "unregister"]
 
 #: the entry point group a plugin package lists its families' ``spec`` modules under (``pyproject.toml``:
 #: ``[project.entry-points."partialvfl.methods"] toy = "toy_family.spec"``)
 ENTRY_POINT_GROUP = "partialvfl.methods"
+
+#: the method ``partialvfl fit`` runs without ``--method`` and the scikit-learn estimators run by default: a promise to
+#: users (README), so a constant here, not a flag a method's declaration (or a plugin's) could take over
+DEFAULT_METHOD = "false-vfl-1"
 
 #: where a method without a declared ``report_order`` sorts in reports: after the baselines, before FALSE-VFL
 UNORDERED = 85.0
@@ -148,6 +153,7 @@ def _implementation(spec: MethodSpec) -> type[VFLMethod]:
 
 
 def method_names() -> list[str]:
+    """Every registered method's name (plugins and test methods included), sorted."""
     return sorted(load_specs())
 
 

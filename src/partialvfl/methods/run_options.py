@@ -30,7 +30,7 @@ class RunOptions:
     progress: bool | str = False
     device: Any = "cpu"
     precision: str = "fp32"
-    compile: bool = False  # noqa: A003 - torch's word
+    compile: bool = False  # torch's word
     torch_device: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

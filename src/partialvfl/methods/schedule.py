@@ -153,6 +153,7 @@ class SchedulePlan:
         return run
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan and its outcome as plain values (what ``model.schedule_`` holds)."""
         return {"min_steps": self.min_steps, "early_stopping": self.early_stopping, "requested": self.requested,
                 "validation_rows": self.validation_rows, "stopping_fraction": self.stopping_fraction,
                 "patience": self.patience, "stages": {k: dict(v) for k, v in self.stages.items()},
@@ -205,6 +206,7 @@ class EarlyStopping:
         self.reset()
 
     def reset(self) -> None:
+        """Forget the best state and the epochs since it (a new stage starts)."""
         self.best: tuple[float, ...] | None = None
         self.best_epoch = 0
         self.best_state: dict[str, Any] | None = None
@@ -243,6 +245,7 @@ class EarlyStopping:
 
     @property
     def stopped(self) -> bool:
+        """Whether the patience ran out."""
         return self.stopped_epoch is not None
 
     def finish(self, load_coordinator: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -269,11 +272,13 @@ class EarlyStopping:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
+        """The state to save: what :meth:`load_state_dict` restores."""
         return {"best": None if self.best is None else list(self.best), "best_epoch": self.best_epoch,
                 "best_state": self.best_state, "since": self.since, "checks": self.checks,
                 "stopped_epoch": self.stopped_epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         self.best = None if state["best"] is None else tuple(float(v) for v in state["best"])
         self.best_epoch = int(state["best_epoch"])
         self.best_state = state["best_state"]

@@ -71,6 +71,7 @@ class PermutationSample:
 
     @property
     def n_permutations(self) -> int:
+        """The number of party orders sampled."""
         return int(self.orders.shape[0])
 
     def shapley(self, value_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -92,6 +92,7 @@ class RowBlocks(nn.Module):
         self.inner = module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The inner module applied to ``x`` in blocks of rows."""
         return in_row_blocks(self.inner, x)
 
 
@@ -134,6 +135,7 @@ class CNNEncoder(ConvBlock):
         self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The representation of each flattened image in ``x``."""
         z = self.conv(self.images(x))
         return self.head(z.flatten(1))
 
@@ -159,6 +161,7 @@ class TransposedCNNDecoder(ConvBlock):
         self.out_dim = c * h * w
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """The flattened image decoded from each representation in ``z`` (leading axes kept)."""
         lead = z.shape[:-1]
         x = self.images(self.fc(z.reshape(-1, z.shape[-1])), (self.c1, self.h2, self.w2))
         x = self.deconv(x)[:, :, : self.shape[1], : self.shape[2]]
@@ -206,6 +209,7 @@ class ResNet18(ConvBlock):
         self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The representation of each flattened image in ``x`` (global average pooling, then the head)."""
         y = self.stages(self.stem(self.images(x)))
         return self.head(y.mean(dim=(2, 3)))
 

@@ -59,7 +59,7 @@ class _Compiled:
             self.compiled = torch.compile(self.fn, dynamic=True)
         try:
             return self.compiled(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any compile failure: run eagerly (a real error raises there too)
+        except Exception as e:  # any compile failure: run eagerly (a real error raises there too)
             _FAILED[self.name] = _cause(e)
             print(f"partialvfl --compile: could not compile {self.name} ({_FAILED[self.name]}); running it eagerly "
                   "instead (the same results, without the speed-up). On the CPU torch.compile needs a C++ compiler "

@@ -59,7 +59,7 @@ def _stacked(params: list[torch.Tensor], x: torch.Tensor, layout: tuple[bool, ..
 _COMPILED = compiled(_stacked, True, "the stacked party MLPs")
 
 
-def stacked_mlp(modules: Sequence[nn.Sequential], x: torch.Tensor, *, compile: bool = False) -> torch.Tensor:  # noqa: A002
+def stacked_mlp(modules: Sequence[nn.Sequential], x: torch.Tensor, *, compile: bool = False) -> torch.Tensor:
     """``(K, N, in) -> (K, N, out)``: party k's rows through party k's MLP, all parties in one batched pass.
 
     ``modules`` must share one :func:`mlp_signature`; ``x[k]`` are party k's inputs (padded rows are computed too

@@ -103,6 +103,7 @@ def feature_gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, logvar: to
 
 
 def standard_normal_log_prob(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise log density of the standard normal at ``x``."""
     return -0.5 * (LOG_2PI + x**2)
 
 

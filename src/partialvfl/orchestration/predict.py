@@ -78,7 +78,7 @@ class Prediction:
         return ~self.parties.any(axis=1)
 
 
-class PriorOnlyRows(ValueError):  # noqa: N818 - reads as the condition it names
+class PriorOnlyRows(ValueError):  # reads as the condition it names
     """Rows no party holds, refused: their prediction would be the training label prior alone."""
 
     def __init__(self, n_rows: int, n_ids: int, first: Any) -> None:

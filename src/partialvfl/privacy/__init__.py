@@ -12,7 +12,7 @@ from partialvfl.privacy.label_attacks import (
     GradientObservation,
     gradient_observations,
     label_attack,
-    labelled_rows_attack,
+    labeled_rows_attack,
     row_counts,
 )
 from partialvfl.privacy.reconstruction import (
@@ -27,6 +27,19 @@ from partialvfl.privacy.recording import Recorded, Recorder
 
 __all__ = [
     "GradientObservation", "Recorded", "Recorder", "decode_oracle", "direct_release_attack", "gradient_observations",
-    "known_row_attack", "label_attack", "labelled_rows_attack", "relative_rmse", "released_per_row", "ridge",
+    "known_row_attack", "label_attack", "labeled_rows_attack", "relative_rmse", "released_per_row", "ridge",
     "row_counts",
 ]
+
+#: names spelt the other way until this release, kept for one release with a DeprecationWarning
+_RENAMED = {"labelled_rows_attack": "labeled_rows_attack"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"partialvfl.privacy.{name} is now {_RENAMED[name]}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'partialvfl.privacy' has no attribute {name!r}")

@@ -41,8 +41,11 @@ class Enumeration:
 
 
 def enumerate_memberships(fed: Any, candidates: Sequence[str], batch: int = 10_000) -> Enumeration:
-    """Look ``candidates`` up through ``fed`` (a connected :class:`~partialvfl.federation.grpc.federation.
-    GrpcFederation`) as predictions do, in batches, until all are answered or every keyed party refuses one ID."""
+    """Look ``candidates`` up through ``fed`` as predictions do, in batches.
+
+    ``fed`` is a connected :class:`~partialvfl.federation.grpc.federation.GrpcFederation`; the lookup goes on until
+    all are answered or every keyed party refuses one ID.
+    """
     held: dict[str, tuple[int, ...]] = {}
     tested, refusal, size = 0, None, batch
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ import numpy as np
 
 from partialvfl.privacy.recording import Recorded, Recorder
 
-__all__ = ["GradientObservation", "gradient_observations", "label_attack", "labelled_rows_attack", "row_counts"]
+__all__ = ["GradientObservation", "gradient_observations", "label_attack", "labeled_rows_attack", "row_counts"]
 
 #: request tensors that carry the loss gradient of what the party sent last (by the programs' declarations)
 GRADIENT_TENSORS = ("grad", "grad_mu", "grad_logvar")
@@ -167,7 +167,7 @@ def row_counts(recorder: Recorder, party: int, n_samples: int, handle: str | Non
     return counts
 
 
-def labelled_rows_attack(counts: np.ndarray, held: np.ndarray, labeled: np.ndarray, seed: int = 0) -> dict[str, Any]:
+def labeled_rows_attack(counts: np.ndarray, held: np.ndarray, labeled: np.ndarray, seed: int = 0) -> dict[str, Any]:
     """Which of the rows a party holds (``held``) are labelled, from how often each appeared: the AUC of the count
     as a score, and the accuracy of splitting the counts in two groups (the larger counts called labelled)."""
     from sklearn.cluster import KMeans

@@ -256,7 +256,7 @@ def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_pr
                                on_batch=on_batch)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
+    async def lifespan(app: FastAPI):  # FastAPI's lifespan protocol
         yield
         await asyncio.to_thread(batcher.stop)  # in-flight requests finished (uvicorn waits for them), queue empty
         close = getattr(batcher.predictor, "close", None)
@@ -325,7 +325,7 @@ def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_pr
             outcome = await (submitted if isinstance(submitted, asyncio.Future) else asyncio.wrap_future(submitted))
         except FeatureError as e:
             return _error(422, str(e))
-        except Exception as e:  # noqa: BLE001 - the batch failed as a whole: say so, the service goes on
+        except Exception as e:  # the batch failed as a whole: say so, the service goes on
             return _error(503, f"prediction failed: {type(e).__name__}: {e}")
         return JSONResponse(_response(batcher.predictor, body, keys, outcome))
 
@@ -370,7 +370,7 @@ def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_pr
             return _error(422, str(e))
         except PartiesRefused as e:
             return _error(403, str(e))
-        except Exception as e:  # noqa: BLE001 - the explanation failed as a whole: say so, the service goes on
+        except Exception as e:  # the explanation failed as a whole: say so, the service goes on
             return _error(503, f"explanation failed: {type(e).__name__}: {e}")
         return JSONResponse(_explain_response(batcher.predictor, body, keys, outcome))
 
@@ -408,7 +408,7 @@ def create_app(predictor: Any, config: ServiceConfig | None = None, *, tracer_pr
             return _validation_error(e.errors())
         try:
             version = await asyncio.wrap_future(reload_model(batcher, target))
-        except Exception as e:  # noqa: BLE001 - the old model keeps serving
+        except Exception as e:  # the old model keeps serving
             return _error(422, f"model: {type(e).__name__}: {e} (the previous model keeps serving)")
         metrics.set_version(version)
         return JSONResponse({"model_version": version})

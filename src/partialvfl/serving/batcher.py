@@ -79,6 +79,7 @@ class MicroBatcher:
             t.start()
 
     def submit(self, job: Job) -> Future:
+        """Queue ``job`` for the next batch; its future gets the job's answer."""
         self._queue.put(job)
         return job.future
 
@@ -89,6 +90,7 @@ class MicroBatcher:
         return c.future
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stop the batching threads after the jobs already queued (waiting up to ``timeout`` each)."""
         self._queue.put(None)  # each thread passes it on to the next
         for t in self._threads:
             t.join(timeout)
@@ -144,7 +146,7 @@ class MicroBatcher:
             if due():  # another lane may have done it meanwhile
                 try:
                     self.predictor.maintain()
-                except Exception:  # noqa: BLE001 - the batches go on without the returned party; tried again later
+                except Exception:  # the batches go on without the returned party; tried again later
                     log.exception("the predictor's upkeep failed")
 
     def _gather(self, first: Job) -> tuple[list[Job], Job | _Control | None]:

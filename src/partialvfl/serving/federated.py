@@ -222,6 +222,7 @@ class FederationPredictor(_Base):
         return bool((info.get("policy") or {}).get("accept_coordinator_features"))
 
     def party_names_of(self, k: int) -> str:
+        """The name of party ``k`` in the federation file's order."""
         return self.fed.party_names[k]
 
     def reloaded(self, model_dir: str | Path) -> FederationPredictor:

@@ -69,6 +69,7 @@ class ServiceMetrics:
             self.errors.labels(party=p)
 
     def request(self, seconds: float, code: int) -> None:
+        """Count a finished request by status code and record its latency."""
         self.latency.observe(seconds)
         counter = self._by_code.get(code)
         if counter is None:
@@ -76,6 +77,7 @@ class ServiceMetrics:
         counter.inc()
 
     def batch(self, n_requests: int, n_ids: int, outcome: BatchOutcome) -> None:
+        """Record a batch: its requests and IDs, the parties that timed out or failed, its ESS and its spans."""
         self.batch_requests.observe(n_requests)
         self.batch_ids.observe(n_ids)
         for p in outcome.timed_out:
@@ -105,8 +107,10 @@ class ServiceMetrics:
                 self.party_call.labels(party=name, part="wire").observe(c.wire_seconds)
 
     def set_version(self, version: str) -> None:
+        """Show ``version`` as the served model's version."""
         self.model.clear()
         self.model.labels(version=version).set(1)
 
     def render(self) -> tuple[bytes, str]:
+        """The metrics in Prometheus' text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

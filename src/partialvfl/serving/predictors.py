@@ -178,7 +178,7 @@ class TablePredictor(_Base):
                 if unknown else ""])))
         id_column = id_column or self.model.data_info_.get("id_column")
         if not id_column:
-            raise ValueError("say which column of the tables holds the IDs: --id COLUMN")
+            raise ValueError("say which column of the tables holds the IDs: --id-column COLUMN")
         names = idx.feature_names
         columns = None if names is None else {p: [c.split(":", 1)[1] for c in names[k]]
                                               for k, p in enumerate(parties)}

@@ -35,6 +35,7 @@ class BatchTiming:
 
     @property
     def seconds(self) -> float:
+        """The batch's wall time, from its start to its end."""
         return max(0.0, self.ended - self.started)
 
     def queue(self) -> list[float]:

@@ -186,6 +186,7 @@ class DeviceActivity:
     busy_fraction: float
 
     def as_dict(self) -> dict[str, Any]:
+        """The figures per profiled step, rounded, as JSON-ready values."""
         return {"steps_profiled": self.steps, "wall_ms_per_step": round(1e3 * self.wall_s / self.steps, 2),
                 "kernels_per_step": round(self.kernels, 1), "kernel_ms_per_step": round(1e3 * self.kernel_s, 2),
                 "copies_per_step": round(self.copies, 1), "copy_ms_per_step": round(1e3 * self.copy_s, 2),

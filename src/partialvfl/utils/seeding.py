@@ -22,10 +22,12 @@ def derive_seed(seed: int, *keys: object) -> int:
 
 
 def numpy_rng(seed: int, *keys: object) -> np.random.Generator:
+    """A NumPy generator seeded from ``seed`` and ``keys`` (one independent stream per key path)."""
     return np.random.default_rng(derive_seed(seed, *keys))
 
 
 def torch_generator(seed: int, *keys: object) -> torch.Generator:
+    """A torch CPU generator seeded from ``seed`` and ``keys`` (one independent stream per key path)."""
     g = torch.Generator()
     g.manual_seed(derive_seed(seed, *keys))
     return g

@@ -39,6 +39,7 @@ class RawSource:
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample (without the sample axis)."""
         return tuple(int(s) for s in self.X_train.shape[1:])
 
 
@@ -62,6 +63,7 @@ SOURCES: dict[str, SourceInfo] = {}
 
 
 def register_source(info: SourceInfo) -> SourceInfo:
+    """Register a dataset source under its name (a name registered twice is an error)."""
     if info.name in SOURCES:
         raise ValueError(f"dataset {info.name!r} registered twice")
     SOURCES[info.name] = info

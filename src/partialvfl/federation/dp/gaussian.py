@@ -107,9 +107,11 @@ class DPBudget:
 
     @property
     def mu(self) -> float:
+        """The budget as the mu of Gaussian differential privacy (what the ledger adds up in mu squared)."""
         return budget_mu(self.epsilon, self.delta)
 
     def describe(self) -> str:
+        """The budget in words."""
         return f"epsilon {self.epsilon:g}, delta {self.delta:g} per row"
 
 
@@ -133,12 +135,15 @@ class PrivacyLedger:
 
     @property
     def n_rows(self) -> int:
+        """The number of rows the ledger accounts for."""
         return len(self._slot)
 
     def max_mu2(self) -> float:
+        """The largest mu squared any row has spent."""
         return float(self._mu2.max()) if self._mu2.size else 0.0
 
     def remaining_mu2(self) -> float:
+        """What the most-spent row has left, in mu squared (never negative)."""
         return max(self.limit - self.max_mu2(), 0.0)
 
     def epsilon_spent(self) -> float:
@@ -183,6 +188,7 @@ class PrivacyLedger:
                               {"dp_epsilon": float(f"{need:.3g}")})
 
     def save(self) -> None:
+        """Write the ledger to its file (nothing for a ledger without one)."""
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,6 +211,7 @@ class PrivacyPlan:
 
     @classmethod
     def from_meta(cls, meta: Any) -> PrivacyPlan:
+        """The plan a setup message carries (a table; malformed values are a ``ValueError``)."""
         if not isinstance(meta, Mapping):
             raise ValueError(f"the privacy plan must be a table, got {type(meta).__name__}")
         try:
@@ -216,10 +223,6 @@ class PrivacyPlan:
         if plan.charges < 1 or not all(math.isfinite(c) and c > 0 for c in clips):
             raise ValueError(f"a privacy plan needs charges >= 1 and positive clip norms, got {dict(meta)!r}")
         return plan
-
-    def to_meta(self) -> dict[str, Any]:
-        return {"charges": int(self.charges), "clip": {k: float(v) for k, v in self.clip.items()},
-                "default_clip": float(self.default_clip), "grad_clip": float(self.grad_clip)}
 
 
 def clip_rows(t: torch.Tensor, clip: float, axis: int = 0) -> torch.Tensor:
@@ -299,6 +302,7 @@ class PartyPrivacy:
         return float(self.hooks.cost(self.z))
 
     def clip_for(self, declared: str) -> float:
+        """The clipping bound of the declared release ``declared`` (the plan's default if it names none)."""
         assert self.plan is not None
         return float(self.plan.clip.get(declared, self.plan.default_clip))
 

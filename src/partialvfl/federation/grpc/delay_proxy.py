@@ -35,6 +35,7 @@ class DelayProxy:
 
     @property
     def address(self) -> str:
+        """The address clients connect to (``127.0.0.1:PORT``)."""
         return f"127.0.0.1:{self.port}"
 
     def _run(self, started: threading.Event) -> None:

@@ -154,6 +154,7 @@ class GrpcFederation(RowAlignment, Federation):
 
     @property
     def grpc_transport(self) -> GrpcTransport:
+        """The federation's transport, as the gRPC transport it is."""
         assert isinstance(self.transport, GrpcTransport)
         return self.transport
 
@@ -206,7 +207,7 @@ class GrpcFederation(RowAlignment, Federation):
                 self.tickets.discard()  # no checkpoint to resume: a fit that stopped early leaves nothing behind
             if len(replies) == len(self._present()):
                 self.sessions.forget()
-        except Exception as e:  # noqa: BLE001 - closing: a party that refuses or is gone keeps its session
+        except Exception as e:  # closing: a party that refuses or is gone keeps its session
             log.info("bye was not answered by every party (%s): their sessions end at their idle timeout", e)
         finally:
             super().close()
@@ -258,6 +259,7 @@ class GrpcFederation(RowAlignment, Federation):
         return ok
 
     def announced_policies(self) -> list[dict[str, Any]]:
+        """Each party's policy as it announced it in its hello (empty for an absent party)."""
         return [dict(self.party_info.get(k, {}).get("policy") or {}) for k in range(self.n_parties)]
 
     def _present(self) -> list[int]:
@@ -275,6 +277,7 @@ class GrpcFederation(RowAlignment, Federation):
             self.aligner.alignment_id = value
 
     def feature_dims(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """Each party's feature width and feature shape, as the parties reported them."""
         dims = tuple(int(self.party_info.get(k, {}).get("feature_dim", 0)) for k in range(self.n_parties))
         shapes = tuple(tuple(self.party_info.get(k, {}).get("feature_shape", [d])) for k, d in enumerate(dims))
         return dims, shapes
@@ -289,6 +292,7 @@ class GrpcFederation(RowAlignment, Federation):
     # ------------------------------------------------------------------ programs and their state
     def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int,
               plans: Mapping[int, dict[str, Any]] | None = None) -> None:
+        """Set up ``program`` at every party present, each with its config (and privacy plan), from ``seed``."""
         if len(configs) != self.n_parties:
             raise ValueError(f"{len(configs)} configs for {self.n_parties} parties")
         replies = self._setup_at(program, configs, seed, self._present(), tolerate=self.allow_absent, plans=plans)
@@ -305,12 +309,14 @@ class GrpcFederation(RowAlignment, Federation):
         return f"models/{d.name}-{hashlib.sha256(str(d).encode()).hexdigest()[:10]}"
 
     def preprocess(self, handle: str, *, standardize: bool) -> None:
+        """Have every party present fit its own preprocessing on the data attached as ``handle``."""
         self.transport.new_step()
         replies = self.transport.broadcast(self._present(), "preprocess", tolerate=self.allow_absent, data=handle,
                                            standardize=bool(standardize))
         self.absent |= set(self._present()) - set(replies)
 
     def save(self, directory: str | Path, *, model: str | None = None) -> None:
+        """Have every party save its state under ``directory`` (each on its own disk); record where."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         rel = self.party_dir_for(d)
@@ -328,6 +334,7 @@ class GrpcFederation(RowAlignment, Federation):
         return json.loads(f.read_text())["party_dir"]
 
     def party_dir(self, directory: str | Path) -> str:
+        """The directory the parties saved a model in ``directory`` under (relative to their state)."""
         return self.saved_party_dir(directory)
 
     def forget(self, directory: str | Path) -> bool:
@@ -342,6 +349,7 @@ class GrpcFederation(RowAlignment, Federation):
         return len(replies) == self.n_parties
 
     def load(self, directory: str | Path, *, model: str | None = None) -> None:
+        """Have every party load the state it saved for the model in ``directory``."""
         rel = self.saved_party_dir(directory)
         self.transport.new_step()
         replies = self.transport.broadcast(self._present(), "load", tolerate=self.allow_absent, dir=rel,

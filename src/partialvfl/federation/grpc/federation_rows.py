@@ -272,6 +272,7 @@ class RowAlignment:
         self._last_unlisted, self._unlisted_of = value, None
 
     def release(self, handle: str) -> None:
+        """Have the parties forget the data attached as ``handle``."""
         self.transport.new_step()
         self.transport.broadcast(self._present(), "release", tolerate=True, handle=handle)
 

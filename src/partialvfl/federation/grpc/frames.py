@@ -243,10 +243,12 @@ def decode_request(data: bytes | bytearray, max_bytes: int | None = None) -> Wir
 
 
 def encode_reply(reply: Reply) -> bytes:
+    """A reply as one frame: its tensors (safetensors) and its metadata (JSON)."""
     return _frame(reply.tensors, {"meta": reply.meta})
 
 
 def decode_reply(data: bytes) -> Reply:
+    """The reply in a frame written by :func:`encode_reply` (malformed metadata is a ``WireError``)."""
     header, tensors = _unframe(data)
     meta = header.get("meta", {})
     if not isinstance(meta, dict):

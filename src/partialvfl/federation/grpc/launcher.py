@@ -44,15 +44,20 @@ class PartyHandle(Protocol):
     pid: int
 
     @property
-    def returncode(self) -> int | None: ...
+    def returncode(self) -> int | None:
+        """The process's exit status (``None`` while it runs)."""
 
-    def poll(self) -> int | None: ...
+    def poll(self) -> int | None:
+        """The exit status if the process has ended, else ``None``."""
 
-    def wait(self, timeout: float | None = None) -> int: ...
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to end (at most ``timeout`` seconds); its exit status."""
 
-    def send_signal(self, sig: int) -> None: ...
+    def send_signal(self, sig: int) -> None:
+        """Send the process signal ``sig``."""
 
-    def kill(self) -> None: ...
+    def kill(self) -> None:
+        """Kill the process."""
 
 
 def default_launcher() -> str:

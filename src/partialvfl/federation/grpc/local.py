@@ -177,6 +177,7 @@ path = {_q(self.dir / "data" / name / f"party-{k}.parquet")}
 """ for name in self.predict)
 
     def party_config_file(self, k: int) -> Path:
+        """The path of party ``k``'s configuration file."""
         return self.dir / f"party-{k}.toml"
 
     def _write_party_config(self, k: int, port: int = 0) -> Path:
@@ -229,6 +230,7 @@ key = {_q(self.certs / f"{name}.key")}
         return f'alignment = "psu"\nalignment_key_file = {_q(self.alignment_key_file)}'
 
     def write_federation_file(self) -> Path:
+        """Write the coordinator's federation file for the parties; its path."""
         parts = [f"""[coordinator]
 identity = "coordinator"
 active_party = {self.data.active_party}
@@ -258,6 +260,7 @@ identity = {_q(name)}
         return self.federation_file
 
     def env(self) -> dict[str, str]:
+        """The environment the party processes run in (one torch thread, ended with this process)."""
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = "1"
         env["PARTIALVFL_EXIT_WITH_PARENT"] = "1"  # parties stop if this process dies without closing them
@@ -302,6 +305,7 @@ identity = {_q(name)}
                 p.wait(timeout=10)
 
     def close(self) -> None:
+        """Kill every party process of the deployment."""
         for k in list(self.procs):
             self.kill(k, signal.SIGKILL)
         self.procs.clear()

@@ -177,6 +177,7 @@ class PartyServer(TableBuiltins):
 
     @property
     def session(self) -> str | None:
+        """The coordinator session the party serves (``None`` before a hello)."""
         return self.sessions.session
 
     # -- checks
@@ -260,7 +261,7 @@ class PartyServer(TableBuiltins):
             return payload
         except Refused as e:
             self._refuse(context, entry, e.code, str(e))
-        except Exception as e:  # noqa: BLE001 - anything else is the party's own bug: report, keep serving
+        except Exception as e:  # anything else is the party's own bug: report, keep serving
             self._refuse(context, entry, grpc.StatusCode.INTERNAL,
                          f"party {self.cfg.name!r} failed on {entry['kind']!r}: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")  # context.abort raises
@@ -281,7 +282,7 @@ class PartyServer(TableBuiltins):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {e}") from None
             data = None  # the tensors are views of it: it lives as long as they do
             return self._serve(wire, entry, caller)
-        except Exception as e:  # noqa: BLE001 - re-raised below, without the frames that hold the request
+        except Exception as e:  # re-raised below, without the frames that hold the request
             if not isinstance(e, Refused):
                 log.exception("internal error while serving %r", entry["kind"])
             failure = e

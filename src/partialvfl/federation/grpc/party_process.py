@@ -56,7 +56,7 @@ def import_plugins(cfg: PartyConfig) -> None:
     for name in cfg.plugins:
         try:
             importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - report every broken plugin at once
+        except Exception as e:  # report every broken plugin at once
             log.warning("could not import %s: %s", name, e)
             failed.append(name)
     if failed:

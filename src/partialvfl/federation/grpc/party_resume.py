@@ -211,7 +211,7 @@ class ResumeStore:
         t0 = time.perf_counter()
         try:
             summary = self._restore()
-        except Exception as e:  # noqa: BLE001 - anything unreadable: start without it (a new session)
+        except Exception as e:  # anything unreadable: start without it (a new session)
             log.warning("party %s could not read its session back (%s: %s): it starts without one",
                         self.server.cfg.name, type(e).__name__, e)
             self._reset()

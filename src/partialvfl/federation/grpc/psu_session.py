@@ -89,6 +89,7 @@ class HmacAlignment(_Base):
     def party_tokens(self, parties: Sequence[int], table: str | None, own: Sequence[str] | None = None, *,
                      tolerate: bool = False, expected: dict[int, int] | None = None,
                      ) -> tuple[dict[int, np.ndarray], np.ndarray | None]:
+        """The HMAC tokens of each party's IDs (of ``table``), and the label holder's of ``own``."""
         self.transport.new_step()
         replies = self.transport.call_many({k: Request("ids", {}, self._table_meta(table)) for k in parties},
                                            tolerate=tolerate)
@@ -98,6 +99,7 @@ class HmacAlignment(_Base):
         return out, (self.id_tokens(own) if own is not None else None)
 
     def id_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        """The HMAC tokens of the IDs ``texts``."""
         return hash_ids(texts, self.key, normalized=True)
 
 
@@ -117,6 +119,7 @@ class PsuAlignment(_Base):
         self.reset()
 
     def reset(self) -> None:
+        """Forget the session's salt and which parties are keyed or opened (a new alignment)."""
         self.salt: list[str] | None = None
         self.keyed: list[int] = []
         self.opened: set[int] = set()

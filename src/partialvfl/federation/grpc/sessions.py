@@ -97,6 +97,7 @@ class SessionGuard:
         self.awaiting_continue = True
 
     def check(self, wire: WireRequest) -> None:
+        """Refuse ``wire`` if it breaks the session's rules (changes nothing; :meth:`commit` records)."""
         kind = wire.request.kind
         if kind == "hello" and wire.request.meta.get("continue_session"):
             if not (self.live() and wire.session == self.session and self._resumes(wire.request.meta)):
@@ -207,9 +208,11 @@ class SessionSecrets:
                 self.secrets = {str(k): str(v) for k, v in parties.items() if isinstance(v, str)}
 
     def get(self, party: str) -> str | None:
+        """The session secret of ``party`` (``None`` if none is kept)."""
         return self.secrets.get(party)
 
     def set(self, party: str, secret: str | None) -> None:
+        """Keep ``secret`` for ``party`` (written to disk when it changes)."""
         if not isinstance(secret, str) or self.secrets.get(party) == secret:
             return
         self.secrets[party] = secret
@@ -251,9 +254,11 @@ class AlignmentTickets:
                                  "remove it (the parties then align a resumed fit with new tokens)") from None
 
     def get(self, alignment_id: str, party: str) -> str | None:
+        """The ticket ``party`` holds for alignment ``alignment_id`` (``None`` if none)."""
         return self.tickets.get(alignment_id, {}).get(party)
 
     def set(self, alignment_id: str, party: str, ticket: Any) -> None:
+        """Keep ``ticket`` for ``party`` in alignment ``alignment_id`` (written to its file, if any, on a change)."""
         if not isinstance(ticket, str) or self.get(alignment_id, party) == ticket:
             return
         self.tickets.setdefault(alignment_id, {})[party] = ticket

@@ -22,7 +22,7 @@ __all__ = ["LOCAL_POLICY", "free_loopback_ports", "write_templates"]
 
 #: a loopback trial's ``[policy]``: the safe default a deployed party gets, its main keys written out to edit
 LOCAL_POLICY = """
-[policy]                              # what this party agrees to run (docs/deployment.md); the safe default
+[policy]                              # what this party agrees to run (docs/reference.md); the safe default
 preset = "default"
 # max_width_ratio = 2.0               # values per row a network sends, per feature (a fit narrows its widths to it)
 # allow_likelihood_release = false

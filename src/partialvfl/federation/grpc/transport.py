@@ -79,6 +79,7 @@ class TlsFiles:
     key: Path
 
     def read(self) -> tuple[bytes, bytes, bytes]:
+        """The CA certificate, certificate and private key as bytes; a missing file is named."""
         out = []
         for what, p in (("CA certificate", self.ca), ("certificate", self.cert), ("private key", self.key)):
             if not Path(p).is_file():
@@ -116,10 +117,12 @@ class CallSpan:
 
     @property
     def seconds(self) -> float:
+        """The call's wall time."""
         return self.end - self.start
 
     @property
     def wire_seconds(self) -> float:
+        """The part of the call's time not spent computing at the party (the wire and queues)."""
         return max(0.0, self.seconds - self.party_seconds)
 
 
@@ -372,6 +375,7 @@ class GrpcTransport(Transport):
             self.wait_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
+        """Close the channels this transport owns."""
         if self._owns_channels:  # a lane shares its channels with the transport it came from
             for ch in self._channels:
                 ch.close()

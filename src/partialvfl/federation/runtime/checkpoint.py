@@ -93,6 +93,7 @@ def rng_state(gen: torch.Generator | np.random.Generator) -> Any:
 
 
 def set_rng_state(gen: torch.Generator | np.random.Generator, state: Any) -> None:
+    """Restore a torch or NumPy generator's state saved in a checkpoint."""
     if isinstance(gen, torch.Generator):
         gen.set_state(state)
     elif isinstance(gen, np.random.Generator):
@@ -189,7 +190,7 @@ class Checkpointer:
         """Remove a checkpoint: at the parties first (reachable ones), then here if every party confirmed."""
         try:
             done = self._fed.forget(d)
-        except Exception as e:  # noqa: BLE001 - a party that cannot delete keeps its file until the next prune
+        except Exception as e:  # a party that cannot delete keeps its file until the next prune
             log.warning("parties could not delete their state of %s: %s", d, e)
             done = False
         if not done:  # keep the record (party_states.json) so a later prune asks again
@@ -235,7 +236,7 @@ class Checkpointer:
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             step, state = int(saved["step"]), saved["state"]
-        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
+        except Exception as e:  # any unreadable file gets the same plain message
             raise CheckpointError(f"{path} is not a readable partialvfl checkpoint (corrupted, truncated or "
                                   f"foreign: {type(e).__name__})") from None
         if not isinstance(state, dict) or step != int(info["step"]):

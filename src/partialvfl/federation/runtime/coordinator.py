@@ -38,10 +38,12 @@ class Federation(ABC):
 
     @property
     def n_parties(self) -> int:
+        """The number of parties."""
         return len(self.party_names)
 
     @property
     def log(self) -> MessageLog:
+        """The log of every message that crossed the transport."""
         return self.transport.log
 
     @abstractmethod
@@ -53,6 +55,7 @@ class Federation(ABC):
         """Let the parties drop the data attached under ``handle``."""
 
     def new_handle(self, prefix: str = "data") -> str:
+        """A fresh handle to attach data under."""
         return f"{prefix}-{next(self._handles)}"
 
     def setup(self, program: str, configs: Sequence[dict[str, Any]], seed: int,
@@ -144,6 +147,7 @@ class Federation(ABC):
         return len(replies) == self.n_parties
 
     def call(self, party: int, kind: str, tensors: Any = None, **meta: Any) -> Reply:
+        """Send party ``party`` one ``kind`` message and return its reply."""
         return self.transport.call(party, kind, tensors, **meta)
 
     def announced_policies(self) -> list[dict[str, Any]]:
@@ -152,6 +156,7 @@ class Federation(ABC):
         return [{} for _ in range(self.n_parties)]
 
     def close(self) -> None:
+        """Close the transport."""
         self.transport.close()
 
 
@@ -226,7 +231,7 @@ class LocalFederation(Federation):
         policies: Mapping[int | str, PartyPolicy] | None = None,
         device: Any = "cpu",
         precision: str = "fp32",
-        compile: bool = False,  # noqa: A002 - torch's word
+        compile: bool = False,  # torch's word
         concurrent: bool | None = None,
     ) -> None:
         chosen = _by_index(policies or {}, party_names, "policies")
@@ -242,7 +247,7 @@ class LocalFederation(Federation):
     def for_dataset(cls, data: VerticalDataset, *, log: MessageLog | None = None, batched: bool = True,
                     policies: Mapping[int | str, PartyPolicy] | None = None,
                     party_dp: Mapping[int | str, tuple[float, float]] | None = None,
-                    device: Any = "cpu", precision: str = "fp32", compile: bool = False,  # noqa: A002
+                    device: Any = "cpu", precision: str = "fp32", compile: bool = False,
                     concurrent: bool | None = None) -> LocalFederation:
         """Parties for ``data``; ``batched=False`` answers every party's requests alone (see LocalTransport);
         ``device``/``precision``/``compile``: where and how the parties compute; ``concurrent``: see the class.
@@ -258,10 +263,12 @@ class LocalFederation(Federation):
                    precision=precision, compile=compile, concurrent=concurrent)
 
     def private_parties(self) -> dict[int, dict[str, float]]:
+        """The privacy budget of each party that keeps one."""
         return {k: {"epsilon": rt.privacy.budget.epsilon, "delta": rt.privacy.budget.delta}
                 for k, rt in enumerate(self.runtimes) if rt.privacy is not None}
 
     def attach(self, data: VerticalDataset, handle: str | None = None) -> str:
+        """Give each party its block of ``data`` under a handle (new unless given); the handle."""
         if data.n_parties != self.n_parties:
             raise ValueError(f"data has {data.n_parties} parties, the federation {self.n_parties}")
         handle = handle or self.new_handle()
@@ -270,8 +277,10 @@ class LocalFederation(Federation):
         return handle
 
     def release(self, handle: str) -> None:
+        """Have the parties forget the data attached as ``handle``."""
         for rt in self.runtimes:
             rt.release(handle)
 
     def announced_policies(self) -> list[dict[str, Any]]:
+        """Each party's policy as it announces it."""
         return [rt.policy.announced() for rt in self.runtimes]

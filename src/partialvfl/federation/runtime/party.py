@@ -78,7 +78,7 @@ class PartyRuntime:
                  resolve_dir: Callable[[Any], str | Path] = Path, policy: PartyPolicy | None = None,
                  feature_shape: tuple[int, ...] | None = None, privacy_ledger: str | Path | None = None,
                  device: str | torch.device = "cpu", precision: str = "fp32",
-                 compile: bool = False) -> None:  # noqa: A002 - torch's word
+                 compile: bool = False) -> None:  # torch's word
         self.index = index
         self.name = name
         self.device = resolve_device(device, what=f"party {index} ({name!r}) device")
@@ -122,6 +122,7 @@ class PartyRuntime:
         self._tables.pop(handle, None)
 
     def release(self, handle: str) -> None:
+        """Forget the data attached as ``handle``."""
         self._data.pop(handle, None)
         self._scaled.pop(handle, None)
         self._tables.pop(handle, None)
@@ -372,7 +373,7 @@ class PartyRuntime:
             raise StateFileError(f"{who}: no state file at {path}")
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)  # saved on any device; moved on load
-        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same plain message
+        except Exception as e:  # any unreadable file gets the same plain message
             raise StateFileError(f"{who}: {path} is not a readable partialvfl party state (corrupted, truncated or "
                                  f"foreign: {type(e).__name__})") from None
         if not isinstance(saved, dict) or not {"program", "state"} <= set(saved):

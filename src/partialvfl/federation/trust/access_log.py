@@ -56,6 +56,7 @@ class AccessLog:
             self._handler.emit(record)
 
     def close(self) -> None:
+        """Close the log file."""
         self._handler.close()
 
 

@@ -11,10 +11,10 @@ Each party holds the same secret key (a file given to every institution, never s
 matrix (which party holds which sample) from those hash lists alone, then tells each party the positions of *its
 own* hashes in that order; a party never receives another party's hashes.
 
-What this reveals and to whom is stated in ``docs/deployment.md`` ("Alignment").  In short: the coordinator learns,
-for every hashed ID, which parties hold it (the observed matrix is exactly that); whoever holds the key can test a
-guessed ID against a hash, so in our setting, where the coordinator *is* the active party and holds the key, it
-learns membership for every ID it can enumerate.  Passive parties learn only N and where their own rows sit.
+What this reveals and to whom: ``docs/security.md`` ("Alignment without a central table"). In short: the coordinator
+learns, for every hashed ID, which parties hold it (the observed matrix is exactly that); whoever holds the key can
+test a guessed ID against a hash, so in our setting, where the coordinator *is* the active party and holds the key,
+it learns membership for every ID it can enumerate. Passive parties learn only N and where their own rows sit.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Whatever runs them, the results are the same bytes in the same order (the operat
 invalid group element is an :class:`AlignmentError` naming ``where`` and the element's position in the whole set.
 The results are ``(n, 32)`` uint8 arrays (32 bytes per ID, no Python object per ID).  The Ray workers receive the
 session's secret scalar: a Ray cluster runs whatever code its clients send, so it must be the party's own, inside
-its trust domain (docs/deployment.md).
+its trust domain (docs/security.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Three guards of :class:`~partialvfl.federation.runtime.party.PartyRuntime`, both
   whatever scale the coordinator gives its gradients: for SGD a step moves the parameters by at most
   ``lr x (rows in the batch) x max_grad_norm x ||d output / d parameters||`` (Adam's step is about ``lr`` per
   parameter whatever the gradient's scale).  Honest gradients stay far below the default bound (measured per
-  method in ``docs/deployment.md``), so a fit within the policy computes exactly what it did before.
+  method in ``docs/reference.md``), so a fit within the policy computes exactly what it did before.
 * :class:`RewindGuard`: the coordinator cannot train the party's program again and again from one saved state
   (save, probe a crafted step, load, probe another...).  Each saved state carries an identifier; loading a state and
   then training from it once more than it was trained from before counts a *rewind*; more than ``max_rewinds``

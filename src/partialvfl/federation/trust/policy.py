@@ -1,7 +1,7 @@
 """A party's policy: which party programs it runs, within which bounds, and who seeds its parameters.
 
 The coordinator *asks* a party to build a program (``setup``: program name, config, seed); the party decides.  Its
-:class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/deployment.md``) is checked on
+:class:`PartyPolicy` (the ``[policy]`` table of ``party.toml``, every key in ``docs/reference.md``) is checked on
 every ``setup`` and on the requests that change how a program learns, in process and behind the gRPC server alike
 (:class:`~partialvfl.federation.runtime.party.PartyRuntime` calls it).  A request outside the policy raises
 :class:`PolicyViolation` (``PERMISSION_DENIED`` on the wire), naming every rule it breaks, the values, and the
@@ -68,7 +68,7 @@ def _ceil_ratio(sent: int, d: int) -> float:
 # ---------------------------------------------------------------------- the policy
 @dataclass(frozen=True)
 class PartyPolicy:
-    """What this party agrees to run (``None``: no bound).  See ``docs/deployment.md`` for every key."""
+    """What this party agrees to run (``None``: no bound).  See ``docs/reference.md`` for every key."""
 
     preset: str = "default"
     programs: tuple[str, ...] | None = (PACKAGE_PROGRAMS,)
@@ -368,7 +368,7 @@ class PartyPolicy:
             return None
         return PolicyViolation("allow_likelihood_release", f"{program!r} as configured would answer the likelihood "
                                "of this party's rows at latents the coordinator chooses freely, an exact linear "
-                               "oracle on the raw rows (docs/deployment.md, threat model); a program that draws its "
+                               "oracle on the raw rows (docs/security.md, threat model); a program that draws its "
                                "latents itself is accepted", True, {"allow_likelihood_release": True})
 
     def _sharing(self, program: str, shape: SetupShape) -> PolicyViolation | None:
@@ -411,13 +411,6 @@ class PartyPolicy:
             return PolicyViolation(key, f"{what} {v:g} is over this party's limit of {limit:g} ({why})", v,
                                    {key: v} if key != "max_momentum" or v < 1 else None)
         return None
-
-    def check_lr(self, lr: Any, what: str = "lr") -> None:
-        """Refuse a learning rate under the floor (a frozen model is a fixed, probeable function of the data) or
-        over the ceiling (a huge step resets the model to what the coordinator's gradients say)."""
-        refused = self._lr_violation(lr, what)
-        if refused is not None:
-            raise refused
 
     def check_request(self, spec: MessageSpec, kind: str, meta: Mapping[str, Any]) -> None:
         """Refuse a program request outside the policy, by its declaration: a kind that shares weights (its role),

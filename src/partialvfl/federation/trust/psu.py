@@ -22,7 +22,7 @@ The evaluating party sees only uniformly random group elements; it counts them a
 per coordinator identity in its own state, over time windows and in total: :mod:`partialvfl.federation.trust.lookups`)
 and its access log records every request.  The coordinator matches tokens (the union's membership pattern),
 but cannot compute ``T`` for a guessed ID without a keyed party's online answer.  The security argument is in
-``docs/deployment.md`` ("Alignment").
+``docs/security.md`` ("Alignment without a central table").
 
 This module holds the group operations and the party's side (:class:`PartyAligner`); the coordinator's side is
 :mod:`partialvfl.federation.grpc.psu_session`.
@@ -248,6 +248,7 @@ class PartyAligner:
 
     @property
     def keyed(self) -> bool:
+        """Whether this party holds the alignment key (a passive party)."""
         return self.secret is not None
 
     def new_session(self, resumed: bool = False) -> None:
@@ -339,6 +340,7 @@ class PartyAligner:
 
     # -- psu_tokens (keyed)
     def tokens(self, table: str, salt: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        """``psu_tokens``: the session's tokens of the party's IDs of ``table``, and what the reply says of them."""
         key = self._session_key(salt, "psu_tokens")
         tokens = self.work.tokens(self.texts(table), key)
         assert self.secret is not None and self.salt is not None
@@ -347,6 +349,7 @@ class PartyAligner:
 
     # -- psu_blind / psu_unblind (no key)
     def blind(self, table: str) -> np.ndarray:
+        """``psu_blind``: the blinded points of the party's IDs of ``table`` (a party without the key)."""
         if self.keyed:
             raise AlignmentError(self._where("psu_blind: a keyed party reports its tokens (psu_tokens)"))
         blinding = Blinding(self.texts(table), self.work)
@@ -356,6 +359,7 @@ class PartyAligner:
         return blinding.points
 
     def unblind(self, table: str, points: Any) -> np.ndarray:
+        """``psu_unblind``: the tokens of the points blinded for ``table``, once a keyed party evaluated them."""
         if table not in self.blinded:
             raise AlignmentError(self._where(f"psu_unblind: table {table!r} was not blinded in this session"))
         blinding, order = self.blinded.pop(table)
@@ -364,6 +368,7 @@ class PartyAligner:
 
     # -- psu_eval (keyed): the oblivious lookup
     def evaluate(self, points: Any, salt: Any) -> np.ndarray:
+        """``psu_eval``: the keyed evaluation of another party's blinded ``points`` (distinct points only)."""
         key = self._session_key(salt, "psu_eval")
         arr = as_points(points, self._where("psu_eval"))
         check_distinct(arr, self._where("psu_eval"))

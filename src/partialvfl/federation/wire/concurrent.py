@@ -3,7 +3,7 @@
 In one process every party's handler runs in the coordinator's process.  Answered one after another, a round of K
 parties costs K times one party's host work (Python, operator dispatch, kernel launches), and on a GPU the device
 idles while the host prepares the next party's kernels: with small per-party networks the step is bound by the host,
-not by the GPU (``docs/benchmarks.md``, "Keeping the GPU busy").  :class:`ConcurrentParties` answers the round's
+not by the GPU (``docs/results/gpu.md``, "Keeping the GPU busy").  :class:`ConcurrentParties` answers the round's
 requests in a thread per party instead, so one party's Python work overlaps another's dispatch (torch releases the
 GIL inside its operators), and on a CUDA device each party computes on its own stream, so their kernels can overlap
 on the GPU too.
@@ -73,7 +73,7 @@ class ConcurrentParties:
         for party, future in futures.items():
             try:
                 out[party] = future.result()
-            except Exception as e:  # noqa: BLE001 - handed back in its place, raised where the caller would
+            except Exception as e:  # handed back in its place, raised where the caller would
                 out[party] = e
         for party, (device, _) in calls.items():  # the coordinator reads the replies after the parties' work
             if party in self._streams and device in callers:

@@ -84,6 +84,7 @@ class MessageLog:
         direction: Literal["request", "reply"],
         tensors: TensorDict,
     ) -> None:
+        """Record one message: its step, round, sender, receiver, kind, direction and tensors' sizes."""
         names = tuple(tensors)
         entry = LogEntry(
             step=step,
@@ -121,9 +122,11 @@ class MessageLog:
         return [e for e in self.entries if e.crosses_boundary]
 
     def total_bytes(self, crossing_only: bool = True) -> int:
+        """The bytes of every message (crossing a party boundary only, by default)."""
         return sum(b for (_, crosses), b in self._bytes.items() if crosses or not crossing_only)
 
     def bytes_by_kind(self, crossing_only: bool = True) -> dict[str, int]:
+        """The bytes per message kind (crossing a party boundary only, by default)."""
         c: Counter[str] = Counter()
         for (kind, crosses), b in self._bytes.items():
             if crosses or not crossing_only:
@@ -137,10 +140,12 @@ class MessageLog:
         return len({(e.step, e.round) for e in self.entries if e.direction == "request"})
 
     def tensor_names(self, crossing_only: bool = True) -> set[str]:
+        """The names of every tensor sent (crossing a party boundary only, by default)."""
         self._need_entries()
         return {n for e in self.entries if e.crosses_boundary or not crossing_only for n in e.names}
 
     def clear(self) -> None:
+        """Forget every message recorded."""
         self.entries.clear()
         self.payloads.clear()
         self.n_messages = 0

@@ -110,6 +110,7 @@ def register_program(cls: type[PartyProgram]) -> type[PartyProgram]:
 
 
 def state_file(directory: str | Path, party: int) -> Path:
+    """The file in ``directory`` that holds party ``party``'s program state."""
     return Path(directory) / f"party-{party}.pt"
 
 
@@ -180,6 +181,7 @@ class PartyProgram:
 
     @property
     def party(self) -> int:
+        """The party's index in the federation."""
         return self.runtime.index
 
     @property
@@ -188,6 +190,7 @@ class PartyProgram:
         return self.runtime.device
 
     def data(self, handle: str) -> PartyView:
+        """The party's view of the data attached as ``handle``."""
         return self.runtime.data(handle)
 
     def rows_features(self, handle: str, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -197,6 +200,7 @@ class PartyProgram:
         return self.runtime.table(handle)[to_device(torch.as_tensor(pos), self.device)]
 
     def handle(self, request: Request) -> Reply:
+        """Answer ``request`` with its ``on_<kind>`` handler (an unknown kind is a ``ValueError``)."""
         fn = getattr(self, f"on_{request.kind.replace('-', '_')}", None)
         if fn is None:
             raise ValueError(f"party program {self.program_name!r} has no handler for message kind {request.kind!r}")
@@ -216,5 +220,5 @@ class PartyProgram:
         """Everything needed to restore the trained program (tensors and plain values only)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # optional
         """Restore :meth:`state_dict`."""

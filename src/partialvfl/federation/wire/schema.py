@@ -127,6 +127,7 @@ class TensorSpec:
 
     @property
     def is_pattern(self) -> bool:
+        """Whether the declared name is a pattern (``grad:<model>``) rather than one name."""
         return self._pattern is not None
 
     def match(self, name: str) -> dict[str, str] | None:
@@ -143,6 +144,7 @@ class TensorSpec:
                    for k, v in self.when)  # type: ignore[misc]
 
     def describe(self) -> str:
+        """The declared dtype and shape in words."""
         shape = "any shape" if self.shape is None else f"shape ({', '.join(map(str, self.shape))})"
         return f"{'/'.join(self.dtype)} {shape}"
 

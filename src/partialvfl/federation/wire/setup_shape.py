@@ -39,10 +39,12 @@ class Network:
 
     @property
     def crosses(self) -> bool:
+        """Whether the network's output is sent across the party boundary."""
         return self.sent_width is not None
 
     @property
     def in_width(self) -> int:
+        """The width of the network's flattened input."""
         return math.prod(self.in_shape)
 
     def parameters(self) -> int:

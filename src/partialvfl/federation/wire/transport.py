@@ -78,6 +78,7 @@ class Transport(ABC):
         return self.step
 
     def new_round(self) -> int:
+        """Start a new round within the step (another exchange with the parties); its number."""
         self.round += 1
         self._sent.clear()
         return self.round
@@ -244,7 +245,7 @@ class LocalTransport(Transport):
                 yield party, req, self._deliver(party, req)
             except PartyUnavailable as e:
                 yield party, req, e
-            except Exception as e:  # noqa: BLE001 - a refusal, collected with the others' (gather only)
+            except Exception as e:  # a refusal, collected with the others' (gather only)
                 if not gather:
                     raise
                 yield party, req, e
@@ -290,7 +291,7 @@ class LocalTransport(Transport):
             else:
                 try:
                     outcome = self._deliver(party, req)
-                except Exception as e:  # noqa: BLE001 - raised below as the one-by-one path would
+                except Exception as e:  # raised below as the one-by-one path would
                     outcome = e
             if isinstance(outcome, Exception) and not isinstance(outcome, PartyUnavailable) and not gather:
                 raise outcome

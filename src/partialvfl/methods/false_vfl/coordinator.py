@@ -82,7 +82,7 @@ class _FalseVFL(VFLMethod):
         stage 2, posterior and log-likelihoods per epoch (labelled rows); each prediction, its posterior and one set
         of log-likelihoods per estimator round."""
         p = self.settings_
-        predictions = (1 + self._prediction_rounds()) * int(self.dp_options_["predictions"])
+        predictions = (1 + self._prediction_rounds()) * int(self.dp_options["predictions"])
         return (4 * p.pretrain_epochs + 2 * p.epochs if purpose == "fit" else 0) + predictions
 
     def _privacy_clips(self, party: int) -> dict[str, float]:
@@ -142,7 +142,7 @@ class _FalseVFL(VFLMethod):
     # ------------------------------------------------------------------ one batch
     def _draw(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """Seeded normal noise (drawn on the CPU: the same numbers on every device) on the coordinator's device."""
-        return to_device(torch.randn(shape, generator=gen), self.device_)
+        return to_device(torch.randn(shape, generator=gen), self.torch_device)
 
     def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
         """The coordinator's reparameterisation noise (:class:`~.rounds.LatentSide`)."""

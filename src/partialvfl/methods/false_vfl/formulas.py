@@ -38,7 +38,6 @@ def fuse_posteriors(
     mu: torch.Tensor, logvar: torch.Tensor, observed: torch.Tensor, rule: str = "mean-precision", *,
     any_unobserved: bool | None = None, rowwise: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-
     """Fuse K local Gaussian posteriors over ``h`` into ``q(h | x_obs)``.
 
     ``mu``/``logvar``: ``(K, B, d)`` (values of unobserved parties are ignored); ``observed``: ``(K, B)`` bool.

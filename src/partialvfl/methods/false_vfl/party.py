@@ -162,6 +162,7 @@ class FalseVFLParty(PartyProgram):
 
     @classmethod
     def private_setup_refusal(cls, config: FalseVFLSetup) -> str | None:
+        """Why this party refuses ``config`` when it keeps a privacy budget (``None``: it accepts it)."""
         return private_refusal(config)
 
     def released_rows(self, kind: str, request: Request, reply: Reply) -> dict[str, tuple[str, np.ndarray, int]]:
@@ -197,6 +198,7 @@ class FalseVFLParty(PartyProgram):
         return to_device(torch.randn(shape, generator=gen), self.device)
 
     def decoder_logvar(self) -> torch.Tensor:
+        """The decoder's per-feature log-variance, clamped to its declared range."""
         lo, hi = self.decoder_logvar_range
         return self.net.decoder_logvar.clamp(lo, hi)
 
@@ -212,6 +214,7 @@ class FalseVFLParty(PartyProgram):
         return self.rows_features(handle, rows)
 
     def to_wire(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in the wire's floating-point type."""
         return t.to(self.wire_dtype)
 
     def shared_noise(self, meta: dict[str, Any], d_h: int) -> torch.Tensor:
@@ -283,6 +286,7 @@ class FalseVFLParty(PartyProgram):
         return {"mu": self.to_wire(mu), "logvar": self.to_wire(logvar)}
 
     def on_encode(self, req: Request) -> Reply:
+        """``encode``: the posterior parameters (``mu``, ``logvar``) of the party's own ``rows`` of ``data``."""
         self._rows_of = {}
         return Reply(self.encode_rows(req.meta["data"], req.tensors["rows"], req.meta.get("train", False),
                                       predict=req.meta.get("predict", False)))
@@ -307,6 +311,14 @@ class FalseVFLParty(PartyProgram):
         return leaves, out[0], out[1]
 
     def on_decode(self, req: Request) -> Reply:
+        """``decode``: the log-likelihoods of the party's own data under the latents the coordinator sends.
+
+        The latents are samples, or a posterior the party samples itself.  The reply holds the log-likelihood of
+        the party's own features of the rows it encoded (``loglik``, S per row) and, for FALSE-VFL-II, the
+        log-probability of each row's missingness (``mask_loglik``; for the rows it lacks, of a block drawn from
+        the decoder); clipped when the party keeps a privacy budget, with the next batch's encoding when
+        ``next_rows`` rides with it.
+        """
         self._rows_of = {}
         train = req.meta.get("train", False)
         predict = req.meta.get("predict", False) and not train
@@ -350,6 +362,9 @@ class FalseVFLParty(PartyProgram):
         return Reply(out)
 
     def on_decode_grad(self, req: Request) -> Reply:
+        """``decode_grad``: back-propagate the log-likelihoods' gradients; reply the gradients of the latents it was
+        sent.
+        """
         self._rows_of = {}
         if self.runtime.privacy is not None and "grad_loglik" in req.tensors:
             self._dec["grad_loglik"] = req.tensors["grad_loglik"]
@@ -368,6 +383,9 @@ class FalseVFLParty(PartyProgram):
         return Reply(reply)
 
     def on_update(self, req: Request) -> Reply:
+        """``update``: back-propagate the encoder's gradients (privately when the party keeps a budget) and step its
+        optimiser; encodes ``next_rows`` when they ride with it.
+        """
         self._rows_of = {}
         if self.runtime.privacy is not None and "grad_mu" in req.tensors:
             private_update(self, req.tensors["grad_mu"], req.tensors["grad_logvar"])
@@ -381,14 +399,12 @@ class FalseVFLParty(PartyProgram):
         return Reply({})
 
     # -------------------------------------------------------------- state
-    def parameters_snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
-
     def state_dict(self) -> dict[str, Any]:
         """Modules and optimiser (the optimiser so that a checkpointed stage 1 resumes exactly)."""
         return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         self.net.load_state_dict(state["net"])
         if "optimizer" in state:  # models saved before optimiser states were kept load without one
             self.optimizer.load_state_dict(state["optimizer"])

@@ -63,6 +63,7 @@ class Prefetch:
     replies: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def matches(self, handle: str, rows: np.ndarray) -> bool:
+        """Whether this prefetch answered the same rows of the same dataset."""
         return self.handle == handle and np.array_equal(self.rows, rows)
 
 
@@ -115,7 +116,7 @@ class LatentSide(Protocol):
     chain's global modules (read at each use, so a coordinator that rebuilds its modules needs no new rounds), its
     device and whether its share of a step is compiled."""
 
-    device_: torch.device
+    torch_device: torch.device
     compile: bool
 
     def draw_noise(self, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -143,6 +144,7 @@ class Rounds:
 
     @property
     def wire_dtype(self) -> torch.dtype:
+        """The floating-point type of the tensors the parties send."""
         return getattr(torch, self.settings.wire_dtype)
 
     # ------------------------------------------------------------------ forward: encode, fuse, decode
@@ -168,18 +170,18 @@ class Rounds:
         for k in parties:
             mu, lv = answers[k][0].float(), answers[k][1].float()
             st.mu[k], st.logvar[k] = (mu.requires_grad_(), lv.requires_grad_()) if train else (mu, lv)
-        flat = _cat_index([k * b + st.held[k] for k in parties], self.side.device_)
+        flat = _cat_index([k * b + st.held[k] for k in parties], self.side.torch_device)
         private = getattr(getattr(self.side, "federation_", None), "privacy_setups", {})
         lo, hi = self.settings.encoder_logvar_range  # noisy log-variances of a private party, clamped as its own are
         logvar = {k: v.clamp(lo, hi) if k in private else v for k, v in st.logvar.items()}
         stacked = []
         for parts in (st.mu, logvar):
-            full = torch.zeros(n_parties * b, d_h, device=self.side.device_)
+            full = torch.zeros(n_parties * b, d_h, device=self.side.torch_device)
             if parties:
                 full = full.index_copy(0, flat, torch.cat([parts[k] for k in parties]))
             stacked.append(full.view(n_parties, b, d_h))
         st.mean_h, st.logvar_h = fuse_posteriors(stacked[0], stacked[1],
-                                                 to_device(torch.as_tensor(st.avail.T), self.side.device_),
+                                                 to_device(torch.as_tensor(st.avail.T), self.side.torch_device),
                                                  self.settings.fusion, any_unobserved=not st.keep.all(),
                                                  rowwise=st.seeds is not None)
         floor = self.settings.latent_scale_floor
@@ -216,10 +218,11 @@ class Rounds:
             st.held[k], st.missing[k] = np.flatnonzero(observed[:, k]), np.flatnonzero(~observed[:, k])
         self._fuse(st, answers, train)
         if row_seeds is None:
-            st.eps = latent_noise(noise_seed, (n_samples, b, d_h), self.side.device_)  # the parties' draw too
+            st.eps = latent_noise(noise_seed, (n_samples, b, d_h), self.side.torch_device)  # the parties' draw too
             eps_z = self.side.draw_noise(after_latent_noise(noise_seed, (n_samples, b, d_h)), (n_samples, b, d_z))
         else:
-            st.eps, eps_z = (to_device(t, self.side.device_) for t in row_latent_noise(row_seeds, n_samples, d_h, d_z))
+            device = self.side.torch_device
+            st.eps, eps_z = (to_device(t, device) for t in row_latent_noise(row_seeds, n_samples, d_h, d_z))
         if p.wire == "bound":  # each row's noise: a hash of the mean and scale it is sent with (the parties' own draw)
             mean = st.mean_leaf.detach().to(dtype).cpu()
             scale = torch.exp(0.5 * st.logvar_leaf.detach()).to(dtype).cpu()
@@ -250,7 +253,7 @@ class Rounds:
         p = self.settings
         dtype = self.wire_dtype
         b, n, d_h, d_z = len(first.rows), proposal.samples, p.d_h, p.d_z
-        device = self.side.device_
+        device = self.side.torch_device
         st = dataclasses.replace(first, mean_leaf=proposal.mean, logvar_leaf=proposal.logvar, seeds=row_seeds,
                                  log_w=torch.empty(0), loglik={}, mask_loglik={}, sent={}, decoded=set(),
                                  log_parties=None, log_prior=None)
@@ -323,7 +326,7 @@ class Rounds:
             return requests
         pieces = [(k, suffix, idx) for k, (held, lacks) in st.sent.items()
                   for suffix, on, idx in (("", held, st.held[k]), ("_mis", lacks, st.missing[k])) if on]
-        index = _cat_index([idx for _, _, idx in pieces], self.side.device_)
+        index = _cat_index([idx for _, _, idx in pieces], self.side.torch_device)
         mean = st.mean_leaf.detach()[index].to(dtype)  # one gather for every party's rows
         scale = torch.exp(0.5 * st.logvar_leaf.detach())[index].to(dtype)
         meta = {"train": train, "noise_seed": int(noise_seed), "batch": len(st.rows),
@@ -354,8 +357,8 @@ class Rounds:
                 held, lacks = st.sent[k]
                 idx += ([st.held[k]] if held else []) + ([st.missing[k]] if lacks and name == "mask_loglik" else [])
                 vals.append(t)
-            total = torch.zeros(n_samples, b, device=self.side.device_)
-            sums.append(total.index_add(1, _cat_index(idx, self.side.device_), torch.cat(vals, dim=1)) if vals
+            total = torch.zeros(n_samples, b, device=self.side.torch_device)
+            sums.append(total.index_add(1, _cat_index(idx, self.side.torch_device), torch.cat(vals, dim=1)) if vals
                         else total)
         st.decoded = set(replies)
         return sums[0] + sums[1]
@@ -395,7 +398,7 @@ class Rounds:
                 tensors["grad_mask_loglik"] = _grad_or_zeros(st.mask_loglik[k])
             requests[k] = Request("decode_grad", tensors)
         replies = transport.call_many(requests, tolerate=True)
-        grad_mean, grad_scale = _latent_gradients(st, replies, self.side.device_)
+        grad_mean, grad_scale = _latent_gradients(st, replies, self.side.torch_device)
         std = torch.exp(0.5 * st.logvar_leaf.detach())
         torch.autograd.backward([st.mean_h, st.logvar_h],
                                 [st.mean_leaf.grad + grad_mean, st.logvar_leaf.grad + 0.5 * std * grad_scale])

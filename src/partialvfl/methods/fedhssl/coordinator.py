@@ -80,6 +80,9 @@ class FedHSSL(VFLMethod):
 
     @property
     def rep_dim(self) -> int:
+        """The width of a party's representation (twice the latent width when the cross and local parts are
+        concatenated).
+        """
         d = self.settings_.latent_dim
         return 2 * d if self.settings_.pool == "concat" else d
 
@@ -220,7 +223,7 @@ class FedHSSL(VFLMethod):
             replies = self.transport.call_many(reqs)
             cols = []
             for k in range(K):
-                col = (zero[k] if k in zero else torch.zeros(self.rep_dim, device=self.device_)
+                col = (zero[k] if k in zero else torch.zeros(self.rep_dim, device=self.torch_device)
                        ).expand(len(chunk), -1).clone()
                 if k in replies:
                     col[self._tensor(np.flatnonzero(obs[:, k]))] = replies[k].tensors["emb"]

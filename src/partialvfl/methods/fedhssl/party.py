@@ -166,6 +166,9 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ cross-party SimSiam
     def on_cross_project(self, req: Request) -> Reply:
+        """``cross_project``: the cross-party projections ``z`` of the party's ``rows``; keeps its predictions for the
+        update.
+        """
         self.net.train()
         x = self._features(req.meta["data"], req.tensors["rows"])
         z, p = self.net["cross_head"](self.net["cross"](x))
@@ -173,6 +176,9 @@ class FedHSSLParty(PartyProgram):
         return Reply({"z": z})
 
     def on_cross_update(self, req: Request) -> Reply:
+        """``cross_update``: one SimSiam step of the cross-party encoder against the other parties' projections
+        (``targets``).
+        """
         p = self._pending
         if p is None:
             raise RuntimeError(f"party {self.party}: cross_update without cross_project")
@@ -221,15 +227,18 @@ class FedHSSLParty(PartyProgram):
 
     # ------------------------------------------------------------------ partial model aggregation
     def on_get_top(self, req: Request) -> Reply:
+        """``get_top``: the weights of the top encoder modules to aggregate."""
         sd = self.top_modules(req.meta["aggregate"]).state_dict()
         return Reply({k: v.detach().clone() for k, v in sd.items()})
 
     def on_set_top(self, req: Request) -> Reply:
+        """``set_top``: load the aggregated weights of the top encoder modules."""
         self.top_modules(req.meta["aggregate"]).load_state_dict(dict(req.tensors))
         return Reply()
 
     # ------------------------------------------------------------------ fine-tuning and prediction
     def on_embed(self, req: Request) -> Reply:
+        """``embed``: the party's representations of its ``rows`` (kept for the gradient when training)."""
         train = req.meta.get("train", False)
         x = self._features(req.meta["data"], req.tensors["rows"])
         self.net.train(train)
@@ -242,6 +251,7 @@ class FedHSSLParty(PartyProgram):
         return Reply({"emb": r})
 
     def on_grad_embedding(self, req: Request) -> Reply:
+        """``grad_embedding``: back-propagate the representations' gradient and step the fine-tuning optimiser."""
         r = self._pending
         if r is None:
             raise RuntimeError(f"party {self.party}: gradient without a pending training forward")
@@ -267,6 +277,7 @@ class FedHSSLParty(PartyProgram):
                 "generator": self._gen.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         self.net.load_state_dict(state["net"])
         if "optimizers" in state:  # models saved before optimiser states were kept load without them
             self.cross_opt.load_state_dict(state["optimizers"]["cross"])

@@ -77,7 +77,7 @@ class Combinatorial(SplitNNMethod):
     def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
                    rng: np.random.Generator) -> torch.Tensor:
         y = self._tensor(view.y[plan.rows], dtype=torch.long)
-        loss = torch.zeros((), device=self.device_)
+        loss = torch.zeros((), device=self.torch_device)
         for s, mask in plan.extra:
             loss = loss + F.cross_entropy(self.heads_[subset_name(s)](self._fused(s, embs)),
                                           y[self._tensor(np.flatnonzero(mask))])

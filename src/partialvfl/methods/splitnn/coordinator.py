@@ -170,7 +170,7 @@ class SplitNNMethod(VFLMethod):
         prediction (``dp_options['predictions']``)."""
         models = len(self._model_names(party))
         fit = 2 * self.settings_.epochs * models if purpose == "fit" else 0
-        return max(1, fit + int(self.dp_options_["predictions"]))
+        return max(1, fit + int(self.dp_options["predictions"]))
 
     def _privacy_refusal(self) -> str | None:
         if self.settings_.pretrain:
@@ -198,6 +198,7 @@ class SplitNNMethod(VFLMethod):
 
     @property
     def n_classes(self) -> int:
+        """The number of classes of the fitted task (0 for regression)."""
         return self.index_.task.n_classes
 
     def _fusion_dim(self, n_parts: int | None = None) -> int:
@@ -320,11 +321,11 @@ class SplitNNMethod(VFLMethod):
                   "encoder_hidden": list(s.encoder_hidden), "resnet_width": s.resnet_width,
                   "pretrain_epochs": s.pretrain_epochs, "epochs": 0, "min_steps": 0, "early_stopping": "off",
                   "standardize": s.standardize}
-        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, device=self.device_,
+        gen = FalseVFL1("fast", seed=self.seed, progress=self.progress, device=self.torch_device,
                         precision=self.precision, compile=self.compile, **params)
         fed = self.federation_
         gen.fit_federated(fed, view, handle, data_info=self.data_info_)
-        fed.transport.device = self.device_  # the stage-1 fit pointed replies at its own device
+        fed.transport.device = self.torch_device  # the stage-1 fit pointed replies at its own device
         with tempfile.TemporaryDirectory(prefix="partialvfl-generative-") as d:
             fed.save(d)  # every party writes its own stage-1 state
             fed.setup(self.party_program, [self._party_config(k) for k in range(self.index_.n_parties)], self.seed)
@@ -390,7 +391,7 @@ class SplitNNMethod(VFLMethod):
         n_parties, b = self.index_.n_parties, len(batch_rows)
         d = self.settings_.latent_dim
         sent = [(k, e) for k in range(n_parties) if (e := embs.get((k, model))) is not None]
-        out = torch.zeros(b * n_parties, d, device=self.device_)
+        out = torch.zeros(b * n_parties, d, device=self.torch_device)
         if sent:
             flat = self._tensor(np.concatenate([np.flatnonzero(observed[:, k]) * n_parties + k for k, _ in sent]))
             out = out.index_copy(0, flat, torch.cat([e for _, e in sent]))
@@ -469,7 +470,7 @@ def fit_best_of_pretraining(method: type[VFLMethod] | str, train: VerticalDatase
     """Fit a method with and without SimSiam pretraining and keep the better, chosen on held-out labels.
 
     The FALSE-VFL paper reports, per cell, the better of "pretrained on all data" and "labelled data only" (marked
-    *).  Choosing on the test set would be optimistic, so the choice here is made on ``select_on``: a fraction of
+    ``*``).  Choosing on the test set would be optimistic, so the choice here is made on ``select_on``: a fraction of
     the labelled training samples (held out, seeded by ``seed``; they stay in training as unlabelled samples) or a
     separate labelled dataset.  With ``refit`` the chosen variant is then refitted on all of ``train``.
 

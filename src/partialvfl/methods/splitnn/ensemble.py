@@ -54,7 +54,7 @@ class Ensemble(SplitNNMethod):
     def _step_loss(self, view: CoordinatorView, plan: StepPlan, embs: dict[tuple[int, str], torch.Tensor],
                    rng: np.random.Generator) -> torch.Tensor:
         y = self._tensor(view.y[plan.rows], dtype=torch.long)
-        loss = torch.zeros((), device=self.device_)
+        loss = torch.zeros((), device=self.torch_device)
         for (k, _), e in embs.items():
             loss = loss + F.cross_entropy(self.heads_[f"g{k}"](e), y[self._tensor(np.flatnonzero(plan.obs[:, k]))])
         return loss

@@ -58,6 +58,7 @@ class Local(SplitNNMethod):
         return used
 
     def fallback(self) -> str:
+        """What a row is predicted from when the label holder does not hold it."""
         return "the training label prior (local predicts from the active party alone, which does not hold them)"
 
     def _predict(self, view: CoordinatorView, handle: str, rows: np.ndarray) -> np.ndarray:

@@ -185,6 +185,7 @@ class SplitParty(PartyProgram):
         return h
 
     def on_embed(self, req: Request) -> Reply:
+        """``embed``: the party's representations (``emb:<model>``) of the rows each ``rows:<model>`` names."""
         return Reply(self._embed_rows(req.meta["data"], req.tensors, req.meta.get("train", False), "rows:"))
 
     def _embed_rows(self, handle: str, tensors: dict[str, torch.Tensor], train: bool, prefix: str
@@ -241,6 +242,7 @@ class SplitParty(PartyProgram):
         return h, x
 
     def handle(self, request: Request) -> Reply:
+        """Answer ``request``; a ``grad_embedding`` of a batched round is answered with its round."""
         if request.kind == "grad_embedding" and self._groups:  # its forward was part of a batched round's
             return handle_batch([(self, request)])[0]
         return super().handle(request)
@@ -251,6 +253,9 @@ class SplitParty(PartyProgram):
         return handle_batch(items)
 
     def on_grad_embedding(self, req: Request) -> Reply:
+        """``grad_embedding``: apply the gradients of its representations, then embed the next rows if they ride with
+        it.
+        """
         nxt = self.next_embed(req)
         self.apply_gradients(req)
         return Reply() if nxt is None else self.on_embed(nxt)
@@ -305,6 +310,7 @@ class SplitParty(PartyProgram):
             start += n
 
     def on_set_lr(self, req: Request) -> Reply:
+        """``set_lr``: the learning rate of every optimiser of the party."""
         for opt in self.optimizers.values():
             for group in opt.param_groups:
                 group["lr"] = req.meta["lr"]
@@ -366,6 +372,7 @@ class SplitParty(PartyProgram):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         if "models" not in state:  # models saved before optimiser states were kept: {name: weights}
             state = {"models": state}
         for name, sd in state["models"].items():

@@ -60,6 +60,7 @@ class Prefetch:
     replies: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
     def matches(self, handle: str, key: list[np.ndarray]) -> bool:
+        """Whether this prefetch answered the same rows of the same dataset."""
         return (self.handle == handle and len(self.key) == len(key)
                 and all(np.array_equal(a, b) for a, b in zip(self.key, key)))
 

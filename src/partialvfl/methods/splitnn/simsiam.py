@@ -72,6 +72,7 @@ class SimSiamConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SimSiamConfig:
+        """The configuration stored by :meth:`to_dict`."""
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
@@ -79,6 +80,7 @@ class SimSiamConfig:
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain values."""
         return asdict(self)
 
 
@@ -91,6 +93,7 @@ class SimSiamHead(nn.Module):
         self.predictor = MLP(proj_dim, [pred_hidden], proj_dim, batch_norm=True)
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection ``z`` of ``h`` and the prediction made from it."""
         z = self.projector(h)
         return z, self.predictor(z)
 
@@ -212,10 +215,12 @@ class SimSiamTrainer:
         return total / max(count, 1)
 
     def state_dict(self) -> dict[str, Any]:
+        """The state to save: what :meth:`load_state_dict` restores."""
         return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])

@@ -56,6 +56,7 @@ class VanillaVFL(SplitNNMethod):
         return F.cross_entropy(logits, self._tensor(view.y[plan.rows], dtype=torch.long))
 
     def fallback(self) -> str:
+        """What a row is predicted from when a party does not hold it."""
         if self.settings_.missing == "random":
             return ("a uniformly random class where some party does not hold the row (missing='random'), the "
                     "training label prior where none does")

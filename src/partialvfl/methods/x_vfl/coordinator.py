@@ -11,14 +11,16 @@ to an *average* of embeddings (never a concatenation), which is what lets one pa
 Per sample, M is the set of parties whose block is complete (observed, and no feature missing inside it), m = |M|,
 E' = sum_{j in M} E_j.  A sample is *aligned* when m = K.
 
-* aligned:      sum_{i in M} l(h(E_i)) + l(h(E'/m)) + sum_{i=1..K} l(h((Et_i + E_{-i}) / K)),
-                Et_i = f_i(XCom_i(E_{-i} / (K-1))), E_{-i} = sum_{j != i} E_j            (Eqs. 27, 28)
-* non-aligned:  sum_{i in M} l(h(E_i)) + l(h(E'/m)) + l(h((Et' + E') / K)),
-                Et' = sum_{i not in M} f_i(Xt'_i), Xt'_i = XCom_i(E'/m) for a missing block, and
-                Xt'_i = mask_i * x_i + (1 - mask_i) * XCom_i(E'/m) for a block with features missing inside it
-                                                                                        (Eqs. 27, 29; Sec. 2.2)
-* DS-Align (aligned samples only):  L1 = sum_i MSE(h(Et_i), h(E_i)),  L2 = sum_i MSE(h(E_i), h(E'/K))  (Eqs. 30, 31)
-* L = L_decision + lambda1 * L1 + lambda2 * L2, averaged over the samples of the batch.
+The per-sample loss::
+
+    * aligned:      sum_{i in M} l(h(E_i)) + l(h(E'/m)) + sum_{i=1..K} l(h((Et_i + E_{-i}) / K)),
+                    Et_i = f_i(XCom_i(E_{-i} / (K-1))), E_{-i} = sum_{j != i} E_j            (Eqs. 27, 28)
+    * non-aligned:  sum_{i in M} l(h(E_i)) + l(h(E'/m)) + l(h((Et' + E') / K)),
+                    Et' = sum_{i not in M} f_i(Xt'_i), Xt'_i = XCom_i(E'/m) for a missing block, and
+                    Xt'_i = mask_i * x_i + (1 - mask_i) * XCom_i(E'/m) for a block with features missing inside it
+                                                                                            (Eqs. 27, 29; Sec. 2.2)
+    * DS-Align (aligned samples only):  L1 = sum_i MSE(h(Et_i), h(E_i)),  L2 = sum_i MSE(h(E_i), h(E'/K))  (Eqs. 30, 31)
+    * L = L_decision + lambda1 * L1 + lambda2 * L2, averaged over the samples of the batch.
 
 Choices where the paper is silent (all documented in ``docs/x-vfl.md``; the important ones are options):
 
@@ -125,6 +127,7 @@ class XVFL(VFLMethod):
 
     @property
     def n_classes(self) -> int:
+        """The number of classes of the fitted task."""
         return self.index_.task.n_classes
 
     def _build_top(self) -> nn.Module:
@@ -249,7 +252,7 @@ class XVFL(VFLMethod):
                 leaves[k] = e
                 cols.append(self._place(n, np.flatnonzero(use[:, k]), e))
             else:
-                cols.append(torch.zeros(n, d, device=self.device_))
+                cols.append(torch.zeros(n, d, device=self.torch_device))
         return torch.stack(cols, dim=1), leaves
 
     def _pass(self, ctx: _TrainContext, rows: np.ndarray, version: str) -> float:
@@ -377,7 +380,7 @@ class XVFL(VFLMethod):
                 "ds_align1": ds1, "ds_align2": ds2}
 
     @property
-    def _align_space(self):  # noqa: ANN202 - a tensor map
+    def _align_space(self):  # a tensor map
         if self.settings_.ds_align_space == "probs":
             return lambda t: torch.softmax(t, dim=-1)
         return lambda t: t

@@ -160,6 +160,7 @@ class XVFLParty(PartyProgram):
 
     # ------------------------------------------------------------------ handlers
     def on_embed(self, req: Request) -> Reply:
+        """``embed``: the bottom model's embeddings of the party's ``rows`` (kept for the gradient when training)."""
         rows, partial = self._rows(req)
         train = req.meta.get("train", False)
         version = req.meta.get("version", "cur")
@@ -186,6 +187,9 @@ class XVFLParty(PartyProgram):
         return net["bottom"](xt)  # the completed block stays here; only its embedding is returned
 
     def on_complete(self, req: Request) -> Reply:
+        """``complete``: the party's completed embeddings ``emb_tilde`` from the ``inputs`` (other parties' embeddings)
+        through its XCom.
+        """
         rows, partial = self._rows(req)
         train = req.meta.get("train", False)
         version = req.meta.get("version", "cur")
@@ -211,6 +215,9 @@ class XVFLParty(PartyProgram):
                 from None
 
     def on_backward_complete(self, req: Request) -> Reply:
+        """``backward_complete``: back-propagate through the completion; reply the inputs' gradient when it was asked
+        for.
+        """
         et, inputs = self._pop(req.meta.get("version", "cur"), "tilde")
         et.backward(req.tensors["grad"])
         if inputs is not None and inputs.grad is not None:
@@ -218,16 +225,19 @@ class XVFLParty(PartyProgram):
         return Reply()
 
     def on_backward(self, req: Request) -> Reply:
+        """``backward``: back-propagate the embeddings' gradient into the bottom model."""
         e, _ = self._pop(req.meta.get("version", "cur"), "emb")
         e.backward(req.tensors["grad"])
         return Reply()
 
     def on_step(self, req: Request) -> Reply:
+        """``step``: the optimiser step of ``mode`` (the gradients of the round are in)."""
         self._pending.clear()
         self.updater.step(req.meta["mode"])
         return Reply()
 
     def on_share_top(self, req: Request) -> Reply:
+        """``share_top``: the top model and label prior, for locally independent inference."""
         self.top_hidden = req.meta["top_hidden"]  # a list of integers >= 1: the declaration read it
         n_classes = req.meta["n_classes"]
         self.top = MLP(self.embed_dim, self.top_hidden, n_classes).to(self.device)
@@ -277,6 +287,7 @@ class XVFLParty(PartyProgram):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
+        """The state to save: what :meth:`load_state_dict` restores."""
         return {
             "net": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
             "updater": self.updater.state_dict(),
@@ -286,6 +297,7 @@ class XVFLParty(PartyProgram):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`."""
         self.net.load_state_dict(state["net"])
         if "updater" in state:  # models saved before optimiser states were kept load without one
             self.updater.load_state_dict(state["updater"])
