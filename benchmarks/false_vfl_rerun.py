@@ -169,6 +169,24 @@ def _gap_summary(by: dict[tuple[str, str, str, str, str], list[float]], publishe
         f"{MECH_TITLES[t]} {np.mean(v):+.1f}" for t, v in sorted(per_test.items(), key=lambda kv: tests.index(kv[0]))))
 
 
+def _compact_table(by: dict[tuple[str, str, str, str, str], list[float]], published: dict[tuple[str, str], Any],
+                   tests: list[str]) -> None:
+    """One line per (dataset, variant, training mechanism) re-run: the mean over its test mechanisms with each
+    estimator (the same fits), the published FALSE-VFL figure, and the seeds re-run."""
+    print("| Dataset | FALSE-VFL | trained under | seeds | adaptive | paper | adaptive - paper | published |")
+    print("|---|---|---|---|---|---|---|---|")
+    keys = sorted({(k[0], k[1], k[2]) for k in by}, key=lambda k: (k[0], list(MECH_TITLES).index(k[2]), k[1]))
+    for dataset, method, train in keys:
+        means = {e: np.mean([np.mean(by[(dataset, method, train, t, e)]) for t in tests]) for e in ESTIMATORS}
+        runs = len(by[(dataset, method, train, tests[0], "adaptive")])
+        pub = [published.get((dataset, train, t), {}).get("published") for t in tests]
+        pub_mean = f"{np.mean(pub):.1f}" if pub and None not in pub else ""
+        label = "FALSE-VFL-I" if method == "false-vfl-1" else "FALSE-VFL-II"
+        print(f"| {dataset} | {label} | {MECH_TITLES[train]} | {runs} | {means['adaptive']:.1f} | "
+              f"{means['paper']:.1f} | {means['adaptive'] - means['paper']:+.1f} | {pub_mean} |")
+    print()
+
+
 def report(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in Path(args.store).read_text().splitlines()]
     by: dict[tuple[str, str, str, str, str], list[float]] = defaultdict(list)
@@ -198,6 +216,7 @@ def report(args: argparse.Namespace) -> int:
                 print(f"| {dataset} | published | paper, older code | "
                       + " | ".join("" if v is None else f"{v:.1f}" for v in pub) + " |")
         print()
+    _compact_table(by, published, tests)
     if published:
         for estimator in (*ESTIMATORS, "published"):
             _gap_summary(by, published, estimator, tests)
